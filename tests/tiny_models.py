@@ -1,0 +1,77 @@
+"""Tiny seeded random targets (HF pattern: hidden 32, 2 layers) with a byte-level tokenizer and a chat
+template, saved to a folder. Every test builds on these; none touches the network."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+# ChatML with {% generation %} markers, so `return_assistant_tokens_mask` works on it.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{{ '<|im_start|>assistant\n' }}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+FAMILIES = {
+    "llama": dict(model_type="llama"),
+    "qwen2": dict(model_type="qwen2"),
+    "qwen3": dict(model_type="qwen3", head_dim=8),
+    "mistral": dict(model_type="mistral"),
+    "gemma": dict(model_type="gemma3_text", head_dim=8, query_pre_attn_scalar=8, sliding_window=64),
+}
+
+
+def tiny_tokenizer(chat_template: str | None = CHAT_TEMPLATE) -> PreTrainedTokenizerFast:
+    """Byte-level tokenizer: 256 byte tokens, then the special tokens (ids 256..258)."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    for tok in SPECIALS:
+        vocab[tok] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>", additional_special_tokens=SPECIALS[1:2])
+    tok.add_special_tokens({"additional_special_tokens": SPECIALS})
+    if chat_template:
+        tok.chat_template = chat_template
+    return tok
+
+
+def tiny_config(family: str = "llama", *, vocab_size: int = 259, num_hidden_layers: int = 2, **extra):
+    fam = dict(FAMILIES[family])
+    model_type = fam.pop("model_type")
+    kwargs = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=num_hidden_layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  tie_word_embeddings=False, bos_token_id=None, eos_token_id=258, pad_token_id=256)
+    kwargs.update(fam)
+    kwargs.update(extra)
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+def tiny_model(family: str = "llama", *, seed: int = 0, **config_kwargs):
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(family, **config_kwargs))
+    # Random init gives near-uniform next-token distributions; sharpen them so greedy text has structure
+    # and drafters have something to learn (a scaled lm_head keeps the model a valid random LM).
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    return model.eval()
+
+
+def save_tiny_target(folder: str | Path, family: str = "llama", *, seed: int = 0,
+                     chat_template: str | None = CHAT_TEMPLATE, **config_kwargs) -> Path:
+    folder = Path(folder)
+    model = tiny_model(family, seed=seed, **config_kwargs)
+    model.generation_config.eos_token_id = 258
+    model.save_pretrained(folder)
+    tiny_tokenizer(chat_template).save_pretrained(folder)
+    return folder
