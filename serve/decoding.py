@@ -1,0 +1,213 @@
+"""Plain and speculative decoding (batch 1) with exact verification and per-cycle statistics."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from serve.drafters.base import FINAL, Draft, Drafter
+from serve.kv import cache_kwargs, keep_positions, new_cache, sliding_window
+from serve.sampling import sample, target_probs
+from serve.stopping import StopChecker
+from serve.tree import TreeSpec, ancestor_mask, node_depths
+from serve.verify import verify_chain, verify_tree
+
+
+@dataclass
+class SpecStats:
+    cycles: int = 0
+    target_forwards: int = 0  # prefill included
+    new_tokens: int = 0
+    accepted_per_cycle: list[int] = field(default_factory=list)
+    drafted_per_cycle: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def mu(self) -> float:
+        """Tokens per target forward, bonus included (the prefill's token counts for its forward)."""
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """P(draft i accepted | drafts 0..i-1 accepted), over cycles that drafted at least i tokens."""
+        depth = max(self.drafted_per_cycle, default=0)
+        rates = []
+        for i in range(1, depth + 1):
+            reached = [a for a, d in zip(self.accepted_per_cycle, self.drafted_per_cycle) if a >= i - 1 and d >= i]
+            rates.append(sum(a >= i for a in reached) / len(reached) if reached else 0.0)
+        return rates
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["mu"] = self.mu
+        out["acceptance_by_position"] = self.acceptance_by_position
+        return out
+
+
+@dataclass
+class GenerationResult:
+    output_ids: list[int]
+    stats: SpecStats
+
+
+def _generator(seed: int | None) -> torch.Generator:
+    gen = torch.Generator()
+    gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+    return gen
+
+
+def _hidden(out, layers: Sequence[int], rows: torch.Tensor | slice) -> dict[int, torch.Tensor]:
+    """Pick the drafter's layers from an HF output: id i -> hidden_states[i + 1], FINAL -> the last (normed)."""
+    if not layers:
+        return {}
+    states = out.hidden_states
+    return {layer: states[-1 if layer == FINAL else layer + 1][0, rows] for layer in layers}
+
+
+def _stopper(target, eos_token_ids, stop_strings) -> StopChecker:
+    eos = tuple(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    return StopChecker(eos_token_ids=eos, stop_strings=tuple(stop_strings), tokenizer=target.tokenizer)
+
+
+@torch.inference_mode()
+def plain_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int, temperature: float = 0.0,
+                   top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop_strings: Sequence[str] = (),
+                   eos_token_ids: Sequence[int] | None = None,
+                   on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+    """One target forward per token: the reference speculative decoding must reproduce."""
+    model, stats, gen = target.model, SpecStats(), _generator(seed)
+    stopper = _stopper(target, eos_token_ids, stop_strings)
+    device = model.device
+    cache = new_cache(model)
+    t_start = time.perf_counter()
+    step_input = input_ids.to(device)
+    output: list[int] = []
+    while len(output) < max_new_tokens:
+        logits = model(step_input, **cache_kwargs(model, cache), logits_to_keep=1).logits[0, -1]
+        stats.target_forwards += 1
+        token = sample(target_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p).cpu(), gen)
+        output.append(token)
+        if on_tokens:
+            on_tokens([token])
+        if stopper.first_stop(output, len(output) - 1) is not None:
+            break
+        step_input = torch.tensor([[token]], device=device)
+    stats.cycles = stats.target_forwards - 1
+    stats.accepted_per_cycle = [0] * stats.cycles
+    stats.drafted_per_cycle = [0] * stats.cycles
+    stats.new_tokens = len(output)
+    stats.seconds = time.perf_counter() - t_start
+    stats.verify_seconds = stats.seconds
+    return GenerationResult(output, stats)
+
+
+def _verify_inputs(pending: int, draft: Draft, cache, device):
+    """input_ids (1, n+1), position_ids (1, n+1), and for trees the attention mask: (1, 1, n+1, past+n+1) bool,
+    or a dict per attention type when the target has sliding-window layers."""
+    past = cache.get_seq_length()
+    tokens = torch.cat([torch.tensor([pending]), draft.tokens.cpu()])
+    if not draft.is_tree:
+        positions = torch.arange(past, past + tokens.numel())
+        return tokens[None].to(device), positions[None].to(device), None
+    depths = torch.cat([torch.zeros(1, dtype=torch.long), node_depths(draft.parents.cpu())])
+    positions = past + depths  # (n+1,)
+    tree = ancestor_mask(draft.parents.cpu())  # (n+1, n+1)
+    full = torch.cat([torch.ones(tree.shape[0], past, dtype=torch.bool), tree], dim=1)[None, None].to(device)
+    window = sliding_window(cache)
+    if window is None:
+        return tokens[None].to(device), positions[None].to(device), full
+    # Sliding layers hold only their last (window - 1) positions; a query sees keys less than `window` behind it.
+    held = min(past, window - 1)
+    key_positions = torch.cat([torch.arange(past - held, past), positions])  # (held + n+1,)
+    near = (positions[:, None] - key_positions[None, :]) < window
+    visible = torch.cat([torch.ones(tree.shape[0], held, dtype=torch.bool), tree], dim=1) & near
+    sliding = visible[None, None].to(device)
+    if all(getattr(layer, "is_sliding", False) for layer in cache.layers):
+        return tokens[None].to(device), positions[None].to(device), sliding  # e.g. Mistral: one mask for all
+    masks = {"full_attention": full, "sliding_attention": sliding}  # mixed layers (Gemma 2/3) take a mapping
+    return tokens[None].to(device), positions[None].to(device), masks
+
+
+@torch.inference_mode()
+def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, max_new_tokens: int, k: int = 5,
+                         temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                         stop_strings: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None,
+                         tree: TreeSpec | None = None,
+                         on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
+    """Draft k tokens (or a tree), verify them in one target forward, keep what the target would have produced.
+
+    input_ids: (1, T). The output distribution equals `plain_generate`'s; at temperature 0 the output
+    is token-identical.
+    """
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"speculative_generate takes input_ids of shape (1, T), got {tuple(input_ids.shape)}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    model, stats, gen = target.model, SpecStats(), _generator(seed)
+    stopper = _stopper(target, eos_token_ids, stop_strings)
+    layers = tuple(drafter.target_layers)
+    want_hidden = bool(layers)
+    device = model.device
+    cache = new_cache(model)
+    probs = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    t_start = time.perf_counter()
+
+    out = model(input_ids.to(device), **cache_kwargs(model, cache), output_hidden_states=want_hidden,
+                logits_to_keep=1)
+    stats.target_forwards = 1
+    pending = sample(target_probs(out.logits[0, -1], **probs).cpu(), gen)
+    prompt = input_ids[0].cpu()
+    drafter.begin(prompt, torch.cat([prompt[1:], torch.tensor([pending])]), _hidden(out, layers, slice(None)))
+    del out
+    output = [pending]
+    stats.prefill_seconds = time.perf_counter() - t_start
+    if on_tokens:
+        on_tokens([pending])
+    stop = stopper.first_stop(output, 0)
+
+    while stop is None and len(output) < max_new_tokens:
+        budget = min(k, max_new_tokens - len(output) - 1)
+        t0 = time.perf_counter()
+        draft = drafter.propose(budget, temperature=temperature, generator=gen, tree=tree) if budget > 0 \
+            else Draft(torch.empty(0, dtype=torch.long))
+        t1 = time.perf_counter()
+        past = cache.get_seq_length()
+        ids, positions, mask = _verify_inputs(pending, draft, cache, device)
+        extra = {"attention_mask": mask} if mask is not None else {}
+        out = model(ids, position_ids=positions, **cache_kwargs(model, cache), output_hidden_states=want_hidden,
+                    **extra)
+        p = target_probs(out.logits[0], **probs).cpu()  # (n+1, V)
+        if draft.is_tree:
+            verdict = verify_tree(draft.tokens.cpu(), draft.parents.cpu(), p, gen)
+        else:
+            q = draft.q.cpu() if draft.q is not None else None
+            verdict = verify_chain(draft.tokens.cpu(), p, q, gen)
+        rows = [0] + [i + 1 for i in verdict.accepted]  # verify-input rows the target keeps
+        keep_positions(cache, past, rows)
+        accepted_tokens = [int(draft.tokens[i]) for i in verdict.accepted]
+        new_tokens = accepted_tokens + [verdict.next_token]
+        drafter.commit(torch.tensor(new_tokens), _hidden(out, layers, torch.tensor(rows)))
+        del out
+        stats.target_forwards += 1
+        stats.cycles += 1
+        stats.accepted_per_cycle.append(len(accepted_tokens))
+        stats.drafted_per_cycle.append(int(node_depths(draft.parents).max()) if draft.is_tree and len(draft)
+                                       else len(draft))
+        stats.draft_seconds += t1 - t0
+        stats.verify_seconds += time.perf_counter() - t1
+        start = len(output)
+        output.extend(new_tokens)
+        stop = stopper.first_stop(output, start)
+        keep_to = min(stop or len(output), max_new_tokens)
+        if on_tokens and keep_to > start:
+            on_tokens(output[start:keep_to])
+        pending = verdict.next_token
+    del output[min(stop or len(output), max_new_tokens):]
+    stats.new_tokens = len(output)
+    stats.seconds = time.perf_counter() - t_start
+    return GenerationResult(output, stats)

@@ -1,0 +1,83 @@
+"""A small causal LM as drafter. It must share the target's tokenizer: same vocabulary, same ids."""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from serve.drafters.base import Draft, Drafter
+from serve.errors import DraftsmithError
+from serve.kv import cache_kwargs, new_cache, rollback
+from serve.sampling import process_logits, sample
+
+
+class TokenizerMismatch(DraftsmithError):
+    pass
+
+
+def check_same_tokenizer(target_tokenizer, draft_tokenizer, *, what: str) -> None:
+    """Same vocabulary (token -> id) and the same ids for the same strings, or a clear error."""
+    tv, dv = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if tv != dv:
+        only_t = len(set(tv) - set(dv))
+        moved = sum(1 for tok, i in tv.items() if tok in dv and dv[tok] != i)
+        raise TokenizerMismatch(f"{what} has a different tokenizer than the target ({len(dv)} vs {len(tv)} tokens, "
+                                f"{only_t} target tokens missing, {moved} with other ids); a draft model must use "
+                                f"the target's tokenizer")
+    probe = "def f(x):\n    return x * 2  # héllo 123"
+    if target_tokenizer.encode(probe) != draft_tokenizer.encode(probe):
+        raise TokenizerMismatch(f"{what} tokenizes text differently from the target (same vocabulary, other "
+                                f"merges or normalization); a draft model must use the target's tokenizer")
+
+
+class ModelDrafter(Drafter):
+    """Autoregressive drafting with its own KV cache, rolled back to the accepted prefix after each cycle."""
+
+    kind: ClassVar[str] = "model"
+
+    def __init__(self, model, tokenizer, *, target_vocab_size: int):
+        self.model, self.tokenizer = model.eval().requires_grad_(False), tokenizer
+        self.vocab = target_vocab_size
+        self.tokens: list[int] = []
+        self.cache = None
+        self.cached = 0  # how many of self.tokens the cache holds
+
+    def check_target(self, target) -> None:
+        check_same_tokenizer(target.tokenizer, self.tokenizer, what="the draft model")
+
+    def begin(self, prompt_ids, next_tokens, hidden_states) -> None:
+        self.tokens = [int(prompt_ids[0])] + next_tokens.tolist()
+        self.cache, self.cached = new_cache(self.model), 0
+
+    def commit(self, next_tokens, hidden_states) -> None:
+        self.tokens.extend(next_tokens.tolist())
+
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Align the draft model's vocab width with the target's (embedding tables are often padded)."""
+        if logits.shape[-1] >= self.vocab:
+            return logits[..., : self.vocab]
+        pad = logits.new_full((*logits.shape[:-1], self.vocab - logits.shape[-1]), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)
+
+    @torch.inference_mode()
+    def propose(self, k, *, temperature=0.0, generator=None, tree=None) -> Draft:
+        device = self.model.device
+        # The cache may hold drafts of the last cycle: keep only the prefix that matches the accepted text.
+        valid = min(self.cached, len(self.tokens) - 1)
+        rollback(self.cache, valid)
+        feed = torch.tensor([self.tokens[valid:]], device=device)
+        drafted, dists = [], []
+        for _ in range(k):
+            logits = self._logits(self.model(feed, **cache_kwargs(self.model, self.cache),
+                                             logits_to_keep=1).logits[0, -1].float().cpu())
+            if temperature > 0:
+                q = process_logits(logits, temperature=temperature).softmax(-1)
+                token = sample(q, generator)
+                dists.append(q)
+            else:
+                token = int(logits.argmax())
+            drafted.append(token)
+            feed = torch.tensor([[token]], device=device)
+        # The cache now holds tokens + drafted[:-1].
+        self.cached = len(self.tokens) + len(drafted) - 1
+        return Draft(torch.tensor(drafted, dtype=torch.long), q=torch.stack(dists) if dists else None)

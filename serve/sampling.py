@@ -1,0 +1,49 @@
+"""Logits processing and sampling, shared by plain and speculative decoding so both sample from the same p.
+
+The order follows transformers' `generate`: temperature, then top-k, then top-p.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def process_logits(logits: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """(..., V) raw logits -> (..., V) processed logits (-inf where filtered). temperature must be > 0."""
+    logits = logits.float() / temperature
+    vocab = logits.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (..., 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        remove_sorted = cumulative <= (1 - top_p)
+        remove_sorted[..., -1:] = False  # always keep the most likely token
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        logits = logits.masked_fill(remove, float("-inf"))
+    return logits
+
+
+def target_probs(logits: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """(..., V) logits -> (..., V) the distribution plain decoding samples from.
+
+    temperature 0 means greedy: a one-hot on the argmax (so greedy is the limit case of sampling).
+    """
+    if temperature <= 0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    return process_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p).softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """(V,) probabilities -> one token id."""
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """(V,) target p, draft q -> normalized max(0, p - q): where to sample after a rejection.
+
+    When p == q the residual is empty (a rejection then has probability 0); fall back to p.
+    """
+    r = (p - q).clamp_min(0)
+    total = r.sum()
+    return r / total if total > 0 else p

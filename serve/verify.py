@@ -1,0 +1,64 @@
+"""Lossless verification of drafted tokens: pure functions over the target's distributions.
+
+Chain with a sampled draft (q given): speculative sampling (Leviathan et al. 2023; Chen et al. 2023):
+accept d_i with probability min(1, p_i(d_i) / q_i(d_i)); on rejection sample from max(0, p_i - q_i).
+Deterministic drafts (q one-hot, every tree) use the multi-candidate form of SpecInfer (Miao et al. 2024)
+with one-hot proposals: at a node, try its children in order; child c is accepted with probability
+r(c) under the current residual r (initially p), and a rejected c is removed from r (r(c) = 0,
+renormalized). This is exactly sampling from p, so the output distribution equals the target's; at
+temperature 0 (p one-hot) it reduces to "follow the child that equals the argmax".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from serve.sampling import residual, sample
+
+
+@dataclass
+class Verdict:
+    accepted: list[int]  # draft node indices accepted, root to leaf (a chain: 0..m-1)
+    next_token: int  # the correction or bonus token sampled after them
+
+
+def verify_chain(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None,
+                 generator: torch.Generator | None) -> Verdict:
+    """tokens: (k,) drafts; p: (k+1, V) target distributions after [pending, d1..dk]; q: (k, V) or None."""
+    if q is None:
+        parents = torch.arange(-1, tokens.numel() - 1)
+        return verify_tree(tokens, parents, p, generator)
+    for i, token in enumerate(tokens.tolist()):
+        p_i, q_i = p[i], q[i]
+        ratio = p_i[token] / q_i[token] if q_i[token] > 0 else torch.tensor(0.0)
+        if torch.rand((), generator=generator) < ratio:
+            continue
+        return Verdict(list(range(i)), sample(residual(p_i, q_i), generator))
+    return Verdict(list(range(tokens.numel())), sample(p[-1], generator))
+
+
+def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, p: torch.Tensor,
+                generator: torch.Generator | None) -> Verdict:
+    """tokens, parents: (n,) a tree in topological order; p: (n+1, V), row 0 = the root (pending token),
+    row i+1 = after node i. Deterministic proposals (q one-hot)."""
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents.tolist()):
+        children.setdefault(parent, []).append(i)
+    node, path = -1, []
+    while True:
+        r = p[node + 1].clone()
+        moved = False
+        for child in children.get(node, []):
+            token = int(tokens[child])
+            mass = float(r[token])
+            if mass <= 0:
+                continue
+            if mass >= 1 or torch.rand((), generator=generator) < mass:
+                node, moved = child, True
+                path.append(child)
+                break
+            r[token] = 0  # rejected: remove it from the residual
+            r = r / r.sum()
+        if not moved:
+            return Verdict(path, sample(r, generator))

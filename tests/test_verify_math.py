@@ -1,0 +1,66 @@
+"""The pure functions of verification on hand-made cases."""
+import torch
+
+from serve.drafters.ngram import lookup
+from serve.sampling import process_logits, residual, target_probs
+from serve.tree import ancestor_mask, node_depths, path_to, static_tree_parents
+from serve.verify import verify_chain, verify_tree
+
+
+def onehot(i, v=5):
+    return torch.nn.functional.one_hot(torch.tensor(i), v).float()
+
+
+def test_residual_is_normalized_positive_part():
+    p = torch.tensor([0.5, 0.3, 0.2])
+    q = torch.tensor([0.2, 0.6, 0.2])
+    assert torch.allclose(residual(p, q), torch.tensor([1.0, 0.0, 0.0]))
+    assert torch.allclose(residual(p, p), p)  # empty residual falls back to p
+
+
+def test_top_k_top_p_filtering():
+    logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.1]))
+    assert torch.isinf(process_logits(logits, temperature=1.0, top_k=2)[2:]).all()
+    kept = process_logits(logits, temperature=1.0, top_p=0.7)
+    assert torch.isfinite(kept[:2]).all() and torch.isinf(kept[2:]).all()
+    assert torch.equal(target_probs(logits, temperature=0), onehot(0, 4))
+
+
+def test_greedy_chain_accepts_prefix_then_corrects():
+    p = torch.stack([onehot(1), onehot(2), onehot(4), onehot(0)])  # argmax after pending, d1, d2, d3
+    verdict = verify_chain(torch.tensor([1, 2, 3]), p, None, None)
+    assert verdict.accepted == [0, 1] and verdict.next_token == 4
+    verdict = verify_chain(torch.tensor([1, 2, 4]), p, None, None)
+    assert verdict.accepted == [0, 1, 2] and verdict.next_token == 0  # bonus token
+
+
+def test_sampled_chain_rejects_token_target_never_emits():
+    p = torch.stack([torch.tensor([0.0, 1.0, 0, 0, 0]), onehot(3)])
+    q = torch.stack([torch.tensor([0.5, 0.5, 0, 0, 0])])
+    verdict = verify_chain(torch.tensor([0]), p, q, torch.Generator().manual_seed(0))
+    assert verdict.accepted == [] and verdict.next_token == 1
+
+
+def test_tree_greedy_follows_matching_branch():
+    # root -> {a=2 (node0), b=3 (node1)}; a -> {c=4 (node2)}; b -> {d=1 (node3)}
+    tokens, parents = torch.tensor([2, 3, 4, 1]), torch.tensor([-1, -1, 0, 1])
+    p = torch.stack([onehot(3), onehot(0), onehot(1), onehot(0), onehot(2)])  # rows: root, n0..n3
+    verdict = verify_tree(tokens, parents, p, None)
+    assert verdict.accepted == [1, 3] and verdict.next_token == 2
+
+
+def test_tree_masks_and_depths():
+    parents = torch.tensor([-1, -1, 0, 2])
+    mask = ancestor_mask(parents)
+    assert mask.tolist()[4] == [True, True, False, True, True]
+    assert mask.tolist()[2] == [True, False, True, False, False]
+    assert node_depths(parents).tolist() == [1, 1, 2, 3]
+    assert path_to(parents, 3) == [0, 2, 3]
+    parents_s, ordered = static_tree_parents(((0, 1), (0,), (1,), (0, 0)))
+    assert ordered == [(0,), (1,), (0, 0), (0, 1)] and parents_s == [-1, -1, 0, 0]
+
+
+def test_ngram_lookup_prefers_longest_latest_match():
+    seq = torch.tensor([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3])
+    assert lookup(seq, k=2, max_n=3, min_n=1).tolist() == [7, 8]
+    assert lookup(torch.tensor([4, 5, 6]), k=2, max_n=3, min_n=1).tolist() == []
