@@ -104,7 +104,7 @@ def test_speculative_sampling_matches_target_distribution(target, settings, draf
                                    **settings)
         counts[tuple(res.output_ids)] = counts.get(tuple(res.output_ids), 0) + 1
         accepted += sum(res.stats.accepted_per_cycle)
-    assert accepted > SAMPLES * 0.2, "the drafter should get some drafts accepted, or the test proves little"
+    assert accepted > SAMPLES * 0.1, "the drafter should get some drafts accepted, or the test proves little"
     assert chi_square_p(counts, exact, SAMPLES) > 1e-3
 
 
