@@ -1,0 +1,425 @@
+"""Self-distillation: the target answers every prompt; the conversations become a tokenized HF dataset.
+
+Output folder (`out_dir`):
+    data-*.arrow, dataset_info.json, state.json   the dataset (`datasets.load_from_disk(out_dir)`), columns
+                                                  id (str), domain (str), input_ids (list[int]), loss_mask (list[int])
+    build_info.json                               target identity, config hash, counts, throughput
+    config.resolved.yaml                          the DataBuildConfig used
+    draft_vocab.safetensors                       d2t / t2d, when data.draft_vocab_size is set
+    .work/state.json, .work/part-NNNNN.jsonl      finished batches (the resume point)
+
+Resuming: each finished batch is written atomically to its own part file; a new run reads every part,
+keeps those rows and batches only the rest. Batches are cut deterministically (longest prompts first) and
+seeded from their content, so with the same batch size a resumed build equals an uninterrupted one; the
+batch size (or device) may also change between runs, e.g. to resume with a smaller batch after running out
+of memory. Other settings may not: the work folder remembers them and refuses a mismatch.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from data.config import DataBuildConfig, validate
+from data.generate import generate_batch
+from data.masks import render_prompt, render_with_mask
+from data.plan import Conversation, fit_prompt, plan_conversation
+from data.prompts import PromptRow, load_prompts
+from serve.errors import DraftsmithError
+
+WORK = ".work"
+BUILD_INFO = "build_info.json"
+# Settings that do not change what the target writes: a build may resume with other values (a smaller batch
+# after running out of memory, another device). With the same values a resumed build equals an uninterrupted one.
+_NOT_GENERATION = ("draft_vocab_size", "drop_unfinished", "device", "batch_size")
+
+
+@dataclass
+class BuildResult:
+    out_dir: Path
+    rows: int
+    tokens: int
+    loss_tokens: int
+    counts: dict[str, int]  # prompts, skipped_long_prompts, truncated_prompts, dropped_turns, ...
+    domains: dict[str, int]
+    generated_tokens: int  # by this run (reused batches excluded)
+    generation_seconds: float
+    generated_batches: int
+    reused_batches: int  # part files of earlier runs read back from .work
+    reused_rows: int  # rows those parts answered
+    draft_vocab_coverage: float | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds else 0.0
+
+
+@dataclass
+class _Batch:
+    conversations: list[Conversation]
+    first_prompts: list[list[int]]
+
+    @property
+    def seed_offset(self) -> int:
+        """Sampling seed offset from the batch's content, so a batch redone after a kill draws the same tokens."""
+        return zlib.crc32(self.conversations[0].id.encode()) % 1_000_000
+
+
+@dataclass
+class _Counts:
+    prompts: int = 0
+    skipped_long_prompts: int = 0
+    truncated_prompts: int = 0
+    dropped_turns: int = 0
+    unfinished_answers: int = 0
+    truncated_rows: int = 0
+    empty_rows: int = 0
+    dropped_unfinished_rows: int = 0
+
+
+def gather_prompts(config: DataBuildConfig) -> list[PromptRow]:
+    """Rows of every source in order, ids made unique (`#n` on repeats), then the per-domain limit."""
+    rows: list[PromptRow] = []
+    for source in config.prompts:
+        rows += load_prompts(source, domain_field=config.domain_field, split=config.split, limit=config.limit)
+    seen: dict[str, int] = {}
+    for row in rows:
+        n = seen.get(row.id, 0)
+        seen[row.id] = n + 1
+        if n:
+            row.id = f"{row.id}#{n}"
+    if config.per_domain_limit is not None:
+        kept, per = [], {}
+        for row in rows:
+            if per.get(row.domain, 0) < config.per_domain_limit:
+                kept.append(row)
+                per[row.domain] = per.get(row.domain, 0) + 1
+        rows = kept
+    return rows
+
+
+def context_length(target: Any) -> int | None:
+    from serve.target import text_config
+
+    return getattr(text_config(target.config), "max_position_embeddings", None)
+
+
+def _plan_batches(target: Any, rows: list[PromptRow], config: DataBuildConfig, max_length: int,
+                  counts: _Counts, done: set[str]) -> list[_Batch]:
+    """Batches of the rows not in `done`; long prompts skipped or truncated (and counted, done or not)."""
+    planned: list[tuple[int, int, Conversation, list[int]]] = []
+    max_prompt = max_length - config.max_new_tokens
+    for order, row in enumerate(rows):
+        conversation = plan_conversation(row, regenerate=config.regenerate)
+        slot = conversation.next_slot()
+        if slot is None:  # every answer given and kept (regenerate=false): nothing to write
+            if row.id not in done:
+                planned.append((0, order, conversation, []))
+            continue
+        prompt = render_prompt(target.tokenizer, conversation.messages[:slot], chat=config.chat)
+        if len(prompt) > max_prompt:
+            if config.long_prompts == "skip":
+                counts.skipped_long_prompts += 1
+                continue
+            prompt = fit_prompt(target.tokenizer, conversation.messages[:slot], chat=config.chat,
+                                max_tokens=max_prompt)
+            if prompt is None:
+                counts.skipped_long_prompts += 1
+                continue
+            counts.truncated_prompts += 1
+        if row.id not in done:
+            planned.append((len(prompt), order, conversation, prompt))
+    planned.sort(key=lambda item: (-item[0], item[1]))  # longest first: memory trouble shows up at once
+    size = config.batch_size
+    return [_Batch(conversations=[p[2] for p in planned[s:s + size]], first_prompts=[p[3] for p in planned[s:s + size]])
+            for s in range(0, len(planned), size)]
+
+
+def _fingerprint(target: Any, config: DataBuildConfig, rows: list[PromptRow], max_length: int) -> dict:
+    settings = {k: v for k, v in asdict(config).items() if k not in _NOT_GENERATION}
+    settings["max_length"] = max_length
+    rows_sha = hashlib.sha256(json.dumps([[r.id, r.domain, r.messages] for r in rows]).encode()).hexdigest()[:16]
+    return {"settings": settings, "target_config_hash": target.config_hash,
+            "tokenizer_hash": target.tokenizer_hash, "prompts_sha256": rows_sha}
+
+
+def _open_work(work: Path, fingerprint: dict) -> None:
+    state = work / "state.json"
+    if state.is_file():
+        old = json.loads(state.read_text())
+        if old != fingerprint:
+            changed = [k for k in fingerprint if old.get(k) != fingerprint[k]]
+            if "settings" in changed:
+                changed += [f"data.{k}" for k in fingerprint["settings"]
+                            if old.get("settings", {}).get(k) != fingerprint["settings"][k]]
+            raise DraftsmithError(f"{work} holds a build made with other inputs (changed: {', '.join(changed)}); "
+                                  f"use another --out, or delete {work} to start over")
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    _write_atomic(state, json.dumps(fingerprint, indent=1))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_parts(work: Path) -> dict[str, dict]:
+    """Every finished row of earlier runs, by id (parts are written whole, so each one is complete)."""
+    records: dict[str, dict] = {}
+    for path in sorted(work.glob("part-*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                record = json.loads(line)
+                records[record["id"]] = record
+    return records
+
+
+def _next_part(work: Path) -> int:
+    indices = [int(p.stem.split("-")[1]) for p in work.glob("part-*.jsonl")]
+    return max(indices, default=-1) + 1
+
+
+def _generate(target: Any, batch: _Batch, config: DataBuildConfig, max_length: int) -> tuple[list[dict], int]:
+    """Fill every slot of the batch's conversations, round by round; returns records and new tokens."""
+    tokens = 0
+    finished = {c.id: True for c in batch.conversations}
+    unfinished: dict[str, list[int]] = {c.id: [] for c in batch.conversations}  # message indices cut short
+    last_turn: dict[str, dict] = {}  # the latest answer's message index and exact token ids
+    dropped = {c.id: 0 for c in batch.conversations}
+    prompts = {c.id: p for c, p in zip(batch.conversations, batch.first_prompts)}
+    max_prompt = max_length - config.max_new_tokens
+    for round_index in range(max(len(c.messages) for c in batch.conversations)):
+        todo: list[tuple[Conversation, int, list[int]]] = []
+        for conversation in batch.conversations:
+            slot = conversation.next_slot()
+            if slot is None:
+                continue
+            prompt = prompts.pop(conversation.id, None) if round_index == 0 else None
+            if prompt is None:
+                prompt = render_prompt(target.tokenizer, conversation.messages[:slot], chat=config.chat)
+            if len(prompt) > max_prompt:  # a later turn no longer fits: the conversation ends before it
+                dropped[conversation.id] += conversation.drop_from(slot - 1)
+                continue
+            todo.append((conversation, slot, prompt))
+        if not todo:
+            break
+        answers = generate_batch(target, [t[2] for t in todo], max_new_tokens=config.max_new_tokens,
+                                 temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
+                                 seed=config.seed + batch.seed_offset + round_index)
+        for (conversation, slot, _), answer in zip(todo, answers):
+            # Kept as text for the conversation (later turns are prompted with it); the last answer's exact
+            # ids are kept too (see row_tokens).
+            text = target.tokenizer.decode(answer.token_ids, skip_special_tokens=True)
+            conversation.messages[slot]["content"] = text
+            finished[conversation.id] = answer.finished
+            last_turn[conversation.id] = {"index": slot, "token_ids": answer.token_ids}
+            if not answer.finished:
+                unfinished[conversation.id].append(slot)
+            tokens += len(answer.token_ids)
+    records = [{"id": c.id, "domain": c.domain, "messages": c.messages, "finished": finished[c.id],
+                "unfinished_turns": [i for i in unfinished[c.id] if i < len(c.messages)],
+                "last_turn": last_turn.get(c.id), "dropped_turns": dropped[c.id]}
+               for c in batch.conversations]
+    return records, tokens
+
+
+def unmask_cut_endings(input_ids: list[int], loss_mask: list[int], messages: list[dict],
+                       unfinished_turns: Sequence[int], *, eos_token_ids: Sequence[int]) -> None:
+    """Take the end-of-turn token out of the loss for answers cut at max_new_tokens (in place).
+
+    The template closes every turn, but where an answer was cut the target would have gone on writing:
+    the drafter must not learn to predict EOS there. Each assistant turn is one run of 1s in the mask.
+    """
+    if not unfinished_turns:
+        return
+    runs, start = [], None
+    for k, m in enumerate(loss_mask + [0]):
+        if m and start is None:
+            start = k
+        elif not m and start is not None:
+            runs.append((start, k))
+            start = None
+    assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if len(runs) != len(assistant):
+        return  # a truncated row (max_length) or an empty turn: the runs cannot be matched to turns
+    eos = set(eos_token_ids)
+    for (run_start, run_end), index in zip(runs, assistant):
+        if index in unfinished_turns and input_ids[run_end - 1] in eos:
+            loss_mask[run_end - 1] = 0
+
+
+def row_tokens(tokenizer: Any, record: dict, *, chat: bool, eos_token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(input_ids, loss_mask) of a finished conversation.
+
+    The conversation is rendered with its template and mask; then, where the prompt of the last answer is
+    a prefix of that rendering (the usual case), the last answer is replaced by the exact ids the target
+    wrote: decoding and re-tokenizing can change them (an answer cut inside a multi-byte character, a
+    non-canonical split), and the drafter must learn the target's own tokens. An answer cut at
+    max_new_tokens keeps no end-of-turn token in the loss.
+    """
+    messages = record["messages"]
+    input_ids, loss_mask = render_with_mask(tokenizer, messages, chat=chat, eos_token_ids=eos_token_ids)
+    unmask_cut_endings(input_ids, loss_mask, messages, record["unfinished_turns"], eos_token_ids=eos_token_ids)
+    last = record.get("last_turn")
+    if last and last["index"] == len(messages) - 1:
+        prompt = render_prompt(tokenizer, messages[:-1], chat=chat)
+        if input_ids[: len(prompt)] == prompt:
+            answer = list(last["token_ids"])
+            return prompt + answer, loss_mask[: len(prompt)] + [1] * len(answer)
+    return input_ids, loss_mask
+
+
+def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, progress: bool = True,
+                  log: Callable[[str], None] = print,
+                  on_batch: Callable[[int], None] | None = None) -> BuildResult:
+    """Self-distil `config.prompts` with `target` (a serve.target.Target or a spec for load_target) into out_dir.
+
+    on_batch(part) runs after each batch is saved as .work/part-<part>.jsonl (tests use it to interrupt a build).
+    """
+    from serve.target import load_target
+
+    validate(config)
+    rows = gather_prompts(config)  # bad prompt files fail before the model loads
+    if isinstance(target, (str, Path)):
+        device = config.device
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        target = load_target(target, dtype=config.dtype, device=device, require_chat_template=config.chat)
+    elif config.chat and not getattr(target.tokenizer, "chat_template", None):
+        raise DraftsmithError(f"target {target.name!r} has no chat template; set data.chat=false to build plain "
+                              f"prompt + completion data for a base model")
+    out = Path(out_dir)
+    context = context_length(target)
+    max_length = min(config.max_length, context) if context else config.max_length
+    if max_length <= config.max_new_tokens:
+        raise DraftsmithError(f"the target's context ({context}) leaves no room for prompts with "
+                              f"data.max_new_tokens={config.max_new_tokens}")
+    counts = _Counts(prompts=len(rows))
+    work = out / WORK
+    _open_work(work, _fingerprint(target, config, rows, max_length))
+    records = read_parts(work)
+    batches = _plan_batches(target, rows, config, max_length, counts, set(records))
+    log(f"data build: {len(rows)} prompts from {', '.join(config.prompts)} -> {out}: {len(records)} answered "
+        f"by an earlier run, {len(batches)} batches of {config.batch_size} to generate (max_new_tokens "
+        f"{config.max_new_tokens}, temperature {config.temperature}); skipped {counts.skipped_long_prompts} and "
+        f"truncated {counts.truncated_prompts} prompts longer than {max_length - config.max_new_tokens} tokens")
+    reused = {"reused_rows": len(records), "reused_batches": len(list(work.glob("part-*.jsonl")))}
+    stats = _run_batches(target, batches, config, max_length, work, records, progress, on_batch)
+    stats.update(reused)
+    result = _write_dataset(target, config, rows, records, counts, out, max_length, stats)
+    log(f"data build: {result.rows} rows, {result.tokens} tokens ({result.loss_tokens} in the loss), "
+        f"{result.generated_batches} batches generated at {result.tokens_per_second:.1f} tok/s, "
+        f"{result.reused_rows} rows reused -> {out}")
+    return result
+
+
+def _run_batches(target, batches: list[_Batch], config: DataBuildConfig, max_length: int, work: Path,
+                 records: dict[str, dict], progress: bool, on_batch) -> dict:
+    """Generate every batch, saving each as its own part file as soon as it is done; fills `records`."""
+    from tqdm.auto import tqdm
+
+    stats = {"generated_tokens": 0, "seconds": 0.0, "generated_batches": 0}
+    total = len(records) + sum(len(b.conversations) for b in batches)
+    bar = tqdm(total=total, initial=len(records), unit="row", desc="self-distillation", disable=not progress,
+               dynamic_ncols=True)
+    part = _next_part(work)
+    for batch in batches:
+        start = time.perf_counter()
+        batch_records, tokens = _generate(target, batch, config, max_length)
+        stats["seconds"] += time.perf_counter() - start
+        stats["generated_tokens"] += tokens
+        stats["generated_batches"] += 1
+        _write_atomic(work / f"part-{part:05d}.jsonl",
+                      "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in batch_records))
+        for record in batch_records:
+            records[record["id"]] = record
+        bar.update(len(batch.conversations))
+        bar.set_postfix(tok_s=f"{stats['generated_tokens'] / max(stats['seconds'], 1e-9):.1f}")
+        if on_batch is not None:
+            on_batch(part)
+        part += 1
+    bar.close()
+    return stats
+
+
+def _write_dataset(target, config: DataBuildConfig, rows: list[PromptRow], records: dict[str, dict],
+                   counts: _Counts, out: Path, max_length: int, stats: dict) -> BuildResult:
+    import datasets
+
+    from serve.config import save_config, to_dict
+
+    columns: dict[str, list] = {"id": [], "domain": [], "input_ids": [], "loss_mask": []}
+    for row in rows:  # the prompts' own order, not the batches'
+        record = records.get(row.id)
+        if record is None:  # skipped as too long
+            continue
+        counts.unfinished_answers += len(record["unfinished_turns"])
+        counts.dropped_turns += record["dropped_turns"]
+        if config.drop_unfinished and not record["finished"]:
+            counts.dropped_unfinished_rows += 1
+            continue
+        input_ids, loss_mask = row_tokens(target.tokenizer, record, chat=config.chat,
+                                          eos_token_ids=target.eos_token_ids)
+        if len(input_ids) > max_length:
+            input_ids, loss_mask = input_ids[:max_length], loss_mask[:max_length]
+            counts.truncated_rows += 1
+        if not any(loss_mask):
+            counts.empty_rows += 1
+            continue
+        columns["id"].append(record["id"])
+        columns["domain"].append(record["domain"])
+        columns["input_ids"].append(input_ids)
+        columns["loss_mask"].append(loss_mask)
+    if not columns["id"]:
+        raise DraftsmithError(f"no rows left to write ({counts.prompts} prompts, {counts.skipped_long_prompts} "
+                              f"skipped as too long, {counts.empty_rows} without assistant tokens)")
+    features = datasets.Features({"id": datasets.Value("string"), "domain": datasets.Value("string"),
+                                  "input_ids": datasets.Sequence(datasets.Value("int32")),
+                                  "loss_mask": datasets.Sequence(datasets.Value("int8"))})
+    dataset = datasets.Dataset.from_dict(columns, features=features)
+    for stale in list(out.glob("data-*.arrow")) + [out / "dataset_info.json", out / "state.json"]:
+        stale.unlink(missing_ok=True)
+    dataset.save_to_disk(str(out))
+    save_config(config, out)
+    domains: dict[str, int] = {}
+    for domain in columns["domain"]:
+        domains[domain] = domains.get(domain, 0) + 1
+    count_dict = asdict(counts)
+    result = BuildResult(out_dir=out, rows=len(dataset), tokens=sum(map(len, columns["input_ids"])),
+                         loss_tokens=sum(map(sum, columns["loss_mask"])), counts=count_dict, domains=domains,
+                         generated_tokens=stats["generated_tokens"], generation_seconds=stats["seconds"],
+                         generated_batches=stats["generated_batches"], reused_batches=stats["reused_batches"],
+                         reused_rows=stats["reused_rows"])
+    if config.draft_vocab_size:
+        from data.vocab import save_draft_vocab, select_draft_vocab
+
+        from serve.target import text_config
+
+        vocab_size = text_config(target.config).vocab_size
+        d2t, t2d, coverage = select_draft_vocab(dataset, vocab_size, config.draft_vocab_size)
+        save_draft_vocab(out, d2t, t2d, coverage=coverage)
+        result.draft_vocab_coverage = coverage
+    info = {"target": {"name": target.name, "path": str(target.path), "config_hash": target.config_hash,
+                       "tokenizer_hash": target.tokenizer_hash},
+            "data_config_hash": hashlib.sha256(json.dumps(to_dict(config), sort_keys=True).encode()).hexdigest()[:16],
+            "prompts": list(config.prompts), "max_length": max_length, "rows": result.rows, "tokens": result.tokens,
+            "loss_tokens": result.loss_tokens, "domains": domains, "counts": count_dict,
+            "generation": {"tokens": result.generated_tokens, "seconds": round(result.generation_seconds, 3),
+                           "tokens_per_second": round(result.tokens_per_second, 2),
+                           "generated_batches": result.generated_batches, "reused_batches": result.reused_batches,
+                           "reused_rows": result.reused_rows},
+            "draft_vocab_coverage": result.draft_vocab_coverage}
+    _write_atomic(out / BUILD_INFO, json.dumps(info, indent=1))
+    return result

@@ -1,0 +1,25 @@
+"""The project's own prompt sets, one JSONL per domain, written for the demo on a fresh machine.
+
+`edit` is repetition-heavy on purpose (rewrite this code with a small change): the traffic where a
+drafter, and prompt lookup, accept long runs.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from serve.errors import DraftsmithError
+
+BUILTIN_DIR = Path(__file__).with_name("builtin")
+BUILTIN_DOMAINS = ("code", "math", "chat", "extraction", "creative", "summarization", "edit")
+
+
+def builtin_files(domain: str | None = None) -> list[Path]:
+    """The JSONL file of `domain`, or of every domain (in BUILTIN_DOMAINS order) when None."""
+    if domain is not None and domain not in BUILTIN_DOMAINS:
+        raise DraftsmithError(f"no built-in prompt set {domain!r}; choose one of {', '.join(BUILTIN_DOMAINS)} "
+                              f"(or `builtin` for all)")
+    files = [BUILTIN_DIR / f"{d}.jsonl" for d in ((domain,) if domain else BUILTIN_DOMAINS)]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise DraftsmithError(f"built-in prompt files missing from the installation: {', '.join(missing)}")
+    return files

@@ -1,0 +1,307 @@
+"""Hidden-state capture for offline training: the target's states at a drafter's layers, sharded on disk.
+
+Shard s holds dataset rows [s * rows_per_shard, (s + 1) * rows_per_shard); under `accelerate launch` or
+`torchrun` rank r captures the shards s with s % world == r, and rank 0 merges their sidecars into the
+manifest. Because a shard's content does not depend on who wrote it, a capture resumed after a kill (with
+any number of processes) keeps every finished shard (checked against its sha256) and redoes the rest.
+Format: data/cache.py.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from data.cache import (FORMAT, MANIFEST, CacheError, CacheReader, PackedShard, ShardInfo, bytes_per_token,
+                        check_shard_file, shard_name, sidecar_path, storage_dtype, write_json_atomic,
+                        write_shard)
+from data.config import CaptureConfig, validate
+from data.layers import CONVENTION, LayerSpec, resolve_layers
+from serve.drafters.base import FINAL
+from serve.errors import DraftsmithError
+
+__all__ = ["CacheReader", "CaptureResult", "capture_hidden_states", "check_disk", "dataset_digest",
+           "forward_hidden_states", "plan_batches", "right_pad"]
+
+GIB = 1 << 30
+
+
+@dataclass
+class CaptureResult:
+    out_dir: Path
+    rows: int
+    tokens: int
+    bytes: int
+    shards_written: int  # by this process
+    shards_reused: int  # by this process
+    tokens_captured: int  # by this process
+    seconds: float  # this process's capture time (forwards + writes)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_captured / self.seconds if self.seconds else 0.0
+
+
+def dataset_digest(dataset: Any) -> str:
+    """sha256 (16 hex) of the rows' ids, input_ids and loss masks: the cache's dataset identity."""
+    digest = hashlib.sha256()
+    for block in dataset.select_columns(["id", "input_ids", "loss_mask"]).iter(batch_size=1024):
+        for row_id, ids, mask in zip(block["id"], block["input_ids"], block["loss_mask"]):
+            digest.update(row_id.encode() + b"\0")
+            digest.update(np.asarray(ids, dtype=np.int64).tobytes())
+            digest.update(np.asarray(mask, dtype=np.int8).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def plan_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Indices grouped so that each batch's padded size (rows x longest) stays within batch_tokens
+    (a longer single row gets a batch of its own). Longest rows first, so padding stays small."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def right_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), both (B, T_max), sequences left-aligned (causal attention never sees the pad)."""
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for b, seq in enumerate(sequences):
+        input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention_mask[b, : len(seq)] = 1
+    return input_ids, attention_mask
+
+
+@torch.inference_mode()
+def forward_hidden_states(target: Any, sequences: list[list[int]], layer_ids: tuple[int, ...]) -> list[dict[int, torch.Tensor]]:
+    """One right-padded forward of the target's decoder (no lm_head); per sequence {layer id: (T, h)}."""
+    decoder = target.model.get_decoder()
+    device = next(decoder.parameters()).device
+    input_ids, attention_mask = right_pad(sequences, target.tokenizer.pad_token_id or 0)
+    out = decoder(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                  output_hidden_states=True, use_cache=False)
+    # out.hidden_states: (n + 1) x (B, T, h); [i + 1] = output of layer i; last_hidden_state = normed
+    picked = {i: (out.last_hidden_state if i == FINAL else out.hidden_states[i + 1]) for i in layer_ids}
+    return [{i: h[b, : len(seq)] for i, h in picked.items()} for b, seq in enumerate(sequences)]
+
+
+def _identity(target: Any, layers: LayerSpec, dtype: str, digest: str, config: CaptureConfig,
+              max_length: int) -> dict:
+    return {"target_config_hash": target.config_hash, "tokenizer_hash": target.tokenizer_hash,
+            "layers": list(layers.stored), "dtype": dtype, "dataset_digest": digest,
+            "rows_per_shard": config.rows_per_shard, "max_length": max_length}
+
+
+def _check_existing(out: Path, identity: dict) -> None:
+    """Refuse to add shards to a folder holding another capture (other target, layers, dtype or data)."""
+    found = []
+    manifest = out / MANIFEST
+    if manifest.is_file():
+        found.append((manifest, json.loads(manifest.read_text()).get("identity", {})))
+    for sidecar in sorted(out.glob("shard-*.json")):
+        found.append((sidecar, json.loads(sidecar.read_text()).get("identity", {})))
+    for path, other in found:
+        changed = [k for k in identity if other.get(k) != identity[k]]
+        if changed:
+            raise CacheError(f"{out} already holds a capture that differs in {', '.join(changed)} "
+                             f"(see {path.name}); refusing to mix shards: use another --out or delete {out}")
+
+
+def _finished(out: Path, index: int) -> ShardInfo | None:
+    """The shard's entry when its file and sidecar agree (size and sha256); None when it must be redone."""
+    sidecar = sidecar_path(out, index)
+    if not sidecar.is_file():
+        return None
+    try:
+        info = ShardInfo(**json.loads(sidecar.read_text())["shard"])
+        check_shard_file(out, info, verify=True)
+    except (CacheError, json.JSONDecodeError, KeyError, TypeError):
+        return None
+    return info
+
+
+def _row_lengths(dataset: Any, max_length: int) -> list[int]:
+    lengths = []
+    for block in dataset.select_columns(["input_ids"]).iter(batch_size=1024):
+        lengths += [min(len(ids), max_length) for ids in block["input_ids"]]
+    return lengths
+
+
+def check_disk(out: Path, needed: int, headroom: int) -> tuple[int, int]:
+    """(needed, free) bytes; DraftsmithError before any work when the cache would not fit."""
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if needed + headroom > free:
+        raise DraftsmithError(f"the cache needs ~{needed / GIB:.2f} GiB (+{headroom / GIB:.2f} GiB headroom) but "
+                              f"{probe} has {free / GIB:.2f} GiB free: free space, use another --out, or capture "
+                              f"fewer layers / a 16-bit dtype")
+    return needed, free
+
+
+def capture_hidden_states(target: Any, dataset_dir: str | Path, out_dir: str | Path, config: CaptureConfig, *,
+                          progress: bool = True, log: Callable[[str], None] = print,
+                          on_shard: Callable[[int], None] | None = None) -> CaptureResult:
+    """Capture `config.layers` of `target` over the dataset written by `data build` into `out_dir`.
+
+    target: a serve.target.Target or a spec for load_target. on_shard(index) runs after each shard is
+    written (tests use it to interrupt a capture).
+    """
+    import datasets
+
+    from data import dist as dist_mod
+    from serve.target import load_target, text_config
+
+    validate(config)
+    dist = dist_mod.current(cpu=True if config.device == "cpu" else None)
+    dtype_name, torch_dtype = storage_dtype(config.dtype)
+    dataset_path = Path(dataset_dir)
+    if not (dataset_path / "dataset_info.json").is_file():
+        raise DraftsmithError(f"{dataset_path} is not a dataset written by `draftsmith data build` "
+                              f"(no dataset_info.json)")
+    dataset = datasets.load_from_disk(str(dataset_path))
+    missing = {"id", "domain", "input_ids", "loss_mask"} - set(dataset.column_names)
+    if missing:
+        raise DraftsmithError(f"{dataset_path} lacks columns {sorted(missing)}: build it with `draftsmith data build`")
+    if isinstance(target, (str, Path)):
+        device = str(dist.device) if config.device == "auto" else config.device
+        target = load_target(target, dtype=config.target_dtype, device=device)
+    if dist.world > 1 and next(target.model.parameters()).device.type == "cpu":
+        torch.set_num_threads(max(1, torch.get_num_threads() // dist.world))  # ranks share the cores
+    _check_built_for(dataset_path, target)
+    text = text_config(target.config)
+    layers = resolve_layers(config.layers, target.num_layers)
+    context = getattr(text, "max_position_embeddings", None) or 1 << 30
+    max_length = min(config.max_length or context, context)
+    out = Path(out_dir)
+    identity = _identity(target, layers, dtype_name, dataset_digest(dataset), config, max_length)
+    _check_existing(out, identity)
+
+    rows = len(dataset)
+    lengths = _row_lengths(dataset, max_length)
+    shards = [(s, start, min(start + config.rows_per_shard, rows))
+              for s, start in enumerate(range(0, rows, config.rows_per_shard))]
+    mine = [sh for sh in shards if sh[0] % dist.world == dist.rank]
+    done = {s: info for s, _, _ in mine if (info := _finished(out, s)) is not None}
+    per_token = bytes_per_token(len(layers.stored), text.hidden_size, dtype_name)
+    needed = sum(sum(lengths[a:b]) for s, a, b in shards if not (out / shard_name(s)).is_file()) * per_token
+    total = sum(lengths) * per_token
+    if dist.is_main:
+        log(f"data capture: {rows} rows, {sum(lengths)} tokens, layers {list(layers.stored)} ({layers.spec}; "
+            f"{CONVENTION}), {dtype_name}, {per_token} bytes/token -> ~{total / GIB:.3f} GiB in {len(shards)} shards, "
+            f"~{needed / GIB:.3f} GiB still to write, {dist.world} process(es)")
+    out.mkdir(parents=True, exist_ok=True)
+    check_disk(out, needed, int(config.disk_headroom_gib * GIB))
+    dist.barrier()  # every rank has read what the folder held before any rank changes it
+
+    written, captured, seconds = 0, 0, 0.0
+    todo = [sh for sh in mine if sh[0] not in done]
+    if todo:  # a manifest left by an earlier run no longer describes the folder until the merge below
+        (out / MANIFEST).unlink(missing_ok=True)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=sum(sum(lengths[a:b]) for _, a, b in todo), unit="tok", desc=f"capture[{dist.rank}]",
+               disable=not progress or not dist.is_main, dynamic_ncols=True)
+    for index, start, end in todo:
+        t0 = time.perf_counter()
+        block = dataset.select(range(start, end))
+        packed = _capture_shard(target, block, layers.stored, max_length, config.batch_tokens, torch_dtype)
+        info = write_shard(out, index, packed, row_start=start)
+        del packed
+        write_json_atomic(sidecar_path(out, index), {"shard": asdict(info), "identity": identity,
+                                                     "written_by_rank": dist.rank, "world": dist.world})
+        seconds += time.perf_counter() - t0
+        captured += info.tokens
+        written += 1
+        bar.update(info.tokens)
+        bar.set_postfix(tok_s=f"{captured / max(seconds, 1e-9):.0f}")
+        if on_shard is not None:
+            on_shard(index)
+    bar.close()
+    dist.barrier()
+    if dist.is_main:
+        manifest = _merge_manifest(out, shards, target, layers, dtype_name, identity, config, dataset_path,
+                                   lengths, dataset)
+        log(f"data capture: {manifest['rows']} rows, {manifest['tokens']} tokens, "
+            f"{manifest['bytes'] / GIB:.3f} GiB in {len(shards)} shards -> {out}")
+    dist.barrier()
+    manifest = json.loads((out / MANIFEST).read_text())
+    return CaptureResult(out_dir=out, rows=manifest["rows"], tokens=manifest["tokens"], bytes=manifest["bytes"],
+                         shards_written=written, shards_reused=len(done), tokens_captured=captured, seconds=seconds)
+
+
+def _check_built_for(dataset_path: Path, target: Any) -> None:
+    info_path = dataset_path / "build_info.json"
+    if not info_path.is_file():
+        return  # a dataset made elsewhere: its token ids are trusted to be this target's
+    built = json.loads(info_path.read_text()).get("target", {})
+    if built.get("tokenizer_hash") and built["tokenizer_hash"] != target.tokenizer_hash:
+        raise DraftsmithError(f"{dataset_path} was built with the tokenizer of {built.get('name')!r} "
+                              f"({built['tokenizer_hash']}), not {target.name!r} ({target.tokenizer_hash}): "
+                              f"its token ids mean other tokens; build the data with this target")
+
+
+def _capture_shard(target: Any, block: Any, layer_ids: tuple[int, ...], max_length: int, batch_tokens: int,
+                   dtype: torch.dtype) -> PackedShard:
+    """Forward the shard's rows in token-budgeted batches, copying each row's states straight into the
+    preallocated shard (memory: one shard in the cache dtype plus one batch's activations)."""
+    from serve.target import text_config
+
+    ids = [list(x)[:max_length] for x in block["input_ids"]]
+    masks = [list(x)[:max_length] for x in block["loss_mask"]]
+    shard = PackedShard.allocate(block["id"], block["domain"], [len(x) for x in ids], layer_ids,
+                                 text_config(target.config).hidden_size, dtype)
+    for batch in plan_batches([len(x) for x in ids], batch_tokens):
+        states = forward_hidden_states(target, [ids[i] for i in batch], layer_ids)
+        for i, hidden in zip(batch, states):
+            shard.put(i, ids[i], masks[i], hidden)
+    return shard
+
+
+def _merge_manifest(out: Path, shards: list[tuple[int, int, int]], target: Any, layers: LayerSpec, dtype: str,
+                    identity: dict, config: CaptureConfig, dataset_path: Path, lengths: list[int],
+                    dataset: Any) -> dict:
+    entries = []
+    for index, _, _ in shards:
+        sidecar = sidecar_path(out, index)
+        if not sidecar.is_file():
+            raise CacheError(f"shard {index} of {out} was not written (a process failed?); run the capture again")
+        entries.append(json.loads(sidecar.read_text())["shard"])
+    from serve.target import text_config
+
+    text = text_config(target.config)
+    truncated = sum(len(x) > identity["max_length"] for x in dataset.select_columns(["input_ids"])["input_ids"])
+    manifest = {
+        "format": FORMAT,
+        "target": {"name": target.name, "config_hash": target.config_hash, "tokenizer_hash": target.tokenizer_hash,
+                   "num_layers": target.num_layers, "hidden_size": text.hidden_size, "vocab_size": text.vocab_size},
+        "layers": {"spec": layers.spec, "aux_layer_ids": list(layers.aux_layer_ids), "stored": list(layers.stored),
+                   "final": FINAL, "convention": CONVENTION},
+        "dtype": dtype,
+        "layout": "packed per shard: input_ids (N,) int32, loss_mask (N,) uint8, offsets (R+1,) int64, "
+                  "hidden_states.<id> / hidden_states.final (N, h); ids and domains in the safetensors metadata",
+        "dataset": {"path": str(dataset_path), "digest": identity["dataset_digest"], "rows": len(lengths)},
+        "rows": sum(e["rows"] for e in entries),
+        "tokens": sum(e["tokens"] for e in entries),
+        "bytes": sum(e["bytes"] for e in entries),
+        "truncated_rows": int(truncated),
+        "identity": identity,
+        "capture": asdict(config),
+        "shards": entries,
+    }
+    write_json_atomic(out / MANIFEST, manifest)
+    return manifest
+

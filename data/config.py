@@ -1,0 +1,94 @@
+"""Typed configs of the data pipeline: section `data` (build) and `capture` of a recipe (configs/data/*.yaml).
+
+On the command line the overrides carry the section name (`data.max_new_tokens=64`,
+`capture.rows_per_shard=128`), so one recipe file can hold both sections.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence, TypeVar
+
+from serve.config import ConfigError, load_config
+
+T = TypeVar("T")
+
+LONG_PROMPT_POLICIES = ("skip", "truncate")
+
+
+@dataclass
+class DataBuildConfig:
+    """Self-distillation: the target answers every prompt; the answers become the training data."""
+    prompts: list[str] = field(default_factory=lambda: ["builtin"])  # sources for data.prompts.load_prompts
+    domain_field: str = "domain"
+    split: str = "train"  # split of an HF datasets source
+    limit: Optional[int] = None  # first N rows of each source
+    per_domain_limit: Optional[int] = None  # then the first N rows of each domain
+    chat: bool = True  # render with the target's chat template; false: plain prompt + completion (base models)
+    regenerate: bool = True  # the target rewrites assistant turns a row already has (false: keep them)
+    max_new_tokens: int = 256  # per generated assistant turn
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    seed: int = 0  # sampling seed; batch b uses seed + b, so a resumed build draws the same tokens
+    batch_size: int = 8  # prompts per generate call (left-padded)
+    max_length: int = 2048  # tokens per conversation, capped by the target's context
+    long_prompts: str = "skip"  # a prompt leaving < max_new_tokens of room: skip | truncate (its longest turn)
+    drop_unfinished: bool = False  # drop rows whose last answer hit max_new_tokens before EOS
+    draft_vocab_size: Optional[int] = None  # also write draft_vocab.safetensors (d2t/t2d) of this size
+    dtype: str = "float32"  # the target's compute dtype
+    device: str = "auto"  # auto = cuda when available, else cpu
+
+
+@dataclass
+class CaptureConfig:
+    """Hidden-state capture for offline training."""
+    layers: str = "eagle3"  # eagle3 | eagle1 | medusa | comma-separated layer ids (-1 = FINAL)
+    dtype: str = "bf16"  # storage dtype: bf16 | fp16 | fp32
+    target_dtype: str = "float32"  # the target's compute dtype
+    batch_tokens: int = 4096  # padded tokens per forward
+    rows_per_shard: int = 128  # a shard is built in memory: rows x tokens x stored layers x h x dtype bytes
+    max_length: Optional[int] = None  # truncate longer rows (default: the target's context)
+    disk_headroom_gib: float = 0.5  # refuse unless this much stays free after the estimated cache
+    device: str = "auto"  # auto = this rank's device (cuda when available, else cpu)
+
+
+def load_section(schema: type[T], section: str, *, config_file: str | Path | None = None,
+                 overrides: Sequence[str] = ()) -> T:
+    """`schema` from its defaults < the recipe's `section` < `section.key=value` overrides."""
+    stripped = []
+    for item in overrides:
+        key = item.split("=", 1)[0]
+        if not key.startswith(f"{section}."):
+            raise ConfigError(f"override {item!r} is not a `{section}.*` key (e.g. {section}.batch_size=4); "
+                              f"this command reads only the `{section}` section")
+        stripped.append(item[len(section) + 1:])
+    config = load_config(schema, config_file=config_file, overrides=stripped, section=section)
+    validate(config)
+    return config
+
+
+def validate(config) -> None:
+    """Value checks OmegaConf's type checks cannot express; ConfigError names the key."""
+    if isinstance(config, DataBuildConfig):
+        positive = ("max_new_tokens", "batch_size", "max_length")
+        if config.long_prompts not in LONG_PROMPT_POLICIES:
+            raise ConfigError(f"data.long_prompts must be one of {', '.join(LONG_PROMPT_POLICIES)}, "
+                              f"got {config.long_prompts!r}")
+        if config.temperature < 0 or not 0 < config.top_p <= 1 or config.top_k < 0:
+            raise ConfigError("data.temperature must be >= 0, data.top_p in (0, 1], data.top_k >= 0")
+        if config.max_new_tokens >= config.max_length:
+            raise ConfigError(f"data.max_new_tokens ({config.max_new_tokens}) must be below data.max_length "
+                              f"({config.max_length}) to leave room for the prompt")
+        for name in ("limit", "per_domain_limit", "draft_vocab_size"):
+            if getattr(config, name) is not None and getattr(config, name) <= 0:
+                raise ConfigError(f"data.{name} must be positive when set, got {getattr(config, name)}")
+        if not config.prompts:
+            raise ConfigError("data.prompts is empty: name at least one prompt source (e.g. builtin)")
+        section = "data"
+    else:
+        positive = ("batch_tokens", "rows_per_shard")
+        section = "capture"
+    for name in positive:
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"{section}.{name} must be positive, got {getattr(config, name)}")

@@ -1,0 +1,202 @@
+"""Self-distillation build on tiny targets: output, resume, multi-turn, long prompts, bad input."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from data.build import build_dataset, unmask_cut_endings
+from data.config import DataBuildConfig, load_section
+from serve.config import ConfigError
+from serve.errors import DraftsmithError
+from serve.target import load_target
+from tests.test_data_prompts import write_jsonl
+
+PROMPTS = [
+    {"id": "a", "domain": "math", "prompt": "1+1?"},
+    {"id": "b", "domain": "code", "prompt": "Write a loop."},
+    {"id": "c", "domain": "math", "question": "2*3?"},
+    {"id": "d", "domain": "chat", "turns": ["Hi", "More?"]},
+    {"id": "e", "domain": "chat", "messages": [{"role": "user", "content": "x"},
+                                               {"role": "assistant", "content": "given answer"},
+                                               {"role": "user", "content": "y"}]},
+]
+
+
+def quiet(_msg: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tiny_target_dir):
+    return load_target(tiny_target_dir)
+
+
+@pytest.fixture()
+def prompts(tmp_path):
+    return write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
+
+
+def config_for(prompts, **kw) -> DataBuildConfig:
+    base = dict(prompts=[str(prompts)], max_new_tokens=6, batch_size=2, max_length=256, device="cpu")
+    base.update(kw)
+    return DataBuildConfig(**base)
+
+
+def read(out):
+    import datasets
+
+    return datasets.load_from_disk(str(out)).to_dict()
+
+
+def runs(mask):
+    return sum(1 for k in range(len(mask)) if mask[k] and (k == 0 or not mask[k - 1]))
+
+
+def test_build_writes_dataset_masks_and_info(tmp_path, tiny_target, prompts):
+    out = tmp_path / "ds"
+    result = build_dataset(tiny_target, config_for(prompts, draft_vocab_size=64), out_dir=out, progress=False, log=quiet)
+    data = read(out)
+    assert data["id"] == ["a", "b", "c", "d", "e"]  # the prompts' order, not the batches'
+    assert data["domain"] == ["math", "code", "math", "chat", "chat"]
+    tok = tiny_target.tokenizer
+    for ids, mask in zip(data["input_ids"], data["loss_mask"]):
+        assert len(ids) == len(mask) and set(mask) <= {0, 1} and any(mask)
+        assert tok.decode(ids).startswith("<|im_start|>user\n")
+    # multi-turn rows: every assistant turn is written by the target and trained
+    assert runs(data["loss_mask"][3]) == 2 and runs(data["loss_mask"][4]) == 2
+    assert "given answer" not in tok.decode(data["input_ids"][4])  # regenerate=true replaces given answers
+    info = json.loads((out / "build_info.json").read_text())
+    assert info["target"]["tokenizer_hash"] == tiny_target.tokenizer_hash
+    assert info["target"]["config_hash"] == tiny_target.config_hash
+    assert info["rows"] == 5 and info["counts"]["prompts"] == 5 and info["domains"]["math"] == 2
+    assert result.generated_tokens > 0 and result.tokens == sum(map(len, data["input_ids"]))
+    assert (out / "config.resolved.yaml").is_file() and 0 < result.draft_vocab_coverage <= 1
+    assert result.loss_tokens == sum(map(sum, data["loss_mask"]))
+
+
+def test_keep_given_answers(tmp_path, tiny_target, prompts):
+    out = tmp_path / "keep"
+    build_dataset(tiny_target, config_for(prompts, regenerate=False), out_dir=out, progress=False, log=quiet)
+    data = read(out)
+    ids, mask = data["input_ids"][4], data["loss_mask"][4]
+    assert "given answer" in tiny_target.tokenizer.decode([i for i, m in zip(ids, mask) if m])
+
+
+def test_resume_after_interruption_equals_uninterrupted(tmp_path, tiny_target, prompts):
+    config = config_for(prompts, temperature=0.9, top_k=20, seed=7)
+    build_dataset(tiny_target, config, out_dir=tmp_path / "full", progress=False, log=quiet)
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_second(index: int) -> None:
+        if index == 1:
+            raise Killed
+
+    out = tmp_path / "resumed"
+    with pytest.raises(Killed):
+        build_dataset(tiny_target, config, out_dir=out, progress=False, log=quiet, on_batch=kill_after_second)
+    assert not (out / "dataset_info.json").exists() and len(list((out / ".work").glob("part-*.jsonl"))) == 2
+    result = build_dataset(tiny_target, config, out_dir=out, progress=False, log=quiet)
+    assert (result.reused_batches, result.reused_rows, result.generated_batches) == (2, 4, 1)
+    assert read(out) == read(tmp_path / "full")
+    info = [json.loads((d / "build_info.json").read_text()) for d in (out, tmp_path / "full")]
+    assert info[0]["counts"] == info[1]["counts"] and info[0]["counts"]["unfinished_answers"] > 0
+    again = build_dataset(tiny_target, config, out_dir=out, progress=False, log=quiet)
+    assert (again.reused_rows, again.generated_batches) == (5, 0) and read(out) == read(tmp_path / "full")
+    with pytest.raises(DraftsmithError, match=r"other inputs \(changed: settings, data.max_new_tokens\)"):
+        build_dataset(tiny_target, replace(config, max_new_tokens=5), out_dir=out, progress=False, log=quiet)
+
+
+def test_resume_with_a_smaller_batch(tmp_path, tiny_target, prompts):
+    config = config_for(prompts, batch_size=3)
+    out = tmp_path / "ds"
+
+    def kill(part: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build_dataset(tiny_target, config, out_dir=out, progress=False, log=quiet, on_batch=kill)
+    result = build_dataset(tiny_target, replace(config, batch_size=1), out_dir=out, progress=False, log=quiet)
+    assert (result.reused_rows, result.generated_batches) == (3, 2)
+    assert sorted(p.name for p in (out / ".work").glob("part-*.jsonl")) == [
+        "part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl"]
+    assert read(out)["id"] == ["a", "b", "c", "d", "e"]
+
+
+def test_long_prompts_skipped_or_truncated(tmp_path, tiny_target):
+    src = write_jsonl(tmp_path / "long.jsonl", [{"id": "short", "prompt": "ok"},
+                                                {"id": "long", "prompt": "word " * 60}])
+    cfg = config_for(src, max_length=48, max_new_tokens=8)
+    skipped = build_dataset(tiny_target, cfg, out_dir=tmp_path / "skip", progress=False, log=quiet)
+    assert skipped.counts["skipped_long_prompts"] == 1 and read(tmp_path / "skip")["id"] == ["short"]
+    truncated = build_dataset(tiny_target, replace(cfg, long_prompts="truncate"), out_dir=tmp_path / "trunc",
+                              progress=False, log=quiet)
+    data = read(tmp_path / "trunc")
+    assert truncated.counts["truncated_prompts"] == 1 and data["id"] == ["short", "long"]
+    assert all(len(ids) <= 48 for ids in data["input_ids"])
+    assert "word word" in tiny_target.tokenizer.decode(data["input_ids"][1])
+
+
+def test_target_without_chat_template(tmp_path, tiny_target_factory, prompts):
+    from tests.tiny_models import save_tiny_target
+
+    base = load_target(save_tiny_target(tmp_path / "base", "llama", chat_template=None))
+    with pytest.raises(DraftsmithError, match="no chat template.*data.chat=false"):
+        build_dataset(base, config_for(prompts), out_dir=tmp_path / "x", progress=False, log=quiet)
+    assert not (tmp_path / "x").exists()  # refused before any work
+    build_dataset(base, config_for(prompts, chat=False), out_dir=tmp_path / "plain", progress=False, log=quiet)
+    data = read(tmp_path / "plain")
+    first = base.tokenizer.decode(data["input_ids"][0])
+    assert first.startswith("1+1?") and "<|im_start|>" not in first
+
+
+def test_cut_answers_do_not_train_end_of_turn():
+    eos = [9]
+    messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
+                {"role": "user", "content": "v"}, {"role": "assistant", "content": "b"}]
+    ids = [1, 2, 3, 9, 4, 5, 6, 9, 4]
+    mask = [0, 0, 1, 1, 0, 0, 1, 1, 0]
+    unmask_cut_endings(ids, mask, messages, [1], eos_token_ids=eos)
+    assert mask == [0, 0, 1, 0, 0, 0, 1, 1, 0]
+
+
+def test_config_errors(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data:\n  max_new_tokens: 32\ncapture:\n  dtype: fp16\n")
+    assert load_section(DataBuildConfig, "data", config_file=recipe).max_new_tokens == 32
+    with pytest.raises(ConfigError, match="max_new_tokenz.*valid keys here:.*max_new_tokens"):
+        load_section(DataBuildConfig, "data", overrides=["data.max_new_tokenz=3"])
+    with pytest.raises(ConfigError, match="not a `data.\\*` key"):
+        load_section(DataBuildConfig, "data", overrides=["capture.dtype=fp16"])
+    with pytest.raises(ConfigError, match="long_prompts"):
+        load_section(DataBuildConfig, "data", overrides=["data.long_prompts=crash"])
+    with pytest.raises(ConfigError, match="below data.max_length"):
+        load_section(DataBuildConfig, "data", overrides=["data.max_new_tokens=4096"])
+
+
+def test_cli_reports_bad_prompt_file_in_one_line(tmp_path, tiny_target_dir, capsys):
+    from scripts.cli import main
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"prompt": \n')
+    with pytest.raises(SystemExit) as exit_info:
+        main(["data", "build", "--target", str(tiny_target_dir), "--prompts", str(bad), "--out",
+              str(tmp_path / "o"), "--no-progress"])
+    assert exit_info.value.code == 2
+    assert "bad.jsonl:2: not valid JSON" in capsys.readouterr().err
+
+
+def test_recipes_load():
+    from pathlib import Path
+
+    from data.config import CaptureConfig
+
+    recipes = sorted((Path(__file__).resolve().parents[1] / "configs" / "data").glob("*.yaml"))
+    assert recipes
+    for recipe in recipes:
+        data = load_section(DataBuildConfig, "data", config_file=recipe)
+        capture = load_section(CaptureConfig, "capture", config_file=recipe)
+        assert data.prompts and capture.layers in ("eagle3", "eagle1", "medusa")
