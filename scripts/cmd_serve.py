@@ -1,0 +1,34 @@
+"""`draftsmith serve`: an OpenAI-compatible HTTP server with speculative decoding."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+
+
+def add_arguments(parser) -> None:
+    # Flags left unset keep the value from --config / key=value overrides (section `serve`).
+    parser.add_argument("--target", default=None, help="HF folder, .gguf file, hub id or `demo` (default: demo)")
+    parser.add_argument("--drafter", default=None,
+                        help="ngram[:max_n=3], model:PATH, oracle, or a trained drafter folder (default: ngram)")
+    parser.add_argument("--k", type=int, default=None, help="draft tokens per cycle (default: 5)")
+    parser.add_argument("--host", default=None, help="bind address (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port (default: 8000)")
+    parser.add_argument("--no-speculation", dest="speculation", action="store_false", default=None,
+                        help="plain decoding, for comparison")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the `model` name clients send (default: the target's name)")
+
+
+def run(args) -> int:
+    from serve.config import load_config
+    from serve.server import ServeConfig, serve_forever
+
+    config = load_config(ServeConfig, config_file=args.config, overrides=args.overrides, section="serve")
+    flags = {name: getattr(args, name) for name in ("target", "drafter", "k", "host", "port", "speculation",
+                                                     "served_model_name")}
+    config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
+    logging.basicConfig(level=getattr(logging, config.log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve_forever(config, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    return 0

@@ -1,0 +1,50 @@
+"""OpenAI-compatible HTTP server on the speculative decoder (FastAPI + uvicorn, the `serve` extra)."""
+from __future__ import annotations
+
+from typing import Any
+
+from serve.server.config import ServeConfig
+
+__all__ = ["ServeConfig", "build_app", "serve_forever"]
+
+
+def build_app(config: ServeConfig, *, log=None) -> Any:
+    """Load the target and drafter named in `config` and return the ASGI app."""
+    from serve.drafters import build_drafter
+    from serve.errors import DraftsmithError
+    from serve.server.app import create_app
+    from serve.server.engine import Engine
+    from serve.target import load_target
+
+    if config.k < 1:
+        raise DraftsmithError(f"k must be at least 1, got {config.k}")
+    if config.threads is not None:
+        import torch
+
+        if config.threads < 1:
+            raise DraftsmithError(f"threads must be at least 1, got {config.threads}")
+        torch.set_num_threads(config.threads)
+    if log:
+        log(f"loading target {config.target} ({config.dtype}, {config.device})")
+    target = load_target(config.target, dtype=config.dtype, device=config.device)
+    drafter = None
+    if config.speculation:
+        if log:
+            log(f"building drafter {config.drafter}")
+        drafter = build_drafter(config.drafter, target)
+    tree = None
+    if config.tree.enabled:
+        from serve.tree import TreeSpec
+
+        tree = TreeSpec(depth=config.tree.depth, top_k=config.tree.top_k, total_tokens=config.tree.total_tokens)
+    engine = Engine(target, drafter, k=config.k, tree=tree, max_queue=config.max_queue)
+    return create_app(engine, model_name=config.served_model_name or target.name,
+                      context_length=config.context_length)
+
+
+def serve_forever(config: ServeConfig, *, log=None) -> None:
+    """Build the app and serve it with uvicorn until interrupted."""
+    import uvicorn
+
+    app = build_app(config, log=log)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)

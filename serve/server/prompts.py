@@ -1,0 +1,54 @@
+"""Request -> prompt token ids, and the generation budget that fits the context window."""
+from __future__ import annotations
+
+from typing import Any
+
+from serve.server.schemas import APIError, ChatMessage, CompletionRequest
+
+
+def render_chat(tokenizer: Any, messages: list[ChatMessage]) -> list[int]:
+    """The target's own chat template with the assistant turn opened (add_generation_prompt=True).
+
+    The template writes any BOS itself, so the rendered text is encoded without adding special tokens.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise APIError(400, "this model's tokenizer has no chat template, so /v1/chat/completions cannot "
+                       "format messages; send a raw prompt to /v1/completions instead",
+                       param="messages", code="chat_template_missing")
+    conversation = [{"role": m.role, "content": m.text()} for m in messages]
+    from jinja2 import TemplateError
+
+    try:
+        text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    except TemplateError as err:  # e.g. a template that requires alternating user/assistant roles
+        raise APIError(400, f"the chat template rejected these messages: {err}", param="messages") from None
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_completion_prompt(tokenizer: Any, body: CompletionRequest, vocab_size: int) -> list[int]:
+    """A string (encoded with the tokenizer's special tokens, e.g. BOS) or one list of token ids."""
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise APIError(400, f"one prompt per request is supported, got {len(prompt)}; send them as "
+                           f"separate requests", param="prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt)["input_ids"])
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise APIError(400, f"token id {bad[0]} is out of range for a vocabulary of {vocab_size}", param="prompt")
+    return list(prompt)
+
+
+def resolve_max_tokens(*, prompt_tokens: int, requested: int | None, context_length: int, param: str) -> int:
+    """The number of new tokens to generate; a request that cannot fit the context window is a 400."""
+    if prompt_tokens == 0:
+        raise APIError(400, "the prompt is empty", param=param)
+    max_tokens = requested if requested is not None else context_length - prompt_tokens
+    if max_tokens < 1 or prompt_tokens + max_tokens > context_length:
+        raise APIError(400, f"This model's maximum context length is {context_length} tokens. However, you "
+                       f"requested {prompt_tokens + max(max_tokens, 0)} tokens ({prompt_tokens} in the "
+                       f"{param}, {max(max_tokens, 0)} in the completion). Please reduce the length of the "
+                       f"{param} or completion.", param=param, code="context_length_exceeded")
+    return max_tokens
