@@ -1,0 +1,37 @@
+"""The typed config of an evaluation run (`draftsmith eval`, the `eval:` section of a recipe)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class EvalConfig:
+    # decoding, the same for plain decoding, every drafter and every peer
+    k: int = 5  # draft tokens per cycle
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    seed: int = 0  # prompt i is sampled with seed + i, identically for every method
+    # prompts
+    domain_field: str = "domain"
+    limit: Optional[int] = None  # at most this many prompts per domain (file order)
+    # what to run
+    peers: bool = True  # transformers' assisted generation in the same run
+    hf_plain: bool = True  # transformers' plain generate too (what the peers' speedups are relative to)
+    cost_model: bool = True  # measure c and verify ratios, fit the cost model
+    warmup: bool = True  # one short untimed run of every method before timing
+    sweep: list[str] = field(default_factory=list)  # e.g. ["k=1,2,3,5,8", "temperature=0,0.7,1.0"]
+    # statistics
+    bootstrap_samples: int = 1000
+    ci_level: float = 0.95
+    # cost-model measurement
+    cost_context_tokens: int = 256
+    cost_repeats: int = 5
+    cost_ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16])
+    # target loading (when evaluate() is given a spec rather than a loaded target)
+    dtype: str = "float32"
+    device: str = "cpu"
+    threads: Optional[int] = None  # torch CPU threads for the run (None: leave as is); 1 resists a busy machine
+    progress: bool = True

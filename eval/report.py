@@ -1,0 +1,157 @@
+"""The evaluation report: OUT.json (strict JSON, NaN written as null), DIR/report.md with the tables, and
+the PNG plots beside it."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from eval.plots import write_plots
+
+ANCHORS = ("Published anchors (other targets, GPUs): EAGLE-3 μ ≈ 6.2 and 4.4× on LLaMA-3.1-8B (T=0, dynamic "
+           "tree); EAGLE-2 μ ≈ 4.6–4.7; EAGLE-1 μ ≈ 3.6–4.0 on MT-bench; Medusa-1/2 ≈ 2.2× / 2.8×. Speedups on a "
+           "small target on CPU are bounded by how little a target step costs relative to drafting and "
+           "decoder overhead; compare μ first.")
+
+
+def to_jsonable(value: Any) -> Any:
+    """NaN / inf -> None, tuples -> lists, dict keys -> str: what strict JSON accepts."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    return value
+
+
+def write_json(result: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(to_jsonable(result), indent=1, allow_nan=False) + "\n")
+    return path
+
+
+def _f(x: Any, digits: int = 2) -> str:
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x):
+        return f"{x:.{digits}f}"
+    return "–"
+
+
+def _spread(s: dict | None) -> str:
+    if not s:
+        return "–"
+    return (f"{_f(s.get('min'))} / {_f(s.get('median'))} / {_f(s.get('max'))} "
+            f"(CI {_f(s.get('ci_low'))}–{_f(s.get('ci_high'))})")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"] + \
+           ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def _acc(rates: list) -> str:
+    return " ".join(_f(r) for r in rates)
+
+
+def markdown(result: dict, plots: list[Path]) -> str:
+    s, t = result["settings"], result["target"]
+    names = [d["name"] for d in result["drafters"]]
+    lines = [f"# draftsmith eval: {t['name']}", "",
+             f"K={s['k']}, temperature={s['temperature']}, top_k={s['top_k']}, top_p={s['top_p']}, "
+             f"max_new_tokens={s['max_new_tokens']}, seed={s['seed']}; {s['prompts_total']} prompts "
+             f"({', '.join(f'{d}: {n}' for d, n in s['domains'].items())}); {s['dtype']} on {s['device']}, "
+             f"{s['torch_threads']} threads ({s['machine']}); torch {s['torch']}, transformers {s['transformers']}.",
+             "", f"Methods run interleaved per prompt in this order: {', '.join(s['order'])}. "
+             f"Speedup: {s['speedup']}.", ""] + [f"Note: {n}." for n in s.get("notes") or []] + [""]
+    lines += ["## Drafters", ""] + _table(["name", "kind", "path"], [[d["name"], d["kind"], str(d["path"] or "–")]
+                                                                     for d in result["drafters"]]) + [""]
+    ex = result["exactness"]
+    lines += ["## Exactness at temperature 0", ""]
+    if ex.get("checked"):
+        verdict = "all identical" if ex["identical"] == ex["total"] else "**MISMATCH: decoding is not lossless**"
+        lines.append(f"{ex['identical']}/{ex['total']} outputs token-identical to plain greedy decoding ({verdict}).")
+        for name, b in (ex.get("by_drafter") or {}).items():
+            lines.append(f"- {name}: {b['identical']}/{b['total']}")
+    else:
+        lines.append(ex.get("note", "not checked"))
+    lines.append("")
+
+    head = ["domain", "drafter", "prompts", "μ", "acceptance by position", "tok/s", "plain tok/s", "speedup",
+            "spread min/median/max (CI)", "draft s", "verify s"]
+    rows = []
+    for domain, per in list(result["domains"].items()) + [("**all**", result["overall"])]:
+        for name in names:
+            b = per[name]
+            rows.append([domain, name, str(b["prompts"]), _f(b["mu"]), _acc(b["acceptance_by_position"]),
+                         _f(b["tokens_per_second"], 1), _f(b["baseline_tokens_per_second"], 1),
+                         _f(b["speedup"]) + "×", _spread(b["speedup_spread"]), _f(b.get("draft_seconds"), 1),
+                         _f(b.get("verify_seconds"), 1)])
+    lines += ["## μ and speed per domain", ""] + _table(head, rows) + [""]
+
+    lines += ["## Accepted draft tokens per cycle (histogram, all prompts)", ""]
+    width = max((len(result["overall"][n]["accept_length_histogram"]) for n in names), default=0)
+    lines += _table(["drafter"] + [str(m) for m in range(width)],
+                    [[n] + [str(c) for c in result["overall"][n]["accept_length_histogram"]]
+                     + [""] * (width - len(result["overall"][n]["accept_length_histogram"])) for n in names]) + [""]
+
+    if result.get("peers"):
+        lines += ["## Peers (transformers' generate, same run)", ""]
+        rows = []
+        for name, p in result["peers"].items():
+            ex_p = p.get("exactness")
+            rows.append([name, p["kind"], str(p.get("k") or "–"), _f(p["mu"]), _f(p["tokens_per_second"], 1),
+                         _f(p["speedup"]) + "×", _spread(p["speedup_spread"]),
+                         _f(p.get("speedup_vs_hf_plain")) + ("×" if p.get("speedup_vs_hf_plain") else ""),
+                         f"{ex_p['identical']}/{ex_p['total']}" if ex_p else "–"])
+        lines += _table(["peer", "kind", "K", "μ", "tok/s", "speedup vs our plain", "spread", "vs hf_plain",
+                         "identical to our plain"], rows) + [""]
+
+    cost = result.get("cost_model")
+    if cost:
+        vr = cost["verify_ratio"]
+        lines += ["## Cost model", "", f"`{cost['formula']}`", "",
+                  f"Target step (1 token, {cost['context_tokens']}-token cached context): "
+                  f"{1000 * cost['target_step_seconds']:.1f} ms; plain decoding costs "
+                  f"{_f(cost['baseline_step_ratio'])} steps per token end to end.", "",
+                  "Verify ratio (forward over K+1 tokens / over 1): "
+                  + ", ".join(f"K={k}: {_f(v)}" for k, v in vr.items()), ""]
+        rows = []
+        for name, m in cost["drafters"].items():
+            for domain, b in list(m["domains"].items()) + [("**all**", m["overall"])]:
+                bk = b["best_k"]
+                rows.append([name, domain, _f(m["c"], 3), _f(b["alpha"]), _f(b["mu"]), _f(b.get("cycle_cost")),
+                             _f(b["predicted_speedup"]) + "×", _f(b["measured_speedup"]) + "×",
+                             f"K={bk['k']} ({_f(bk['predicted_speedup'])}×{'' if bk['pays'] else ', does not pay'})"])
+        lines += _table(["drafter", "domain", "c", "α", "μ", "cycle cost (steps)", "predicted", "measured",
+                         "best K (predicted)"], rows)
+        lines += ["", "Per cycle in the run, in target steps: "
+                  + "; ".join(f"{n}: verify {_f(m['run_verify_ratio'])}, other overhead "
+                              f"{_f(m['run_overhead_per_cycle'])}" for n, m in cost["drafters"].items()), ""]
+
+    for axis, points in (result.get("sweeps") or {}).items():
+        lines += [f"## Sweep: {axis}", ""]
+        rows = [[str(p["value"]), n, _f(p["overall"][n]["mu"]), _f(p["overall"][n]["speedup"]) + "×",
+                 _f(p["overall"][n]["tokens_per_second"], 1), _f(p["overall"][n]["baseline_tokens_per_second"], 1),
+                 (f"{p['exactness']['identical']}/{p['exactness']['total']}" if p["exactness"].get("checked")
+                  else "–")]
+                for p in points for n in names]
+        lines += _table([axis, "drafter", "μ", "speedup", "tok/s", "plain tok/s", "identical"], rows) + [""]
+
+    if plots:
+        lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
+    lines += ["## Context", "", ANCHORS, ""]
+    return "\n".join(lines)
+
+
+def write_report(result: dict, out_dir: str | Path) -> dict[str, Any]:
+    """Write DIR/result.json, DIR/report.md and the PNG plots; return their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = json.loads(json.dumps(to_jsonable(result)))  # the report reads exactly what OUT.json holds
+    plots = write_plots(data, out)
+    json_path = write_json(result, out / "result.json")
+    md = out / "report.md"
+    md.write_text(markdown(data, plots))
+    return {"json": json_path, "markdown": md, "plots": plots}

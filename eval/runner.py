@@ -1,0 +1,336 @@
+"""`evaluate`: μ per domain and wall-clock speed side by side, in one interleaved run.
+
+Per prompt, every method runs back to back (plain, drafter 1, drafter 2, ..., peers), so the noise of
+a shared machine hits them alike; speedups are ratios within that run. Every number of the result is
+recomputed from the per-prompt records it carries (eval/stats.py).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from eval import stats
+from eval.config import EvalConfig
+from eval.cost_fit import fit_cost_model
+from eval.costs import context_ids, fastest, forward_times, median
+from eval.drafters import BASELINE, BeginTimed, DrafterEntry, build_entries
+from eval.peers import Peer, build_peers, run_peer
+from eval.prompts import EvalPrompt, group_by_domain, limit_per_domain, load_sources, prepare_prompts
+from serve.errors import DraftsmithError
+
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """The decoding settings every method of one run shares (what a sweep varies)."""
+    k: int
+    temperature: float
+    top_k: int
+    top_p: float
+    max_new_tokens: int
+    seed: int
+
+    @classmethod
+    def from_config(cls, config: EvalConfig) -> "Decoding":
+        return cls(k=config.k, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
+                   max_new_tokens=config.max_new_tokens, seed=config.seed)
+
+    def check(self) -> None:
+        if self.k < 1:
+            raise DraftsmithError(f"k must be >= 1, got {self.k}")
+        if self.max_new_tokens < 1:
+            raise DraftsmithError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise DraftsmithError(f"temperature must be >= 0, got {self.temperature}")
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+def _plain(target: Any, input_ids: torch.Tensor, d: Decoding, seed: int) -> dict[str, Any]:
+    from serve.decoding import plain_generate
+
+    res = plain_generate(target, input_ids, max_new_tokens=d.max_new_tokens, temperature=d.temperature,
+                         top_k=d.top_k, top_p=d.top_p, seed=seed)
+    return _from_result(res)
+
+
+def _speculative(target: Any, entry: DrafterEntry, input_ids: torch.Tensor, d: Decoding, seed: int) -> dict[str, Any]:
+    from serve.decoding import speculative_generate
+
+    drafter = BeginTimed(entry.drafter) if entry.kind == "oracle" else entry.drafter
+    res = speculative_generate(target, drafter, input_ids, max_new_tokens=d.max_new_tokens, k=d.k,
+                               temperature=d.temperature, top_k=d.top_k, top_p=d.top_p, seed=seed)
+    out = _from_result(res)
+    if isinstance(drafter, BeginTimed):
+        # the oracle precomputes the target's own answer in begin(); that is not a cost a real drafter has
+        out["excluded_seconds"] = drafter.begin_seconds
+    return out
+
+
+def _from_result(res: Any) -> dict[str, Any]:
+    s = res.stats
+    return {"output_token_ids": [int(t) for t in res.output_ids], "target_forwards": int(s.target_forwards),
+            "accepted_per_cycle": [int(a) for a in s.accepted_per_cycle],
+            "drafted_per_cycle": [int(a) for a in s.drafted_per_cycle], "cycles": int(s.cycles),
+            "draft_seconds": float(s.draft_seconds), "verify_seconds": float(s.verify_seconds)}
+
+
+def _timed(fn: Callable[[], dict[str, Any]], device: torch.device) -> dict[str, Any]:
+    """Wall-clock time of one whole generation, measured the same way for every method."""
+    start = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    out["seconds"] = time.perf_counter() - start - out.get("excluded_seconds", 0.0)
+    return out
+
+
+def run_methods(target: Any, entries: Sequence[DrafterEntry], peers: Sequence[Peer], prompts: Sequence[EvalPrompt],
+                decoding: Decoding, *, warmup: bool = True, progress: bool = True,
+                desc: str = "eval") -> dict[str, list[dict[str, Any]]]:
+    """Run plain decoding, every drafter and every peer on every prompt, interleaved prompt by prompt.
+
+    Returns method name -> records aligned with `prompts`.
+    """
+    decoding.check()
+    device = next(target.model.parameters()).device
+
+    def methods(p: EvalPrompt, seed: int, d: Decoding) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
+        ids = torch.tensor([p.input_ids], dtype=torch.long, device=device)  # (1, T)
+        out: list[tuple[str, Callable[[], dict[str, Any]]]] = [(BASELINE, lambda: _plain(target, ids, d, seed))]
+        for e in entries:
+            out.append((e.name, lambda e=e: _speculative(target, e, ids, d, seed)))
+        for peer in peers:
+            out.append((peer.name, lambda peer=peer: run_peer(
+                peer, target, p.input_ids, k=d.k, max_new_tokens=d.max_new_tokens, temperature=d.temperature,
+                top_k=d.top_k, top_p=d.top_p, seed=seed)))
+        return out
+
+    if warmup and prompts:  # first calls pay for lazy initialisation; keep them out of the timings
+        short = replace(decoding, max_new_tokens=min(8, decoding.max_new_tokens))
+        oracles = {e.name for e in entries if e.kind == "oracle"}  # their begin() is a whole plain run
+        for name, fn in methods(prompts[0], decoding.seed, short):
+            if name not in oracles:
+                fn()
+
+    names = [BASELINE] + [e.name for e in entries] + [p.name for p in peers]
+    records: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    bar = _progress(total=len(prompts) * len(names), desc=desc, enabled=progress)
+    try:
+        for i, p in enumerate(prompts):
+            for name, fn in methods(p, decoding.seed + i, decoding):
+                rec = {"accepted_per_cycle": None, **_timed(fn, device)}
+                records[name].append({"id": p.id, "domain": p.domain, "drafter": name,
+                                      "prompt_token_ids": list(p.input_ids), **rec})
+                bar.update(1)
+            bar.set_postfix(_running_speedups(records, entries), refresh=False)
+    finally:
+        bar.close()
+    return records
+
+
+def _progress(*, total: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="run", disable=not enabled, dynamic_ncols=True)
+
+
+def _running_speedups(records: Mapping[str, list[dict]], entries: Sequence[DrafterEntry]) -> dict[str, str]:
+    base = records[BASELINE]
+    return {e.name: f"{stats.speedup(base, records[e.name][:len(base)]):.2f}x"
+            for e in entries if len(records[e.name]) == len(base)}
+
+
+# ------------------------------------------------------------------------------------------- summarizing
+
+def mark_exactness(records: Mapping[str, list[dict]], names: Sequence[str]) -> None:
+    """Annotate every record of `names` with whether its output equals plain decoding's, token by token."""
+    base = records[BASELINE]
+    for name in names:
+        for ref, rec in zip(base, records[name]):
+            pos = stats.first_mismatch(ref["output_token_ids"], rec["output_token_ids"])
+            rec["matches_plain"] = pos is None
+            rec["first_mismatch"] = pos
+
+
+def exactness_block(records: Mapping[str, list[dict]], names: Sequence[str], temperature: float) -> dict[str, Any]:
+    """{identical, total} over every (prompt, name) pair; only a claim at temperature 0."""
+    if temperature > 0:
+        return {"identical": None, "total": 0, "checked": False,
+                "note": "outputs are only required to match plain decoding at temperature 0"}
+    by = {name: stats.exactness(records[BASELINE], records[name]) for name in names}
+    return {"identical": sum(b["identical"] for b in by.values()), "total": sum(b["total"] for b in by.values()),
+            "checked": True, "by_drafter": by}
+
+
+def summarize_methods(records: Mapping[str, list[dict]], names: Sequence[str], prompts: Sequence[EvalPrompt], *,
+                      k: int, config: EvalConfig) -> tuple[dict[str, dict], dict[str, dict]]:
+    """(domains -> name -> summary, name -> overall summary) of `names` against the plain baseline."""
+    opts = dict(k=k, samples=config.bootstrap_samples, level=config.ci_level, seed=config.seed)
+    base = records[BASELINE]
+    domains: dict[str, dict] = {}
+    for domain, idx in group_by_domain(prompts).items():
+        domains[domain] = {name: stats.summarize([base[i] for i in idx], [records[name][i] for i in idx], **opts)
+                           for name in names}
+    overall = {name: stats.summarize(base, records[name], **opts) for name in names}
+    return domains, overall
+
+
+def baseline_block(records: Mapping[str, list[dict]], prompts: Sequence[EvalPrompt]) -> dict[str, Any]:
+    base = records[BASELINE]
+    return {"tokens_per_second": stats.tokens_per_second(base),
+            "seconds": sum(r["seconds"] for r in base),
+            "new_tokens": sum(stats.new_tokens(r) for r in base),
+            "domains": {d: {"prompts": len(idx), "tokens_per_second": stats.tokens_per_second([base[i] for i in idx])}
+                        for d, idx in group_by_domain(prompts).items()}}
+
+
+_PEER_KEYS = ("prompts", "mu", "tokens_per_second", "baseline_tokens_per_second", "speedup", "speedup_spread",
+              "new_tokens", "target_forwards", "seconds")
+
+
+def peers_block(records: Mapping[str, list[dict]], peers: Sequence[Peer], prompts: Sequence[EvalPrompt], *,
+                k: int, config: EvalConfig) -> dict[str, Any]:
+    """Each peer against our plain baseline (and against transformers' plain generate when run)."""
+    if not peers:
+        return {}
+    domains, overall = summarize_methods(records, [p.name for p in peers], prompts, k=k, config=config)
+    out: dict[str, Any] = {}
+    for peer in peers:
+        block: dict[str, Any] = {**peer.describe(), "k": k if peer.kind != "hf_generate" else None}
+        block.update({key: overall[peer.name][key] for key in _PEER_KEYS})
+        if "hf_plain" in records and peer.name != "hf_plain":
+            block["speedup_vs_hf_plain"] = stats.speedup(records["hf_plain"], records[peer.name])
+        block["exactness"] = (stats.exactness(records[BASELINE], records[peer.name])
+                              if config.temperature == 0 else None)
+        block["domains"] = {d: {key: domains[d][peer.name][key] for key in _PEER_KEYS} for d in domains}
+        out[peer.name] = block
+    return out
+
+
+def cost_model_block(target: Any, records: Mapping[str, list[dict]], names: Sequence[str],
+                     prompts: Sequence[EvalPrompt], *, k: int, config: EvalConfig) -> dict[str, Any]:
+    """Measure the target's step and verify costs now, then fit the cost model to this run's records."""
+    ks = sorted(set(config.cost_ks) | {k})
+    ctx = context_ids([p.input_ids for p in prompts], config.cost_context_tokens)
+    times = forward_times(target.model, ctx, [1] + [kk + 1 for kk in ks], repeats=config.cost_repeats)
+    fitted = fit_cost_model(records, names, group_by_domain(prompts), fastest(times), k=k, ks=ks)
+    # forward_seconds holds the fastest repeat of each size (what the fit uses); the medians are for the record
+    return {**fitted, "context_tokens": int(ctx.shape[1]), "forward_seconds_median": median(times)}
+
+
+# ------------------------------------------------------------------------------------------- entry point
+
+def _as_target(target: Any, config: EvalConfig) -> Any:
+    if isinstance(target, str):
+        from serve.target import load_target
+
+        return load_target(target, dtype=config.dtype, device=config.device)
+    return target
+
+
+def _as_rows(prompts: Any, config: EvalConfig) -> tuple[list[Any], list[str]]:
+    """Prompt rows and a description of where they came from."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(p, str) for p in prompts):
+        return load_sources(prompts, domain_field=config.domain_field, limit=config.limit), prompts
+    return limit_per_domain(prompts, config.limit), ["<rows passed in>"]
+
+
+def settings_block(config: EvalConfig, sources: Sequence[str], prompts: Sequence[EvalPrompt], target: Any,
+                   entries: Sequence[DrafterEntry], peers: Sequence[Peer]) -> dict[str, Any]:
+    import transformers
+
+    device = next(target.model.parameters()).device
+    return {
+        "k": config.k, "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
+        "max_new_tokens": config.max_new_tokens, "seed": config.seed, "limit": config.limit,
+        "domain_field": config.domain_field, "prompt_sources": list(sources), "prompts_total": len(prompts),
+        "domains": {d: len(idx) for d, idx in group_by_domain(prompts).items()},
+        "order": [BASELINE] + [e.name for e in entries] + [p.name for p in peers],
+        "interleaving": "per prompt, every method back to back in `order`",
+        "speedup": "drafter tokens/s over plain tokens/s on the same prompts (= plain seconds / drafter seconds "
+                   "at temperature 0, where outputs are identical); spread = per-prompt min/median/max and a "
+                   "bootstrap CI over prompts",
+        "dtype": str(next(target.model.parameters()).dtype).replace("torch.", ""), "device": str(device),
+        "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+        "transformers": transformers.__version__, "python": platform.python_version(),
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "sweep": list(config.sweep),
+        "notes": [f"{e.name}: the oracle's begin() (a plain greedy run giving it the answer) is excluded from its "
+                  f"seconds; its speedup is the ceiling for this decoder at this K" for e in entries
+                  if e.kind == "oracle"],
+    }
+
+
+def target_block(target: Any) -> dict[str, Any]:
+    return {"name": target.name, "path": target.path, "config_hash": target.config_hash,
+            "tokenizer_hash": target.tokenizer_hash, "num_layers": target.num_layers,
+            "chat_template": bool(getattr(target.tokenizer, "chat_template", None))}
+
+
+def evaluate(target: Any, drafters: Mapping[str, Any], prompts: Any, config: EvalConfig | None = None) -> dict:
+    """Evaluate `drafters` on `target` over `prompts`; returns the OUT.json dict.
+
+    target:   a serve.target.Target or a spec for load_target (e.g. "demo").
+    drafters: name -> spec string for serve.drafters.build_drafter ("ngram", "model:PATH", "oracle", a
+              drafter folder) or an already built Drafter.
+    prompts:  sources for data.prompts.load_prompts (a string or a list; `DOMAIN=source` tags a source),
+              or rows with `id`, `domain`, `messages`.
+    """
+    from eval.sweeps import parse_sweeps, run_sweeps
+
+    config = config or EvalConfig()
+    parse_sweeps(config.sweep)  # a bad sweep fails before anything runs
+    if config.threads is not None:
+        if config.threads < 1:
+            raise DraftsmithError(f"threads must be >= 1, got {config.threads}")
+        threads = torch.get_num_threads()
+        torch.set_num_threads(config.threads)
+        try:
+            return evaluate(target, drafters, prompts, replace(config, threads=None))
+        finally:
+            torch.set_num_threads(threads)
+    started = time.perf_counter()
+    target = _as_target(target, config)
+    rows, sources = _as_rows(prompts, config)
+    eval_prompts = prepare_prompts(target.tokenizer, rows)
+    if not eval_prompts:
+        raise DraftsmithError("no prompts to evaluate")
+    longest = max([config.max_new_tokens] + [v for axis, values in parse_sweeps(config.sweep)
+                                             if axis == "max_new_tokens" for v in values])
+    entries = build_entries(target, drafters, max_new_tokens=longest)
+    peers = build_peers(entries, hf_plain=config.hf_plain, dtype=next(target.model.parameters()).dtype,
+                        device=config.device) if config.peers else []
+    decoding = Decoding.from_config(config)
+    records = run_methods(target, entries, peers, eval_prompts, decoding, warmup=config.warmup,
+                          progress=config.progress)
+    names = [e.name for e in entries]
+    mark_exactness(records, names + [p.name for p in peers])
+    domains, overall = summarize_methods(records, names, eval_prompts, k=decoding.k, config=config)
+    result: dict[str, Any] = {
+        "target": target_block(target),
+        "settings": settings_block(config, sources, eval_prompts, target, entries, peers),
+        "drafters": [e.describe() for e in entries],
+        "domains": domains,
+        "overall": overall,
+        "baseline": baseline_block(records, eval_prompts),
+        "peers": peers_block(records, peers, eval_prompts, k=decoding.k, config=config),
+        "cost_model": (cost_model_block(target, records, names, eval_prompts, k=decoding.k, config=config)
+                       if config.cost_model else None),
+        "exactness": exactness_block(records, names, decoding.temperature),
+        "records": [rec for name in records for rec in records[name]],
+    }
+    if config.sweep:
+        result["sweeps"] = run_sweeps(target, entries, eval_prompts, config, base=result)
+    result["settings"]["wall_seconds"] = time.perf_counter() - started
+    return result

@@ -1,0 +1,77 @@
+"""Sweeps: the same evaluation re-run with one decoding setting varied (`k=1,2,3,5,8`,
+`temperature=0,0.7,1.0,1.3`, `max_new_tokens=16,64,256`, ...), each point interleaved with its own
+plain baseline. The evidence behind "speculation loses at high temperature / tiny outputs".
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Sequence
+
+from eval import runner
+from eval.config import EvalConfig
+from serve.errors import DraftsmithError
+
+AXES: dict[str, type] = {"k": int, "temperature": float, "max_new_tokens": int, "top_p": float, "top_k": int,
+                         "batch_size": int}
+_POINT_KEYS = ("prompts", "mu", "acceptance_by_position", "tokens_per_second", "baseline_tokens_per_second",
+               "speedup", "speedup_spread")
+
+
+def parse_sweep(text: str) -> tuple[str, list]:
+    """`"k=1,2,3"` -> ("k", [1, 2, 3])."""
+    if "=" not in text:
+        raise DraftsmithError(f"sweep {text!r} is not AXIS=v1,v2,... (axes: {', '.join(AXES)})")
+    axis, raw = (s.strip() for s in text.split("=", 1))
+    if axis not in AXES:
+        raise DraftsmithError(f"unknown sweep axis {axis!r}; sweepable: {', '.join(AXES)}")
+    try:
+        values = [AXES[axis](v) for v in raw.split(",") if v.strip()]
+    except ValueError:
+        raise DraftsmithError(f"sweep {text!r}: values must be {AXES[axis].__name__}s, comma separated") from None
+    if not values:
+        raise DraftsmithError(f"sweep {text!r} has no values")
+    if axis == "batch_size" and any(v != 1 for v in values):
+        raise DraftsmithError("batch_size sweep: serve.decoding runs one sequence at a time (batch 1); "
+                              "batch sizes above 1 are not supported by the decoder yet")
+    return axis, values
+
+
+def parse_sweeps(texts: Sequence[str]) -> list[tuple[str, list]]:
+    return [parse_sweep(t) for t in texts]
+
+
+def _point(domains: dict, overall: dict, names: Sequence[str], exactness: dict) -> dict[str, Any]:
+    return {"overall": {n: {key: overall[n][key] for key in _POINT_KEYS} for n in names},
+            "domains": {d: {n: {key: domains[d][n][key] for key in ("mu", "speedup", "tokens_per_second")}
+                            for n in names} for d in domains},
+            "exactness": exactness}
+
+
+def run_sweeps(target: Any, entries: Sequence[Any], prompts: Sequence[Any], config: EvalConfig, *,
+               base: dict | None = None) -> dict[str, list[dict]]:
+    """axis -> one point per value: per drafter overall and per-domain μ and speedup.
+
+    The point equal to the main run's settings is taken from `base` instead of being re-run.
+    """
+    names = [e.name for e in entries]
+    main = runner.Decoding.from_config(config)
+    out: dict[str, list[dict]] = {}
+    for axis, values in parse_sweeps(config.sweep):
+        points = []
+        for value in values:
+            if axis == "batch_size":  # batch 1 is the main run (parse_sweep refuses larger batches)
+                decoding = main
+            else:
+                decoding = replace(main, **{axis: value})
+            if decoding == main and base is not None:
+                point = _point(base["domains"], base["overall"], names, base["exactness"])
+            else:
+                records = runner.run_methods(target, entries, [], prompts, decoding, warmup=False,
+                                             progress=config.progress, desc=f"sweep {axis}={value}")
+                runner.mark_exactness(records, names)
+                domains, overall = runner.summarize_methods(records, names, prompts, k=decoding.k, config=config)
+                point = _point(domains, overall, names,
+                               runner.exactness_block(records, names, decoding.temperature))
+            points.append({"value": value, **point})
+        out[axis] = points
+    return out

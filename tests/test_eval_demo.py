@@ -1,0 +1,23 @@
+"""`evaluate` on the real default target: chat rendering, our decoder against transformers' prompt lookup."""
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from eval.config import EvalConfig
+from eval.runner import evaluate
+
+
+@pytest.mark.slow
+def test_demo_target_ngram_against_prompt_lookup(demo_target_dir):
+    config = EvalConfig(max_new_tokens=12, k=4, limit=1, hf_plain=False, cost_model=False, progress=False,
+                        bootstrap_samples=20, threads=1)
+    result = evaluate(str(demo_target_dir), {"ngram": "ngram"}, ["builtin:edit"], config)
+    assert result["target"]["chat_template"] and result["settings"]["domains"] == {"edit": 1}
+    tokenizer = AutoTokenizer.from_pretrained(demo_target_dir)
+    assert tokenizer.decode(result["records"][0]["prompt_token_ids"]).endswith("<|im_start|>assistant\n")
+    assert result["exactness"] == {"identical": 1, "total": 1, "checked": True,
+                                   "by_drafter": {"ngram": {"identical": 1, "total": 1}}}
+    lookup = result["peers"]["hf_prompt_lookup"]
+    assert lookup["exactness"] == {"identical": 1, "total": 1} and lookup["mu"] >= 1.0
+    assert result["overall"]["ngram"]["mu"] > 1.0  # an edit prompt repeats its input: lookup must hit

@@ -1,0 +1,234 @@
+"""`evaluate` end to end on a tiny target: the OUT.json schema, μ from records, exactness (and a broken
+verifier caught), peers, cost model, sweeps, report and plots, and the CLI."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eval.config import EvalConfig
+from eval.report import write_json, write_report
+from eval.runner import evaluate
+from serve.drafters.base import Draft, Drafter
+from serve.target import load_target
+
+PROMPTS = [
+    {"id": "r1", "domain": "repeat", "prompt": "abc abc abc abc abc abc abc"},
+    {"id": "r2", "domain": "repeat", "prompt": "hello hello hello hello"},
+    {"id": "c1", "domain": "code", "prompt": "def f(x):\n    return x + 1\n\ndef g(x):\n    return"},
+]
+FAST = dict(max_new_tokens=12, k=3, progress=False, bootstrap_samples=50, cost_repeats=1, cost_ks=[1, 2, 3, 4],
+            cost_context_tokens=32)
+DOMAIN_KEYS = {"prompts", "mu", "acceptance_by_position", "accept_length_histogram", "tokens_per_second",
+               "baseline_tokens_per_second", "speedup", "speedup_spread"}
+RECORD_KEYS = {"id", "domain", "prompt_token_ids", "output_token_ids", "target_forwards", "accepted_per_cycle",
+               "seconds"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run ~100x faster on one thread than on two on a busy 2-core machine (thread contention)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "p.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in PROMPTS) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target_dir):
+    return load_target(tiny_target_dir)
+
+
+@pytest.fixture(scope="module")
+def small_lm(tiny_target_factory):
+    """A draft model: another tiny random LM with the target's tokenizer."""
+    return tiny_target_factory("llama", seed=1, num_hidden_layers=1)
+
+
+@pytest.fixture(scope="module")
+def result(target, prompt_file, small_lm):
+    return evaluate(target, {"ngram": "ngram", "oracle": "oracle", "small": f"model:{small_lm}"},
+                    [str(prompt_file)], EvalConfig(**FAST, sweep=["k=1,3", "temperature=0,1.0"]))
+
+
+def test_schema(result):
+    assert {"target", "settings", "drafters", "domains", "overall", "peers", "cost_model", "exactness",
+            "records"} <= set(result)
+    assert [d["name"] for d in result["drafters"]] == ["ngram", "oracle", "small"]
+    assert result["drafters"][2]["kind"] == "model" and result["drafters"][2]["path"]
+    assert all(set(d) >= {"name", "kind", "path"} for d in result["drafters"])
+    assert list(result["domains"]) == ["repeat", "code"]
+    for per in list(result["domains"].values()) + [result["overall"]]:
+        for name in ("ngram", "oracle"):
+            assert DOMAIN_KEYS <= set(per[name])
+            assert len(per[name]["acceptance_by_position"]) == 3
+            assert {"min", "median", "max"} <= set(per[name]["speedup_spread"])
+    assert result["domains"]["repeat"]["ngram"]["prompts"] == 2
+    # one record per prompt and method: plain, 3 drafters, 3 peers
+    assert len(result["records"]) == 3 * 7 and all(RECORD_KEYS <= set(r) for r in result["records"])
+    assert result["settings"]["order"] == ["plain", "ngram", "oracle", "small", "hf_plain", "hf_prompt_lookup",
+                                           "hf_assisted:small"]
+
+
+def test_json_is_strict_and_round_trips(result, tmp_path):
+    text = write_json(result, tmp_path / "out.json").read_text()
+    data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert data["overall"]["ngram"]["mu"] == pytest.approx(result["overall"]["ngram"]["mu"])
+
+
+def test_mu_from_records_equals_reported(result):
+    for name in ("ngram", "oracle", "small"):
+        for domain in ("repeat", "code", None):
+            recs = [r for r in result["records"] if r["drafter"] == name and domain in (None, r["domain"])]
+            mu = sum(len(r["output_token_ids"]) for r in recs) / sum(r["target_forwards"] for r in recs)
+            block = result["overall"][name] if domain is None else result["domains"][domain][name]
+            assert block["mu"] == pytest.approx(mu)
+            hist = block["accept_length_histogram"]
+            assert sum(hist) == sum(len(r["accepted_per_cycle"]) for r in recs)
+            # every cycle yields its accepted drafts plus one token; the prefill yields one (stops may trim)
+            assert sum(len(r["output_token_ids"]) for r in recs) <= sum(m * c for m, c in enumerate(hist)) + \
+                sum(hist) + len(recs)
+    plain = [r for r in result["records"] if r["drafter"] == "plain"]
+    assert all(r["target_forwards"] == len(r["output_token_ids"]) for r in plain)
+    # the oracle proposes the target's own continuation: every draft is accepted at temperature 0
+    assert result["overall"]["oracle"]["mu"] > result["overall"]["ngram"]["mu"] >= 1.0
+
+
+def test_exactness_reported(result):
+    ex = result["exactness"]
+    assert ex["checked"] and ex["total"] == 9 and ex["identical"] == 9
+    assert ex["by_drafter"] == {name: {"identical": 3, "total": 3} for name in ("ngram", "oracle", "small")}
+    assert all(r["matches_plain"] for r in result["records"] if r["drafter"] != "plain")
+    for peer in ("hf_plain", "hf_prompt_lookup", "hf_assisted:small"):
+        assert result["peers"][peer]["exactness"] == {"identical": 3, "total": 3}
+
+
+def test_peers_and_cost_model(result):
+    pl = result["peers"]["hf_prompt_lookup"]
+    assert pl["k"] == 3 and pl["mu"] >= 1.0 and pl["speedup"] > 0 and "speedup_vs_hf_plain" in pl
+    assert result["peers"]["hf_plain"]["mu"] == pytest.approx(1.0)
+    assisted = result["peers"]["hf_assisted:small"]
+    assert assisted["kind"] == "assisted" and assisted["drafter"] == "small" and assisted["mu"] >= 1.0
+    cost = result["cost_model"]
+    assert set(cost["verify_ratio"]) == {0, 1, 2, 3, 4} and cost["verify_ratio"][0] == 1.0
+    ng = cost["drafters"]["ngram"]
+    assert ng["c"] >= 0 and set(ng["domains"]) == {"repeat", "code"}
+    assert ng["domains"]["code"]["mu"] == result["domains"]["code"]["ngram"]["mu"]
+    assert ng["domains"]["code"]["measured_speedup"] == result["domains"]["code"]["ngram"]["speedup"]
+    assert ng["overall"]["best_k"]["k"] in (1, 2, 3, 4)
+
+
+def test_cost_model_refits_from_the_saved_json(result, tmp_path):
+    from eval.cost_fit import refit
+
+    saved = json.loads(write_json(result, tmp_path / "out.json").read_text())
+    again = refit(saved)
+    for name in ("ngram", "oracle", "small"):
+        want, got = result["cost_model"]["drafters"][name], again["drafters"][name]
+        assert got["c"] == pytest.approx(want["c"])
+        for domain in ("repeat", "code"):
+            for key in ("predicted_speedup", "measured_speedup", "alpha", "cycle_cost"):
+                assert got["domains"][domain][key] == pytest.approx(want["domains"][domain][key]), (name, key)
+            assert got["domains"][domain]["best_k"]["k"] == want["domains"][domain]["best_k"]["k"]
+
+
+def test_sweep_points(result):
+    points = result["sweeps"]["k"]
+    assert [p["value"] for p in points] == [1, 3]
+    assert points[1]["overall"]["ngram"]["mu"] == result["overall"]["ngram"]["mu"]  # K=3 is the main run
+    assert len(points[0]["overall"]["oracle"]["acceptance_by_position"]) == 1
+    assert points[0]["overall"]["oracle"]["mu"] <= 2.0 + 1e-9  # at K=1 at most 2 tokens per forward
+    assert points[0]["exactness"]["identical"] == points[0]["exactness"]["total"] == 9
+    hot = result["sweeps"]["temperature"][1]
+    assert hot["value"] == 1.0 and not hot["exactness"]["checked"] and hot["overall"]["small"]["mu"] >= 1.0
+
+
+def test_report_and_plots_written(result, tmp_path):
+    paths = write_report(result, tmp_path / "report")
+    names = {p.name for p in paths["plots"]}
+    assert names == {"mu_per_domain.png", "acceptance_by_position.png", "speedup_vs_k.png",
+                     "predicted_vs_measured.png", "mu_vs_temperature.png"}
+    assert all(p.stat().st_size > 5000 and p.read_bytes()[:4] == b"\x89PNG" for p in paths["plots"])
+    md = paths["markdown"].read_text()
+    assert "## μ and speed per domain" in md and "## Sweep: temperature" in md and "hf_prompt_lookup" in md and "9/9" in md
+    assert json.loads(paths["json"].read_text())["exactness"]["identical"] == 9
+
+
+class JunkDrafter(Drafter):
+    """Always proposes token 90: wrong nearly everywhere, so only a lossy verifier would keep it."""
+    kind = "junk"
+
+    def propose(self, k, *, temperature=0.0, generator=None, tree=None):
+        return Draft(torch.full((k,), 90, dtype=torch.long))
+
+
+def test_broken_verifier_is_caught(target, prompt_file, monkeypatch):
+    import serve.decoding
+    from serve.verify import Verdict, verify_chain
+
+    def accept_everything(tokens, p, q, generator):
+        verdict = verify_chain(tokens, p, q, generator)
+        return Verdict(list(range(tokens.numel())), verdict.next_token)
+
+    config = EvalConfig(**{**FAST, "peers": False, "cost_model": False})
+    clean = evaluate(target, {"junk": JunkDrafter()}, [str(prompt_file)], config)
+    assert clean["exactness"]["identical"] == clean["exactness"]["total"] == 3
+    monkeypatch.setattr(serve.decoding, "verify_chain", accept_everything)
+    broken = evaluate(target, {"junk": JunkDrafter()}, [str(prompt_file)], config)
+    assert broken["exactness"]["total"] == 3 and broken["exactness"]["identical"] < 3
+    bad = [r for r in broken["records"] if r["drafter"] == "junk" and not r["matches_plain"]]
+    assert bad and all(isinstance(r["first_mismatch"], int) for r in bad)
+
+
+def test_cli(tiny_target_dir, prompt_file, tmp_path, capsys):
+    from scripts.cli import main
+
+    out, report = tmp_path / "out.json", tmp_path / "rep"
+    code = main(["eval", "--target", str(tiny_target_dir), "--drafter", "ng=ngram", "--prompts",
+                 f"mine={prompt_file}", "--k", "2", "--max-new-tokens", "8", "--limit", "2", "--no-peers",
+                 "--no-cost-model", "--quiet", "--json", str(out), "--report", str(report), "bootstrap_samples=20"])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["settings"]["k"] == 2 and data["settings"]["domains"] == {"mine": 2}
+    assert data["drafters"][0]["name"] == "ng" and data["peers"] == {} and data["cost_model"] is None
+    assert (report / "report.md").is_file() and (report / "config.resolved.yaml").is_file()
+    assert "exactness: 2/2" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as err:
+        main(["eval", "--target", str(tiny_target_dir), "--sweep", "kk=1,2"])
+    assert err.value.code == 2
+    assert "unknown sweep axis 'kk'" in capsys.readouterr().err
+
+
+def test_wandb_logging_offline(result, tmp_path, monkeypatch):
+    from eval.tracking import log_to_wandb, summary_metrics
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    metrics = summary_metrics(result)
+    assert metrics["ngram/mu"] == pytest.approx(result["overall"]["ngram"]["mu"])
+    assert metrics["exactness/identical"] == 9 and "peers/hf_prompt_lookup/speedup" in metrics
+    paths = write_report(result, tmp_path / "rep")
+    run_id = log_to_wandb(result, paths["plots"], project="draftsmith-test", directory=tmp_path)
+    assert list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
+
+
+def test_drafter_folder_spec(target, tiny_target_dir, prompt_file, tmp_path):
+    """A native drafter folder (an untrained EAGLE-3 head) is built through build_drafter and stays lossless."""
+    from serve.drafters.eagle3 import eagle3_config
+    from serve.drafters.folder import build_head, save_drafter
+
+    torch.manual_seed(0)
+    cfg = eagle3_config(target, aux_layer_ids=[0, 1, 1])
+    folder = save_drafter(build_head(cfg), cfg, tmp_path / "my-eagle3")
+    config = EvalConfig(**{**FAST, "peers": False, "cost_model": False})
+    out = evaluate(target, {"mine": str(folder)}, [str(prompt_file)], config)
+    assert out["drafters"] == [{"name": "mine", "kind": "eagle3", "path": str(folder.resolve()), "spec": str(folder)}]
+    assert out["exactness"]["identical"] == out["exactness"]["total"] == 3
+    assert out["overall"]["mine"]["cycles"] > 0
