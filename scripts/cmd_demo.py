@@ -1,0 +1,23 @@
+"""`draftsmith demo [--quick]`: the whole main job on the embedded default target."""
+from __future__ import annotations
+
+from pathlib import Path
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "demo"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--quick", action="store_true", help="toy scale, a few minutes (what CI runs)")
+    parser.add_argument("--out", default=None, help="output folder (default runs/demo or runs/demo-quick)")
+
+
+def run(args) -> int:
+    from scripts.demo import DemoConfig, run_demo
+    from serve.config import load_config
+
+    recipe = args.config or CONFIGS / ("quick.yaml" if args.quick else "full.yaml")
+    config = load_config(DemoConfig, config_file=recipe, overrides=args.overrides)
+    if args.out:
+        config.out_dir = args.out
+    run_demo(config)
+    return 0

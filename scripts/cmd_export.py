@@ -1,0 +1,50 @@
+"""`draftsmith export --drafter DIR --format vllm|sglang|speculators --out OUT [--target T]`.
+
+Writes the drafter in the engine's format, validates it (schema, tensors, layer ids, read back and drafted
+next to the native drafter) and prints the report; OUT/README.md holds the serving command.
+"""
+from __future__ import annotations
+
+import json
+
+_FLAGS = ("drafter", "format", "out", "target", "verifier", "dtype", "prompts", "max_new_tokens", "k")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--drafter", help="native drafter folder (draftsmith train output)")
+    parser.add_argument("--format", choices=("vllm", "sglang", "speculators"))
+    parser.add_argument("--out", help="folder to write the export to")
+    parser.add_argument("--target", help="the drafter's target (default: the one it was trained with)")
+    parser.add_argument("--verifier", help="speculators: verifier name_or_path written for vLLM (default: the "
+                                           "target's local folder)")
+    parser.add_argument("--dtype", help="target dtype for validation (default float32)")
+    parser.add_argument("--prompts", type=int, help="validation prompts (default 3)")
+    parser.add_argument("--max-new-tokens", type=int, help="tokens per validation prompt (default 32)")
+    parser.add_argument("--k", type=int, help="draft tokens per validation cycle (default: the drafter's K, <= 5)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(args) -> int:
+    from serve.config import load_config
+    from serve.export import export_drafter
+    from serve.export.common import default_prompts
+    from serve.export.config import ExportConfig, check, trained_target
+    from serve.target import load_target
+
+    flags = [f"{name}={getattr(args, name)}" for name in _FLAGS if getattr(args, name, None) is not None]
+    config = check(load_config(ExportConfig, config_file=args.config, overrides=[*args.overrides, *flags]))
+    target_spec = config.target or trained_target(config.drafter)
+    target = load_target(target_spec, dtype=config.dtype)
+    report = export_drafter(config.drafter, config.format, config.out, target=target, target_spec=target_spec,
+                            verifier=config.verifier or None, prompts=default_prompts(target, count=config.prompts),
+                            k=config.k or None, max_new_tokens=config.max_new_tokens)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return 0
+    print(f"{report.method} -> {report.format}: {report.out_dir}")
+    for line in report.checks:
+        print(f"  ok  {line}")
+    print(f"  export {report.export_seconds:.2f}s, validation {report.validate_seconds:.1f}s; "
+          f"mu native {report.mu_native:.3f} = read back {report.mu_readback:.3f}; serving command in "
+          f"{report.out_dir}/README.md")
+    return 0

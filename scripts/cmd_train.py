@@ -1,0 +1,28 @@
+"""`draftsmith train --config configs/<target>/<method>.yaml [key=value ...]`: train a drafter.
+
+Runs alone or under `accelerate launch` / `torchrun` (see scripts/launch_*.sh); prints the drafter folder.
+"""
+from __future__ import annotations
+
+import os
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+
+
+def run(args) -> int:
+    from omegaconf import OmegaConf
+
+    from serve.config import load_config
+    from train.config import TrainConfig, check
+    from train.run import train_drafter
+
+    config = check(load_config(TrainConfig, config_file=args.config, overrides=args.overrides))
+    if args.print_config:
+        print(OmegaConf.to_yaml(OmegaConf.structured(config)), end="")
+        return 0
+    path = train_drafter(config)
+    if int(os.environ.get("RANK", "0")) == 0:  # one line from a multi-process run, not one per process
+        print(path)
+    return 0

@@ -1,0 +1,194 @@
+"""The main job end to end on the embedded default target: `draftsmith demo [--quick]`.
+
+fetch target -> self-distilled dataset from the built-in prompt sets -> train EAGLE-3 (and Medusa) ->
+evaluate mu per domain and speed against plain decoding and the n-gram drafter -> export for vLLM and SGLang
+(validated by reading back) -> a short live generation. Every stage reuses finished work when rerun.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from data.config import DataBuildConfig
+from eval.config import EvalConfig
+from serve.config import save_config, to_dict
+from train.config import TrainConfig
+
+
+def _train_defaults(method: str) -> TrainConfig:
+    config = TrainConfig()
+    config.model.method = method
+    config.tracking = "none"
+    return config
+
+
+@dataclass
+class DemoConfig:
+    target: str = "demo"
+    out_dir: str = "runs/demo"
+    domains: list[str] = field(default_factory=list)  # built-in domains; empty = all
+    eval_prompts_per_domain: int = 3  # the last N built-in prompts of each domain are held out for eval
+    methods: list[str] = field(default_factory=lambda: ["eagle3", "medusa"])
+    export_formats: list[str] = field(default_factory=lambda: ["vllm", "sglang"])
+    export_check_prompts: int = 3  # prompts the read-back check runs each export on
+    export_check_tokens: int = 32  # tokens generated per read-back prompt
+    generate_prompt: str = "Write a Python function that checks whether a string is a palindrome."
+    generate_max_new_tokens: int = 64
+    data: DataBuildConfig = field(default_factory=DataBuildConfig)
+    eagle3: TrainConfig = field(default_factory=lambda: _train_defaults("eagle3"))
+    medusa: TrainConfig = field(default_factory=lambda: _train_defaults("medusa"))
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+@dataclass
+class Stage:
+    name: str
+    seconds: float
+    note: str = ""
+
+
+def split_builtin(domains: list[str], held_out: int, out: Path) -> tuple[Path, Path]:
+    """Write train / eval JSONL files from the built-in sets: the last `held_out` prompts of each domain are eval."""
+    from data.builtin import BUILTIN_DOMAINS, builtin_files
+
+    train_rows, eval_rows = [], []
+    for domain in domains or BUILTIN_DOMAINS:
+        rows = [json.loads(line) for line in builtin_files(domain)[0].read_text().splitlines() if line.strip()]
+        for row in rows:
+            row.setdefault("domain", domain)
+        cut = max(1, len(rows) - held_out)
+        train_rows += rows[:cut]
+        eval_rows += rows[cut:]
+    out.mkdir(parents=True, exist_ok=True)
+    train_path, eval_path = out / "prompts_train.jsonl", out / "prompts_eval.jsonl"
+    for path, rows in ((train_path, train_rows), (eval_path, eval_rows)):
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+    return train_path, eval_path
+
+
+def _same_config(folder: Path, config: TrainConfig) -> bool:
+    saved = folder / "train_config.json"
+    return (folder / "drafter" / "config.json").is_file() and saved.is_file() and \
+        json.loads(saved.read_text()) == to_dict(config)
+
+
+def train_if_needed(config: TrainConfig, log: Callable[[str], None]) -> tuple[Path, bool]:
+    """Train unless a finished drafter made by exactly this config is already there."""
+    from train.run import train_drafter
+
+    out = Path(config.out_dir)
+    if _same_config(out, config):
+        log(f"[demo] {config.model.method}: reusing {out / 'drafter'}")
+        return out / "drafter", True
+    drafter = train_drafter(config)
+    (out / "train_config.json").write_text(json.dumps(to_dict(config), indent=1))
+    return drafter, False
+
+
+def mu_table(result: dict) -> str:
+    """Markdown-ish console table: mu (and speedup) per domain per drafter."""
+    drafters = [d["name"] for d in result["drafters"]]
+    domains = sorted(result["domains"])
+    width = max(12, *(len(d) for d in drafters))
+    lines = [f"{'domain':<14}" + "".join(f"{d:>{width}}" for d in drafters)]
+    for domain in domains + ["overall"]:
+        cells = result["overall"] if domain == "overall" else result["domains"][domain]
+        row = f"{domain:<14}"
+        for d in drafters:
+            entry = cells.get(d)
+            row += f"{'-':>{width}}" if not entry else \
+                f"{entry['mu']:>{width - 7}.2f} ({entry['speedup']:.2f}x)"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
+    import torch
+
+    from data.build import build_dataset
+    from eval.report import write_report
+    from eval.runner import evaluate
+    from serve.decoding import speculative_generate
+    from serve.drafters import build_drafter
+    from serve.export import export_drafter
+    from serve.export.common import default_prompts
+    from serve.target import load_target
+
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(config, out, "demo_config.resolved.yaml")
+    stages: list[Stage] = []
+
+    def stage(name: str, t0: float, note: str = "") -> None:
+        stages.append(Stage(name, time.perf_counter() - t0, note))
+        log(f"[demo] {name} done in {stages[-1].seconds:.1f}s {note}")
+
+    t0 = time.perf_counter()
+    target = load_target(config.target)
+    stage("target", t0, f"({target.name}, {target.num_layers} layers)")
+
+    t0 = time.perf_counter()
+    train_prompts, eval_prompts = split_builtin(config.domains, config.eval_prompts_per_domain, out)
+    config.data.prompts = [str(train_prompts)]
+    built = build_dataset(target, config.data, out_dir=out / "data", log=log)
+    stage("data", t0, f"({built.rows} rows, {built.tokens} tokens, {built.reused_batches} batches reused)")
+
+    drafters: dict[str, str] = {}
+    for method in config.methods:
+        t0 = time.perf_counter()
+        train_config: TrainConfig = getattr(config, method)
+        train_config.target = config.target
+        train_config.out_dir = str(out / method)
+        train_config.data.mode, train_config.data.dataset = "online", str(out / "data")
+        folder, reused = train_if_needed(train_config, log)
+        drafters[method] = str(folder)
+        stage(f"train {method}", t0, "(reused)" if reused else "")
+
+    t0 = time.perf_counter()
+    result = evaluate(target, {**drafters, "ngram": "ngram"}, [str(eval_prompts)], config.eval)
+    paths = write_report(result, out / "report")
+    stage("eval", t0, f"({paths['markdown']})")
+
+    exports = {}
+    for method, folder in drafters.items():
+        for fmt in config.export_formats:
+            if method == "medusa" and fmt == "sglang":
+                continue  # SGLang serves EAGLE drafters only
+            t0 = time.perf_counter()
+            report = export_drafter(folder, fmt, out / "exports" / f"{method}-{fmt}", target=target,
+                                    target_spec=config.target,
+                                    prompts=default_prompts(target, count=config.export_check_prompts),
+                                    max_new_tokens=config.export_check_tokens)
+            exports[f"{method}-{fmt}"] = report.out_dir
+            stage(f"export {method}/{fmt}", t0, f"(mu native {report.mu_native:.2f} = read back "
+                                                f"{report.mu_readback:.2f})")
+
+    t0 = time.perf_counter()
+    best = max(drafters, key=lambda name: result["overall"][name]["mu"]) if drafters else "ngram"
+    drafter = build_drafter(drafters.get(best, "ngram"), target)
+    ids = target.tokenizer.apply_chat_template([{"role": "user", "content": config.generate_prompt}],
+                                               add_generation_prompt=True, return_dict=True)["input_ids"]
+    gen = speculative_generate(target, drafter, torch.tensor([list(ids)]),
+                               max_new_tokens=config.generate_max_new_tokens, k=config.eval.k)
+    text = target.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
+    stage("generate", t0, f"({best}: mu {gen.stats.mu:.2f}, {gen.stats.new_tokens / gen.stats.seconds:.1f} tok/s)")
+
+    summary = {"stages": [vars(s) for s in stages], "report": str(paths["markdown"]), "json": str(paths["json"]),
+               "exports": exports, "drafters": drafters, "generation": {"drafter": best, "text": text,
+                                                                        **gen.stats.to_dict()}}
+    (out / "demo_summary.json").write_text(json.dumps(summary, indent=1))
+    log("\n" + "=" * 72)
+    log(f"mu per domain (tokens per target forward; speedup over plain decoding), K={config.eval.k}, "
+        f"T={config.eval.temperature}:")
+    log(mu_table(result))
+    log(f"exactness at T=0: {result['exactness']['identical']}/{result['exactness']['total']} outputs identical "
+        f"to plain greedy decoding")
+    log(f"\nlive generation ({best}): {text.strip()[:300]}")
+    log("\nstage times: " + ", ".join(f"{s.name} {s.seconds:.0f}s" for s in stages))
+    log(f"report: {paths['markdown']}\nexports: " + ", ".join(exports.values()))
+    return summary

@@ -1,0 +1,63 @@
+"""EAGLE-1 head (Li et al. 2024, https://arxiv.org/abs/2401.15077): predicts the target's next feature.
+
+    x = fc(cat([embed(token t+1), feature t]))        (h, 2h) [+ bias]
+    feature t+1 ~ layers.0(x)                          one decoder layer of the target's family,
+                                                       input_layernorm = identity (as vLLM's EAGLE-1)
+    logits = target.lm_head(feature t+1)               the target's frozen lm_head, not stored
+
+Features are the target's final normed hidden states (layer id FINAL = -1).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from serve.drafters.base import FINAL
+from serve.drafters.heads_common import (HeadConfig, Rope, decoder_layer_class, drafter_layer_config, hf_config)
+
+
+class Eagle1Head(nn.Module):
+    """Stored tensors: fc.weight (h, 2h) [fc.bias], layers.0.* (without input_layernorm)."""
+
+    def __init__(self, config: HeadConfig):
+        super().__init__()
+        self.config = config
+        layer_config = hf_config(config.layer_config)
+        h = config.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=config.fc_bias)
+        layer = decoder_layer_class(config.model_type)(layer_config, layer_idx=0)
+        if not config.input_layernorm and hasattr(layer, "input_layernorm"):
+            layer.input_layernorm = nn.Identity()  # the fused input is already on the feature scale
+        self.layers = nn.ModuleList([layer])
+        self.rope = Rope(layer_config)
+
+    def input_hidden(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The target features the head starts from: the final normed state."""
+        return hidden_states[FINAL]
+
+    def forward(self, hidden_states: torch.Tensor, inputs_embeds: torch.Tensor, *, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor, cache: Any = None) -> torch.Tensor:
+        """hidden_states, inputs_embeds: (B, T, h); position_ids: (B, T); attention_mask: (B|1, 1, T, S) additive.
+
+        Returns the predicted next features (B, T, h).
+        """
+        x = self.fc(torch.cat([inputs_embeds, hidden_states], dim=-1))  # (B, T, h)
+        position_embeddings = self.rope(x, position_ids)
+        return self.layers[0](x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                              position_embeddings=position_embeddings)
+
+
+def eagle1_config(target, *, fc_bias: bool = False, num_speculative_tokens: int = 5,
+                  attn_implementation: str = "sdpa") -> HeadConfig:
+    from serve.drafters.heads_common import text_config_of
+
+    text = text_config_of(target.config)
+    return HeadConfig(method="eagle1", model_type=text.model_type, hidden_size=text.hidden_size,
+                      vocab_size=text.vocab_size, draft_vocab_size=text.vocab_size,
+                      num_speculative_tokens=num_speculative_tokens, aux_layer_ids=[FINAL],
+                      input_layernorm=False, fc_bias=fc_bias,
+                      layer_config=drafter_layer_config(target.config, attn_implementation=attn_implementation),
+                      target_name=target.name, target_config_hash=target.config_hash,
+                      target_tokenizer_hash=target.tokenizer_hash)

@@ -1,0 +1,122 @@
+"""EAGLE-3 head (Li et al. 2025, https://arxiv.org/abs/2503.01840): fuses low, middle and high target layers.
+
+    fused = fc(cat(aux features))                      (h, 3h), once per real position
+    a     = cat([input_layernorm(embed(token t+1)), hidden_norm(fused)])     (2h): q/k/v take width 2h
+    out   = midlayer(a) with residual = fused          one decoder layer of the target's family
+    logits = lm_head(norm(out))                        own lm_head over a reduced draft vocabulary
+    target_id = draft_id + d2t[draft_id]; t2d marks target ids inside the draft vocabulary
+
+During drafting (and training-time test) `out` replaces `fused` for the next step. Tensor names follow
+vLLM's llama_eagle3 (`midlayer.*`, `midlayer.hidden_norm`, `fc`, `norm`, `lm_head`, `d2t`, `t2d`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from serve.drafters.heads_common import (HeadConfig, Rope, decoder_layer_class, drafter_layer_config,
+                                         hf_config, identity_vocab, norm_like, rms_eps, text_config_of)
+from serve.errors import DraftsmithError
+
+_WIDE_INPUTS = ("q_proj", "k_proj", "v_proj", "qkv_proj")
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """EAGLE-3's low/mid/high layers in our convention: outputs of layers 1, n//2-1, n-4 (inputs of 2, n//2, n-3)."""
+    ids = [1, num_layers // 2 - 1, num_layers - 4]
+    return [min(max(i, 0), num_layers - 1) for i in ids]
+
+
+def widen_attention_inputs(attn: nn.Module, hidden_size: int) -> None:
+    """Replace q/k/v (or fused qkv) projections by ones reading 2h features (same outputs, fresh init)."""
+    replaced = 0
+    for name in _WIDE_INPUTS:
+        proj = getattr(attn, name, None)
+        if isinstance(proj, nn.Linear):
+            setattr(attn, name, nn.Linear(2 * hidden_size, proj.out_features, bias=proj.bias is not None))
+            replaced += 1
+    if not replaced:
+        raise DraftsmithError(f"{type(attn).__name__} has none of {_WIDE_INPUTS}; EAGLE-3 cannot widen its inputs")
+
+
+class Eagle3Head(nn.Module):
+    """Stored tensors: fc.weight (h, 3h), midlayer.*, norm.weight, lm_head.weight (Vd, h), d2t (Vd,), t2d (V,)."""
+
+    def __init__(self, config: HeadConfig):
+        super().__init__()
+        self.config = config
+        layer_config = hf_config(config.layer_config)
+        h, eps = config.hidden_size, rms_eps(layer_config)
+        n_aux = len(config.aux_layer_ids)
+        self.fc = nn.Linear(n_aux * h, h, bias=False)
+        layer = decoder_layer_class(config.model_type)(layer_config, layer_idx=0)
+        if not hasattr(layer, "input_layernorm") or not hasattr(layer, "mlp"):
+            raise DraftsmithError(f"EAGLE-3 needs a pre-norm decoder layer; {type(layer).__name__} has no "
+                                  f"input_layernorm (model_type {config.model_type!r}): train eagle1 or medusa")
+        widen_attention_inputs(layer.self_attn, h)
+        layer.hidden_norm = norm_like(layer, h, eps) if config.hidden_norm else nn.Identity()
+        self.midlayer = layer
+        self.norm = norm_like(layer, h, eps)
+        self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
+        d2t, t2d = identity_vocab(config.vocab_size)
+        self.register_buffer("d2t", d2t[: config.draft_vocab_size].clone())
+        self.register_buffer("t2d", t2d)
+        self.rope = Rope(layer_config)
+        # Gemma-style "sandwich" layers norm the attention and MLP outputs too.
+        self._sandwich = hasattr(layer, "pre_feedforward_layernorm")
+
+    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def input_hidden(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
+        """cat of the aux layers in config order (..., 3h) -> fused (..., h)."""
+        aux = [hidden_states[i] for i in self.config.aux_layer_ids]
+        return self.fc(torch.cat(aux, dim=-1).to(self.fc.weight.dtype))
+
+    def forward(self, hidden_states: torch.Tensor, inputs_embeds: torch.Tensor, *, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor, cache: Any = None) -> torch.Tensor:
+        """hidden_states: fused or previous output (B, T, h); inputs_embeds: (B, T, h) -> out (B, T, h)."""
+        layer = self.midlayer
+        residual = hidden_states
+        x = torch.cat([layer.input_layernorm(inputs_embeds), layer.hidden_norm(hidden_states)], dim=-1)  # (B,T,2h)
+        position_embeddings = self.rope(hidden_states, position_ids)
+        x, _ = layer.self_attn(hidden_states=x, position_embeddings=position_embeddings,
+                               attention_mask=attention_mask, position_ids=position_ids, cache=cache)
+        if self._sandwich:
+            x = layer.post_attention_layernorm(x)
+            x = residual + x
+            residual = x
+            x = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
+        else:
+            x = residual + x
+            residual = x
+            x = layer.mlp(layer.post_attention_layernorm(x))
+        return residual + x
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """(..., h) -> (..., Vd) over the draft vocabulary."""
+        return self.lm_head(self.norm(out))
+
+
+def eagle3_config(target, *, draft_vocab_size: int | None = None, aux_layer_ids: list[int] | None = None,
+                  num_speculative_tokens: int = 5, ttt_steps: int = 7,
+                  attn_implementation: str = "sdpa") -> HeadConfig:
+    text = text_config_of(target.config)
+    n = text.num_hidden_layers
+    aux = list(aux_layer_ids) if aux_layer_ids else default_aux_layers(n)
+    bad = [i for i in aux if not 0 <= i < n]
+    if bad:
+        raise DraftsmithError(f"EAGLE-3 aux layer ids {bad} are outside 0..{n - 1} for this {n}-layer target "
+                              f"(ids are outputs of decoder layers, 0-based)")
+    vd = int(draft_vocab_size or text.vocab_size)
+    if not 0 < vd <= text.vocab_size:
+        raise DraftsmithError(f"draft_vocab_size {vd} must be in 1..{text.vocab_size} (the target's vocabulary)")
+    return HeadConfig(method="eagle3", model_type=text.model_type, hidden_size=text.hidden_size,
+                      vocab_size=text.vocab_size, draft_vocab_size=vd, num_speculative_tokens=num_speculative_tokens,
+                      aux_layer_ids=aux, input_layernorm=True, hidden_norm=True, ttt_steps=ttt_steps,
+                      layer_config=drafter_layer_config(target.config, attn_implementation=attn_implementation),
+                      target_name=target.name, target_config_hash=target.config_hash,
+                      target_tokenizer_hash=target.tokenizer_hash)

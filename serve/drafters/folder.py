@@ -1,0 +1,99 @@
+"""The native drafter folder: config.json (HeadConfig) + model.safetensors (the head's own tensors only).
+
+The target's embeddings and lm_head are never stored (EAGLE reads them from the target at load time);
+loading against a target with another tokenizer or architecture is an error naming both.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from serve.drafters.heads_common import FORMAT_KEY, FORMAT_VERSION, METHODS, HeadConfig, check_target_identity
+from serve.errors import DraftsmithError
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+def build_head(config: HeadConfig) -> nn.Module:
+    """An untrained head module of `config.method` (weights freshly initialized)."""
+    if config.method == "eagle1":
+        from serve.drafters.eagle1 import Eagle1Head
+        return Eagle1Head(config)
+    if config.method == "eagle3":
+        from serve.drafters.eagle3 import Eagle3Head
+        return Eagle3Head(config)
+    if config.method == "medusa":
+        from serve.drafters.medusa import MedusaHeads
+        return MedusaHeads(config)
+    raise DraftsmithError(f"unknown drafter method {config.method!r}; choose one of {', '.join(METHODS)}")
+
+
+def make_drafter(head: nn.Module, target, *, check: bool = True):
+    """Wrap a head module (trained or not) into the Drafter the decoder drives."""
+    if head.config.method == "medusa":
+        from serve.drafters.medusa import MedusaDrafter
+        return MedusaDrafter(head, target, check=check)
+    from serve.drafters.eagle_drafter import EagleDrafter
+    return EagleDrafter(head, target, check=check)
+
+
+def save_drafter(module: nn.Module, config: HeadConfig, out_dir: str | Path) -> Path:
+    """Write config.json + model.safetensors (contiguous CPU tensors, native names) and return the folder."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {name: t.detach().to("cpu").contiguous() for name, t in module.state_dict().items()}
+    save_file(state, str(out / WEIGHTS_NAME), metadata={"format": "pt", "method": config.method})
+    (out / CONFIG_NAME).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def is_drafter_folder(path: str | Path) -> bool:
+    cfg = Path(path) / CONFIG_NAME
+    if not cfg.is_file():
+        return False
+    try:
+        return FORMAT_KEY in json.loads(cfg.read_text())
+    except (json.JSONDecodeError, TypeError):
+        return False
+
+
+def read_config(path: str | Path) -> HeadConfig:
+    folder = Path(path)
+    if not is_drafter_folder(folder):
+        raise DraftsmithError(f"{folder} is not a draftsmith drafter folder (no config.json with "
+                              f"a {FORMAT_KEY!r} entry); train one with `draftsmith train`")
+    data = json.loads((folder / CONFIG_NAME).read_text())
+    if int(data[FORMAT_KEY]) > FORMAT_VERSION:
+        raise DraftsmithError(f"{folder} was written in drafter format {data[FORMAT_KEY]}; this draftsmith "
+                              f"reads up to {FORMAT_VERSION}: upgrade draftsmith")
+    return HeadConfig.from_dict(data)
+
+
+def load_head(path: str | Path, *, device: str | torch.device = "cpu",
+              dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The head module with its trained weights (strict: every stored tensor and no other)."""
+    config = read_config(path)
+    head = build_head(config)
+    state = load_file(str(Path(path) / WEIGHTS_NAME))
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise DraftsmithError(f"drafter weights in {path} do not match its {config.method} config: missing "
+                              f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    head.to(device=device, dtype=dtype)  # floating tensors only; d2t/t2d keep their integer/bool types
+    return head
+
+
+def load_drafter(path: str | Path, target, **opts):
+    """Load a drafter folder for `target`; raises DraftsmithError if it was trained for another target."""
+    if opts:
+        raise DraftsmithError(f"a trained drafter folder takes no options (got {sorted(opts)})")
+    config = read_config(path)
+    check_target_identity(config, target)
+    weight = target.model.get_input_embeddings().weight
+    head = load_head(path, device=weight.device, dtype=weight.dtype)
+    return make_drafter(head, target)

@@ -1,0 +1,134 @@
+"""Medusa-1 heads (Cai et al. 2024, https://arxiv.org/abs/2401.10774) and their drafter.
+
+Head i (0-based) reads the target's final normed feature at the last position (whose next token is the
+pending one) and predicts the token i+1 places after the pending token:
+
+    blocks.{i}:   x <- x + SiLU(layers.{l}(x)) for each of its own ResBlocks (zero-init linear: starts as identity)
+    lm_heads.{i}: (Vd, h), initialized from the target's lm_head (restricted to a draft vocabulary if any)
+
+Every layer of every head is its own module (never `[ResBlock(h)] * L`, which shares one set of weights).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from serve.drafters.base import FINAL, Draft, Drafter
+from serve.drafters.heads_common import (HeadConfig, check_target_identity, draft_token_ids, grow_tree,
+                                         identity_vocab, sample_chain_token, text_config_of)
+
+
+class MedusaBlock(nn.Module):
+    """A stack of ResBlocks x + SiLU(Linear(x)); `layers.{l}.weight/bias` as vLLM's Medusa names them."""
+
+    def __init__(self, hidden_size: int, num_layers: int):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(num_layers))
+        self.act = nn.SiLU()
+        for layer in self.layers:
+            nn.init.zeros_(layer.weight)  # each block starts as the identity: heads start from the lm_head
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + self.act(layer(x))
+        return x
+
+
+class MedusaHeads(nn.Module):
+    """Stored tensors: blocks.{i}.layers.{l}.weight/bias, lm_heads.{i}.weight (Vd, h); d2t/t2d if Vd < V."""
+
+    def __init__(self, config: HeadConfig):
+        super().__init__()
+        self.config = config
+        h, n = config.hidden_size, config.num_speculative_tokens
+        self.blocks = nn.ModuleList(MedusaBlock(h, config.medusa_num_layers) for _ in range(n))
+        self.lm_heads = nn.ModuleList(nn.Linear(h, config.draft_vocab_size, bias=False) for _ in range(n))
+        d2t, t2d = identity_vocab(config.vocab_size)
+        self.register_buffer("d2t", d2t[: config.draft_vocab_size].clone())
+        self.register_buffer("t2d", t2d)
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.blocks)
+
+    def init_from_target(self, lm_head_weight: torch.Tensor, d2t: torch.Tensor | None = None,
+                         t2d: torch.Tensor | None = None) -> None:
+        """Copy the target's lm_head (V, h) into every head, restricted to the draft vocabulary if given."""
+        if d2t is not None:
+            self.d2t.copy_(d2t)
+            self.t2d.copy_(t2d)
+        rows = lm_head_weight[draft_token_ids(self.d2t).to(lm_head_weight.device)]  # (Vd, h)
+        with torch.no_grad():
+            for head in self.lm_heads:
+                head.weight.copy_(rows.to(head.weight.dtype))
+
+    def input_hidden(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
+        return hidden_states[FINAL]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(..., h) -> (num_heads, ..., Vd) logits; head i predicts the token i+2 places after the feature's."""
+        return torch.stack([lm(block(hidden_states)) for block, lm in zip(self.blocks, self.lm_heads)])
+
+
+def medusa_config(target, *, num_heads: int = 5, num_layers: int = 1,
+                  draft_vocab_size: int | None = None) -> HeadConfig:
+    text = text_config_of(target.config)
+    vd = int(draft_vocab_size or text.vocab_size)
+    return HeadConfig(method="medusa", model_type=text.model_type, hidden_size=text.hidden_size,
+                      vocab_size=text.vocab_size, draft_vocab_size=vd, num_speculative_tokens=num_heads,
+                      aux_layer_ids=[FINAL], medusa_num_layers=num_layers, target_name=target.name,
+                      target_config_hash=target.config_hash, target_tokenizer_hash=target.tokenizer_hash)
+
+
+class MedusaDrafter(Drafter):
+    """Proposes up to num_heads tokens per cycle from the last feature alone (heads ignore earlier drafts)."""
+
+    kind = "medusa"
+    target_layers = (FINAL,)
+
+    def __init__(self, heads: MedusaHeads, target, *, check: bool = True):
+        self.heads = heads.eval().requires_grad_(False)
+        self.target = target
+        self.vocab_size = heads.config.vocab_size
+        if check:
+            self.check_target(target)
+        self._logits: torch.Tensor | None = None  # (num_heads, Vd) for the current pending token
+
+    def check_target(self, target) -> None:
+        check_target_identity(self.heads.config, target)
+
+    def _update(self, hidden_states: dict[int, torch.Tensor]) -> None:
+        last = hidden_states[FINAL][-1:]  # (1, h): its next token is the pending one
+        weight = self.heads.lm_heads[0].weight
+        with torch.no_grad():
+            self._logits = self.heads(last.to(device=weight.device, dtype=weight.dtype))[:, 0].float()
+
+    def begin(self, prompt_ids, next_tokens, hidden_states) -> None:
+        self._update(hidden_states)
+
+    def commit(self, next_tokens, hidden_states) -> None:
+        self._update(hidden_states)
+
+    def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.heads.d2t[draft_ids]
+
+    def propose(self, k: int, *, temperature: float = 0.0, generator: torch.Generator | None = None,
+                tree=None) -> Draft:
+        assert self._logits is not None, "begin() must run before propose()"
+        logprobs = torch.log_softmax(self._logits, dim=-1)  # (num_heads, Vd)
+        if tree is not None:
+            depth_cap = self.heads.num_heads
+            tokens, parents = grow_tree(logprobs[0], lambda nodes, depth, *_: logprobs[depth].expand(len(nodes), -1),
+                                        tree, max_depth=depth_cap)
+            return Draft(tokens=self._to_target(tokens.to(self.heads.d2t.device)).cpu(), parents=parents)
+        n = min(k, self.heads.num_heads)
+        tokens, qs = [], []
+        for i in range(n):
+            token, q = sample_chain_token(self._logits[i], temperature=temperature, generator=generator,
+                                          d2t=self.heads.d2t, vocab_size=self.vocab_size)
+            tokens.append(token)
+            if q is not None:
+                qs.append(q)
+        ids = self._to_target(torch.tensor(tokens, dtype=torch.long, device=self.heads.d2t.device))
+        return Draft(tokens=ids.cpu(), q=torch.stack(qs).cpu() if qs else None)

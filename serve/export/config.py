@@ -1,0 +1,52 @@
+"""`draftsmith export` options as a typed config: defaults < YAML (`--config`) < `key=value` < command-line flags."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from serve.errors import DraftsmithError
+
+FORMAT_NAMES = ("vllm", "sglang", "speculators")
+
+
+@dataclass
+class ExportConfig:
+    drafter: str = ""            # native drafter folder (`draftsmith train` output: RUN/drafter)
+    format: str = "vllm"         # vllm | sglang | speculators
+    out: str = ""                # folder to write
+    target: str = ""             # "" = the target the drafter was trained with (its config.resolved.yaml)
+    verifier: str = ""           # speculators: the verifier name_or_path vLLM loads; "" = the target's local folder
+    dtype: str = "float32"       # target dtype for the validation runs
+    prompts: int = 3             # validation prompts (built-in, chat-formatted when the target has a template)
+    max_new_tokens: int = 32     # tokens generated per validation prompt
+    k: int = 0                   # draft tokens per cycle in validation; 0 = the drafter's K (at most 5)
+
+
+def check(config: ExportConfig) -> ExportConfig:
+    for key in ("drafter", "out"):
+        if not getattr(config, key):
+            raise DraftsmithError(f"export needs --{key} (or {key}=... in the config)")
+    if config.format not in FORMAT_NAMES:
+        raise DraftsmithError(f"format={config.format!r} is not one of {', '.join(FORMAT_NAMES)}")
+    if not Path(config.drafter).is_dir():
+        raise DraftsmithError(f"drafter folder not found: {config.drafter}")
+    if config.prompts < 1 or config.max_new_tokens < 2 or config.k < 0:
+        raise DraftsmithError("prompts >= 1, max_new_tokens >= 2 and k >= 0 are required")
+    return config
+
+
+def trained_target(drafter_dir: str | Path) -> str:
+    """The target spec the drafter was trained with: `target` in its config.resolved.yaml, else its target name."""
+    from omegaconf import OmegaConf
+
+    from serve.drafters.folder import read_config
+
+    resolved = Path(drafter_dir) / "config.resolved.yaml"
+    if resolved.is_file():
+        spec = OmegaConf.load(resolved).get("target")
+        if spec:
+            return str(spec)
+    name = read_config(drafter_dir).target_name
+    if not name:
+        raise DraftsmithError(f"{drafter_dir} does not say which target it was trained for; pass --target")
+    return name

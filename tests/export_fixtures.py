@@ -1,0 +1,57 @@
+"""Native drafter folders with random (seeded) weights for export tests: every method, reduced vocabularies with
+a scattered d2t, unsorted EAGLE-3 aux layers and non-zero Medusa biases, so a mistranslation changes drafts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from serve.drafters.folder import build_head, save_drafter
+
+
+def _scatter_vocab(head, vocab: int, draft_vocab: int, seed: int) -> None:
+    keep = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:draft_vocab].sort().values
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[keep] = True
+    head.d2t.copy_(keep - torch.arange(draft_vocab))
+    head.t2d.copy_(t2d)
+
+
+def make_native(target, method: str, folder: str | Path, *, seed: int = 0, **options) -> Path:
+    """A random-weight drafter of `method` for `target`, saved as a native drafter folder."""
+    from serve.drafters.eagle1 import eagle1_config
+    from serve.drafters.eagle3 import eagle3_config
+    from serve.drafters.medusa import medusa_config
+
+    torch.manual_seed(seed)
+    if method == "eagle1":
+        config = eagle1_config(target, **options)
+    elif method == "eagle3":
+        config = eagle3_config(target, **{"aux_layer_ids": [2, 0, 1], "draft_vocab_size": 120, **options})
+    else:
+        config = medusa_config(target, **{"num_heads": 3, "draft_vocab_size": 150, **options})
+    head = build_head(config)
+    if config.uses_draft_vocab:
+        _scatter_vocab(head, config.vocab_size, config.draft_vocab_size, seed)
+    if method == "medusa":
+        with torch.no_grad():
+            for block in head.blocks:
+                for layer in block.layers:
+                    layer.weight.normal_(std=0.2)
+                    layer.bias.normal_(std=0.5)
+    with torch.no_grad():  # non-trivial norms, so a norm that goes missing shows
+        for name, param in head.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+    return save_drafter(head, config, folder)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models run ~10x faster on one torch thread than on two on a busy 2-core machine (thread barriers
+    dominate ops this small); restored after the module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -1,0 +1,120 @@
+"""Export -> validate -> read back -> identical drafts and μ, for every method and format the engines support."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from serve.errors import DraftsmithError
+from serve.export import export_drafter
+from serve.export.common import default_prompts
+from serve.target import load_target
+from tests.export_fixtures import make_native, one_torch_thread  # noqa: F401 (autouse fixture)
+
+COMBOS = [("eagle1", "vllm"), ("eagle1", "sglang"), ("eagle3", "vllm"), ("eagle3", "sglang"),
+          ("eagle3", "speculators"), ("medusa", "vllm")]
+SERVE_LINE = {"vllm": "vllm serve", "sglang": "python -m sglang.launch_server", "speculators": "vllm serve"}
+FLAGS = {("eagle1", "vllm"): ['"method": "eagle"', "LLM(model="],
+         ("eagle3", "vllm"): ['"method": "eagle3"', "LLM(model="],
+         ("medusa", "vllm"): ['"method": "medusa"', '"num_speculative_tokens": 3'],
+         ("eagle1", "sglang"): ["--speculative-algorithm EAGLE --speculative-draft-model-path"],
+         ("eagle3", "sglang"): ["--speculative-algorithm EAGLE3 --speculative-draft-model-path"],
+         ("eagle3", "speculators"): ['"method": "eagle3"', "LLM(model="]}
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target_factory):
+    return load_target(tiny_target_factory("llama", num_hidden_layers=4))
+
+
+@pytest.fixture(scope="module")
+def natives(target, tmp_path_factory):
+    root = tmp_path_factory.mktemp("natives")
+    return {m: make_native(target, m, root / m) for m in ("eagle1", "eagle3", "medusa")}
+
+
+def _export(natives, target, method, fmt, out, **kw):
+    return export_drafter(natives[method], fmt, out, target=target, prompts=default_prompts(target, count=1),
+                          k=3, max_new_tokens=12, **kw)
+
+
+@pytest.mark.parametrize("method,fmt", COMBOS)
+def test_round_trip(natives, target, tmp_path, method, fmt):
+    report = _export(natives, target, method, fmt, tmp_path / "out", target_spec="tiny")
+    assert report.proposals_compared > 0 and report.cycles > 0
+    assert report.mu_readback == report.mu_native
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    saved = json.loads((tmp_path / "out" / "export_report.json").read_text())
+    assert saved["format"] == fmt and saved["method"] == method
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert SERVE_LINE[fmt] in readme and str(Path(target.path).resolve()) in readme
+    assert f"--format {fmt}" in readme
+    assert all(flag in readme for flag in FLAGS[method, fmt]), readme
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["draftsmith_export"]["target_tokenizer_hash"] == target.tokenizer_hash
+    if method == "eagle3":
+        engine_ids = [1, 2, 3] if fmt in ("vllm", "speculators") else [0, 1, 2]  # ours [2, 0, 1], sorted
+        assert report.layer_ids == {"draftsmith": [2, 0, 1], fmt: engine_ids}
+    if fmt == "speculators":
+        from serve.export.speculators import package_available
+
+        expected = "speculators 0" if package_available() else "not installed"
+        assert report.speculators_package.startswith(expected)
+
+
+@pytest.mark.parametrize("method,fmt,message", [
+    ("medusa", "sglang", "SGLang has no Medusa"),
+    ("eagle1", "speculators", "EAGLE-3 only"),
+    ("medusa", "speculators", "EAGLE-3 only"),
+])
+def test_unsupported_pairs_are_refused(natives, target, tmp_path, method, fmt, message):
+    with pytest.raises(DraftsmithError, match=message):
+        _export(natives, target, method, fmt, tmp_path / "out")
+
+
+def test_unservable_drafters_are_refused(target, tmp_path, tiny_target_factory):
+    dup = make_native(target, "eagle3", tmp_path / "dup", aux_layer_ids=[1, 1, 0])
+    with pytest.raises(DraftsmithError, match="repeat a layer"):
+        export_drafter(dup, "vllm", tmp_path / "o1", target=target)
+    last = make_native(target, "eagle3", tmp_path / "last", aux_layer_ids=[3, 1, 0])
+    with pytest.raises(DraftsmithError, match="cannot be captured by sglang"):
+        export_drafter(last, "sglang", tmp_path / "o2", target=target)
+    biased = make_native(target, "eagle1", tmp_path / "bias", fc_bias=True)
+    with pytest.raises(DraftsmithError, match="without a bias"):
+        export_drafter(biased, "vllm", tmp_path / "o3", target=target)
+    qwen3 = load_target(tiny_target_factory("qwen3", num_hidden_layers=4))
+    q = make_native(qwen3, "eagle3", tmp_path / "q3")
+    with pytest.raises(DraftsmithError, match="q_norm"):
+        export_drafter(q, "vllm", tmp_path / "o4", target=qwen3)
+
+
+def test_sglang_eagle1_gets_a_zero_fc_bias(natives, target, tmp_path):
+    from safetensors.torch import load_file
+
+    _export(natives, target, "eagle1", "sglang", tmp_path / "sg")
+    tensors = load_file(str(tmp_path / "sg" / "model.safetensors"))
+    assert float(tensors["fc.bias"].abs().sum()) == 0.0 and tensors["fc.bias"].shape == (32,)
+
+
+def test_cli_export(natives, tiny_target_factory, tmp_path, capsys):
+    from scripts.cli import main
+
+    target_dir = tiny_target_factory("llama", num_hidden_layers=4)
+    code = main(["export", "--drafter", str(natives["medusa"]), "--format", "vllm", "--out", str(tmp_path / "m"),
+                 "--target", str(target_dir), "--prompts", "1", "--max-new-tokens", "8", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["mu_native"] == report["mu_readback"] and report["method"] == "medusa"
+    with pytest.raises(SystemExit):
+        main(["export", "--drafter", str(natives["medusa"]), "--format", "vllm", "--out", str(tmp_path / "x"),
+              "--target", str(target_dir), "no_such_key=1"])
+
+
+def test_speculators_without_the_package(natives, target, tmp_path, monkeypatch):
+    """A clean environment has no `speculators` package: the export is still validated against the schema."""
+    import serve.export.speculators as spec
+
+    monkeypatch.setattr(spec, "package_available", lambda: False)
+    report = _export(natives, target, "eagle3", "speculators", tmp_path / "s")
+    assert report.speculators_package.startswith("not installed") and report.mu_readback == report.mu_native

@@ -1,0 +1,69 @@
+"""Each method trains on a tiny target's own greedy text until its held-out top-1 agreement clearly beats the
+untrained head, then drafts in the speculative decoder with output identical to plain greedy decoding."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from serve.config import load_config
+from serve.decoding import plain_generate, speculative_generate
+from serve.drafters import build_drafter
+from serve.target import load_target
+from serve.tree import TreeSpec
+from tests.train_fixtures import greedy_rows, save_rows, sharp_target
+from train.config import TrainConfig
+from train.run import train_drafter
+from train.tracking import read_log
+from tests.train_fixtures import one_thread  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny_job(tmp_path_factory):
+    root = tmp_path_factory.mktemp("methods")
+    target = sharp_target(root / "target")
+    rows = greedy_rows(target, rows=48, new_tokens=32)
+    return target, save_rows(rows, root / "data"), root
+
+
+def _config(target, dataset, out_dir, method: str, *extra: str) -> TrainConfig:
+    return load_config(TrainConfig, overrides=[
+        f"target={target}", f"data.dataset={dataset}", f"out_dir={out_dir}", f"model.method={method}",
+        "model.num_speculative_tokens=3", "model.ttt_steps=3", "optim.batch_size=8", "optim.max_steps=60",
+        "optim.lr=1e-2", "data.eval_rows=6", "tracking=none", "log.progress=false", "log.every=20",
+        "checkpoint.every=0", *extra])
+
+
+@pytest.mark.parametrize("method", ["eagle3", "eagle1", "medusa"])
+def test_method_trains_and_drafts_losslessly(tiny_job, method):
+    target_dir, dataset, root = tiny_job
+    out = root / method
+    extra = ("model.draft_vocab_size=200",) if method == "eagle3" else ()
+    folder = train_drafter(_config(target_dir, dataset, out, method, *extra))
+
+    evals = [r for r in read_log(out) if r.get("event") == "eval"]
+    untrained, trained = evals[0]["agreement"], evals[-1]["agreement"]
+    assert evals[0]["trained"] is False and evals[-1]["final"] is True and len(trained) == 3
+    assert trained[0] > untrained[0] + 0.15, (untrained, trained)  # held-out top-1 agreement, position 1
+    losses = [r["loss"] for r in read_log(out) if "loss" in r]
+    assert losses[-1] < losses[0]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["method"] == method and (folder / "config.resolved.yaml").is_file()
+
+    target = load_target(target_dir)
+    drafter = build_drafter(str(folder), target)
+    gen = torch.Generator().manual_seed(7)
+    mus = []
+    for _ in range(3):
+        prompt = torch.randint(0, 256, (1, 6), generator=gen)
+        plain = plain_generate(target, prompt, max_new_tokens=24).output_ids
+        chain = speculative_generate(target, drafter, prompt, max_new_tokens=24, k=3)
+        tree_spec = (TreeSpec(static_choices=((0,), (1,), (0, 0), (0, 1), (0, 0, 0))) if method == "medusa"
+                     else TreeSpec(depth=3, top_k=2, total_tokens=6))
+        tree = speculative_generate(target, drafter, prompt, max_new_tokens=24, k=3, tree=tree_spec)
+        assert chain.output_ids == plain and tree.output_ids == plain
+        mus.append(chain.stats.mu)
+    assert sum(mus) / len(mus) > 1.05, mus  # the trained drafter is accepted in decoding

@@ -1,0 +1,79 @@
+"""Offline (capture cache) and online (the target inside the step) training see the same features: the same
+loss on the same batch, and the same trained weights."""
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from serve.config import load_config
+from serve.target import load_target
+from tests.train_fixtures import greedy_rows, one_thread, save_rows, sharp_target  # noqa: F401
+from train.config import TrainConfig
+from train.run import train_drafter
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def cached(tmp_path_factory):
+    from data.capture import capture_hidden_states
+    from data.config import CaptureConfig
+
+    root = tmp_path_factory.mktemp("offline")
+    target_dir = sharp_target(root / "target")
+    dataset = save_rows(greedy_rows(target_dir, rows=8, new_tokens=16), root / "data")
+    target = load_target(target_dir)
+    capture_hidden_states(target, dataset, root / "cache", CaptureConfig(layers="eagle3", dtype="fp32"),
+                          progress=False, log=lambda *_: None)
+    return target_dir, dataset, root
+
+
+def _config(target, dataset, root, method: str, mode: str) -> TrainConfig:
+    return load_config(TrainConfig, overrides=[
+        f"target={target}", f"data.dataset={dataset}", f"data.cache={root / 'cache'}", f"data.mode={mode}",
+        f"out_dir={root / (method + '-' + mode)}", f"model.method={method}", "model.ttt_steps=2",
+        "model.num_speculative_tokens=2", "optim.batch_size=2", "optim.max_steps=3", "optim.lr=3e-3",
+        "data.eval_rows=2", "tracking=none", "log.progress=false", "checkpoint.every=0"])
+
+
+@pytest.mark.parametrize("method", ["eagle3", "eagle1", "medusa"])
+def test_offline_and_online_give_the_same_loss_on_the_same_batch(cached, method):
+    from train.features import open_rows
+    from train.objectives import TargetParts, build_objective
+    from train.run import _batch_maker, head_config, needed_layers
+
+    target_dir, dataset, root = cached
+    target = load_target(target_dir)
+    config = _config(target_dir, dataset, root, method, "online")
+    cfg = head_config(config, target)
+    layers = needed_layers(cfg)
+    online_rows = open_rows("online", dataset=str(dataset))
+    offline_rows = open_rows("offline", cache=str(root / "cache"), target=target, layers=layers)
+    assert len(online_rows) == len(offline_rows) == 8
+    from serve.drafters.folder import build_head
+
+    torch.manual_seed(0)
+    objective = build_objective(build_head(cfg), TargetParts.of(target), ttt_steps=2, decay=0.8, feature_noise=0.1,
+                                feature_weight=1.0, ce_weight=0.1)
+    seeds = torch.tensor([11, 12])
+    results = []
+    for rows, online in ((online_rows, True), (offline_rows, False)):
+        batch, seconds = _batch_maker(config, target, layers, "cpu", online=online)([rows[0], rows[3]])
+        assert (seconds > 0) == online  # only online mode runs the target
+        sums = objective(batch.input_ids, batch.loss_mask, batch.hidden_states, batch.attention_mask, seeds)
+        results.append((sums, objective.term_counts(batch)))
+    (on, on_counts), (off, off_counts) = results
+    assert on.keys() == off.keys() and on_counts.keys() == off_counts.keys()
+    for name in on:
+        assert torch.allclose(on[name], off[name], rtol=1e-5, atol=1e-5), name
+        assert float(on_counts[name]) == float(off_counts[name]) > 0
+
+
+def test_offline_training_matches_online_training(cached):
+    target_dir, dataset, root = cached
+    online = train_drafter(_config(target_dir, dataset, root, "eagle3", "online"))
+    offline = train_drafter(_config(target_dir, dataset, root, "eagle3", "offline"))
+    a, b = load_file(str(online / "model.safetensors")), load_file(str(offline / "model.safetensors"))
+    for name in a:
+        assert torch.allclose(a[name].float(), b[name].float(), atol=1e-5), name

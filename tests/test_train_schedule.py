@@ -1,0 +1,39 @@
+"""Data order and learning-rate schedule: pure functions of the step, so a resume needs only the step."""
+from __future__ import annotations
+
+from serve.config import load_config
+from train.config import TrainConfig
+from train.features import split_rows
+from train.loop import DataOrder, deepspeed_config, lr_lambda
+
+
+def test_data_order_covers_each_epoch_once_and_depends_only_on_the_step():
+    rows = list(range(100, 111))  # 11 rows, global batch 4: 2 steps per epoch, 3 rows dropped each epoch
+    order = DataOrder(rows, seed=5, global_batch=4)
+    assert order.steps_per_epoch == 2
+    epoch0 = [i for s in range(2) for _, i in order.batch(s)]
+    assert len(set(epoch0)) == 8 and set(epoch0) <= set(rows)
+    assert [p for p, _ in order.batch(3)] == [12, 13, 14, 15]  # stream positions seed EAGLE-1's noise
+    fresh = DataOrder(rows, seed=5, global_batch=4)
+    assert fresh.batch(3) == order.batch(3) and fresh.batch(0) == DataOrder(rows, seed=5, global_batch=4).batch(0)
+    assert DataOrder(rows, seed=6, global_batch=4).batch(0) != order.batch(0)
+
+
+def test_split_rows_holds_out_a_seeded_subset():
+    train, held = split_rows(20, eval_rows=4, seed=0)
+    assert len(held) == 4 and sorted(train + held) == list(range(20))
+    assert split_rows(20, eval_rows=4, seed=0) == (train, held)
+    train, held = split_rows(20, eval_rows=4, seed=0, max_rows=10)
+    assert len(train) == 6
+
+
+def test_lr_schedule_and_generated_deepspeed_config():
+    config = load_config(TrainConfig, overrides=["optim.warmup_steps=2", "optim.schedule=cosine",
+                                                 "optim.batch_size=3", "optim.grad_accum=2",
+                                                 "distributed.zero_stage=3", "optim.max_grad_norm=0.7"])
+    f = lr_lambda(config, 12)
+    assert [f(0), f(1)] == [0.5, 1.0] and f(2) == 1.0 and abs(f(12)) < 1e-9 and 0 < f(7) < 1
+    ds = deepspeed_config(config)
+    assert ds["train_micro_batch_size_per_gpu"] == 3 and ds["gradient_accumulation_steps"] == 2
+    assert ds["zero_optimization"]["stage"] == 3 and ds["gradient_clipping"] == 0.7
+    assert ds["bf16"]["enabled"] is False  # fp32 on CPU

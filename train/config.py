@@ -1,0 +1,130 @@
+"""The typed training config: defaults < YAML recipe < `a.b=value` overrides (serve.config.load_config).
+
+Every hyper-parameter lives here once; the DeepSpeed JSON and the accelerate plugins are generated from it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from serve.errors import DraftsmithError
+
+METHODS = ("eagle1", "eagle3", "medusa")
+STRATEGIES = ("ddp", "deepspeed", "fsdp")
+
+
+@dataclass
+class ModelConfig:
+    method: str = "eagle3"                 # eagle1 | eagle3 | medusa
+    num_speculative_tokens: int = 5        # K trained for; Medusa: number of heads
+    draft_vocab_size: int = 0              # 0 = the target's whole vocabulary (EAGLE-1 always uses it)
+    aux_layer_ids: list[int] = field(default_factory=list)  # EAGLE-3; empty = [1, n//2-1, n-4]
+    ttt_steps: int = 7                     # EAGLE-3 training-time-test unroll
+    fc_bias: bool = False                  # EAGLE-1
+    medusa_num_layers: int = 1             # ResBlocks per Medusa head
+    attn_implementation: str = "sdpa"      # sdpa | eager
+
+
+@dataclass
+class DataConfig:
+    mode: str = "online"                   # online: the target computes features in the step; offline: from the cache
+    dataset: str = ""                      # `draftsmith data build` output (save_to_disk folder); online mode
+    cache: str = ""                        # `draftsmith data capture` output; offline mode
+    max_length: int = 2048                 # longer rows are cut
+    max_rows: int = 0                      # 0 = all rows
+    eval_rows: int = 32                    # held out from training, for top-1 agreement
+    vocab_rows: int = 0                    # rows counted to pick the draft vocabulary; 0 = all training rows
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    max_grad_norm: float = 0.5
+    batch_size: int = 1                    # rows per process per micro-batch
+    grad_accum: int = 1
+    epochs: int = 1
+    max_steps: int = 0                     # optimizer steps; 0 = epochs over the training rows
+    warmup_steps: int = 0
+    schedule: str = "cosine"               # cosine | linear | constant (after warmup)
+
+
+@dataclass
+class LossConfig:
+    decay: float = 0.8                     # weight decay^i of TTT step / Medusa head i
+    feature_weight: float = 1.0            # EAGLE-1 SmoothL1 on the next feature
+    ce_weight: float = 0.1                 # EAGLE-1 cross-entropy vs the target's distribution
+    feature_noise: float = 0.1             # EAGLE-1: U(-a, a) added to input features; 0 = off
+
+
+@dataclass
+class DistributedConfig:
+    strategy: str = "ddp"                  # ddp | deepspeed | fsdp (single process: plain)
+    zero_stage: int = 2                    # deepspeed: 2 or 3
+    offload_optimizer: bool = False        # deepspeed: optimizer states on CPU
+    precision: str = "auto"                # auto = bf16 on GPU, fp32 on CPU; or fp32 | bf16
+    backend: str = "auto"                  # process group: auto = nccl on GPU, gloo on CPU
+
+
+@dataclass
+class LogConfig:
+    every: int = 10                        # steps between JSONL / wandb records
+    eval_every: int = 0                    # steps between held-out evaluations; 0 = at the end only
+    eval_positions: int = 0                # drafted positions evaluated; 0 = K
+    progress: bool = True                  # tqdm bar on the console
+    wandb_project: str = "draftsmith"
+    run_name: str = ""
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 100                       # optimizer steps between checkpoints; 0 = none
+    keep: int = 2                          # newest checkpoints kept
+    resume: bool = True                    # continue from the newest checkpoint in out_dir
+
+
+@dataclass
+class TrainConfig:
+    target: str = "demo"
+    out_dir: str = "runs/drafter"
+    seed: int = 0
+    device: str = "auto"                   # auto = cuda if available, else cpu
+    tracking: str = "wandb"                # wandb (offline without an API key) | none
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+def _choice(name: str, value: str, allowed) -> None:
+    if value not in allowed:
+        raise DraftsmithError(f"{name}={value!r} is not one of {', '.join(allowed)}")
+
+
+def check(config: TrainConfig) -> TrainConfig:
+    """Values the type system cannot check; raises DraftsmithError naming the key."""
+    _choice("model.method", config.model.method, METHODS)
+    _choice("data.mode", config.data.mode, ("online", "offline"))
+    _choice("distributed.strategy", config.distributed.strategy, STRATEGIES)
+    _choice("distributed.precision", config.distributed.precision, ("auto", "fp32", "bf16"))
+    _choice("distributed.backend", config.distributed.backend, ("auto", "gloo", "nccl"))
+    _choice("optim.schedule", config.optim.schedule, ("cosine", "linear", "constant"))
+    _choice("tracking", config.tracking, ("wandb", "none"))
+    _choice("model.attn_implementation", config.model.attn_implementation, ("sdpa", "eager"))
+    if config.distributed.zero_stage not in (2, 3):
+        raise DraftsmithError(f"distributed.zero_stage={config.distributed.zero_stage} must be 2 or 3")
+    if config.data.mode == "online" and not config.data.dataset:
+        raise DraftsmithError("data.mode=online needs data.dataset (a `draftsmith data build` folder)")
+    if config.data.mode == "offline" and not config.data.cache:
+        raise DraftsmithError("data.mode=offline needs data.cache (a `draftsmith data capture` folder)")
+    if config.model.method == "eagle1" and config.model.draft_vocab_size:
+        raise DraftsmithError("EAGLE-1 reads the target's lm_head: model.draft_vocab_size must be 0")
+    for key in ("batch_size", "grad_accum", "num_speculative_tokens", "ttt_steps"):
+        section = config.optim if hasattr(config.optim, key) else config.model
+        if getattr(section, key) < 1:
+            raise DraftsmithError(f"{key} must be >= 1")
+    return config

@@ -1,0 +1,99 @@
+"""Where a training batch's target features come from.
+
+online:  rows of a `data build` dataset (input_ids, loss_mask); the frozen target computes the hidden states
+         inside the step, without autograd.
+offline: rows of a `data capture` cache, hidden states included (data.capture.CacheReader).
+Both yield the same FeatureBatch, so a head trains identically on either.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from serve.drafters.base import FINAL
+from serve.errors import DraftsmithError
+from train.objectives import FeatureBatch
+
+REQUIRED_COLUMNS = ("input_ids", "loss_mask")
+
+
+class DatasetRows:
+    """Row access to a `draftsmith data build` dataset (HF datasets, save_to_disk)."""
+
+    def __init__(self, path: str | Path):
+        from datasets import load_from_disk
+
+        if not Path(path).exists():
+            raise DraftsmithError(f"training dataset not found: {path} (make one with `draftsmith data build`)")
+        self.dataset = load_from_disk(str(path))
+        missing = [c for c in REQUIRED_COLUMNS if c not in self.dataset.column_names]
+        if missing:
+            raise DraftsmithError(f"dataset {path} lacks columns {missing}; it has {self.dataset.column_names}")
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> dict:
+        row = self.dataset[int(i)]
+        return {"input_ids": row["input_ids"], "loss_mask": row["loss_mask"], "domain": row.get("domain")}
+
+
+def open_rows(mode: str, *, dataset: str = "", cache: str = "", target=None, layers: Sequence[int] = ()):
+    if mode == "online":
+        return DatasetRows(dataset)
+    from data.capture import CacheReader
+
+    reader = CacheReader(cache, layers=list(layers))  # CacheError names layers the cache lacks
+    if target is not None:
+        reader.check_target(target)
+    return reader
+
+
+def split_rows(n: int, *, eval_rows: int, seed: int, max_rows: int = 0) -> tuple[list[int], list[int]]:
+    """(train indices, held-out indices): a seeded shuffle; the first `eval_rows` are held out."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    if max_rows:
+        order = order[:max_rows]
+    held = min(eval_rows, max(len(order) - 1, 0))
+    if len(order) - held < 1:
+        raise DraftsmithError(f"only {n} rows: nothing left to train on after holding out {held}")
+    return order[held:], order[:held]
+
+
+def _as_tensor(x, dtype) -> torch.Tensor:
+    return x.to(dtype) if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=dtype)
+
+
+def collate(rows: list[dict], *, max_length: int, layers: Sequence[int] = (), pad_id: int = 0) -> FeatureBatch:
+    """Right-pad rows to the longest (cut at max_length) -> FeatureBatch with its attention_mask (B, T).
+
+    Hidden states are stacked when the rows carry them (offline); otherwise the dict is empty.
+    """
+    lengths = [min(len(r["input_ids"]), max_length) for r in rows]
+    T = max(lengths)
+    B = len(rows)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros(B, T, dtype=torch.long)
+    attention_mask = torch.zeros(B, T, dtype=torch.long)
+    hidden: dict[int, torch.Tensor] = {}
+    for b, (row, n) in enumerate(zip(rows, lengths)):
+        input_ids[b, :n] = _as_tensor(row["input_ids"], torch.long)[:n]
+        loss_mask[b, :n] = _as_tensor(row["loss_mask"], torch.long)[:n]
+        attention_mask[b, :n] = 1
+        for layer in layers if "hidden_states" in row else ():
+            h = _as_tensor(row["hidden_states"][layer], torch.float32)
+            if layer not in hidden:
+                hidden[layer] = torch.zeros(B, T, h.shape[-1], dtype=torch.float32)
+            hidden[layer][b, :n] = h[:n]
+    return FeatureBatch(input_ids, loss_mask, hidden, attention_mask)
+
+
+@torch.no_grad()  # no autograd graph through the frozen target (inference_mode tensors could not enter backward)
+def target_features(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    layers: Sequence[int]) -> dict[int, torch.Tensor]:
+    """The target's hidden states at `layers` (our convention; FINAL = last normed state): (B, T, h) each."""
+    decoder = model.get_decoder()  # the base model: no lm_head over every position
+    out = decoder(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+    return {layer: (out.hidden_states[-1] if layer == FINAL else out.hidden_states[layer + 1]) for layer in layers}

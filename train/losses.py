@@ -1,0 +1,73 @@
+"""The training losses as pure tensor functions. Every loss returns a masked SUM; the loop divides by the
+number of loss tokens counted over all processes and micro-batches, so 1 process and N processes (or
+gradient accumulation) give the same gradient.
+
+Pairing (base.py): feature t belongs to next token x_{t+1}. A head row t reads (feature t, x_{t+1}) and
+predicts x_{t+2}; the target's distribution for it is softmax(z_{t+1}) with z = lm_head(final feature).
+A row counts when the token it predicts is a trained (assistant) token: loss_mask[t+2].
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def shift_left(x: torch.Tensor, n: int, *, fill=0) -> torch.Tensor:
+    """x[:, t] <- x[:, t+n] along dim 1, padding the end with `fill`. (B, T, ...) -> (B, T, ...)."""
+    if n == 0:
+        return x
+    pad = x.new_full((x.shape[0], min(n, x.shape[1]), *x.shape[2:]), fill)
+    return torch.cat([x[:, n:], pad], dim=1)[:, : x.shape[1]]
+
+
+def row_mask(loss_mask: torch.Tensor, step: int) -> torch.Tensor:
+    """(B, T) 0/1 -> (B, T) float: row t at unroll step `step` predicts x_{t+2+step}."""
+    return shift_left(loss_mask.float(), 2 + step, fill=0.0)
+
+
+def step_weights(n: int, decay: float = 0.8) -> list[float]:
+    """Weights decay^i of unroll steps / Medusa heads i = 0..n-1."""
+    return [decay ** i for i in range(n)]
+
+
+def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum over masked rows of -sum_v p_target(v) log q(v). logits, target_logits: (B, T, V); mask: (B, T)."""
+    target = torch.softmax(target_logits.float(), dim=-1)
+    logq = torch.log_softmax(logits.float(), dim=-1)
+    per_row = -(target * logq).sum(-1)  # (B, T)
+    return (per_row * mask).sum()
+
+
+def feature_smooth_l1(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """EAGLE-1 feature regression: sum over masked rows of the mean SmoothL1 over features. (B, T, h)."""
+    per_row = F.smooth_l1_loss(pred.float(), target.float(), reduction="none").mean(-1)  # (B, T)
+    return (per_row * mask).sum()
+
+
+def hard_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum over masked rows of -log q(label). logits: (B, T, V); labels: (B, T) long (any value where masked)."""
+    logq = torch.log_softmax(logits.float(), dim=-1)
+    picked = logq.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # (B, T)
+    return -(picked * mask).sum()
+
+
+def top1_hits(draft_ids: torch.Tensor, target_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hits, rows): masked rows whose draft top-1 equals the target's top-1. All (B, T)."""
+    m = mask > 0
+    return (draft_ids.eq(target_ids) & m).sum(), m.sum()
+
+
+def uniform_noise(shape, *, half_width: float, generator: torch.Generator, device, dtype) -> torch.Tensor:
+    """EAGLE-1's feature noise, U(-a, a) (paper §4.2), drawn from a seeded generator so resumes repeat it."""
+    noise = torch.rand(shape, generator=generator, device=generator.device, dtype=torch.float32)
+    return ((noise * 2 - 1) * half_width).to(device=device, dtype=dtype)
+
+
+def normalize(sums: dict[str, torch.Tensor], counts: dict[str, float], weights: dict[str, float],
+              *, scale: float = 1.0) -> torch.Tensor:
+    """sum_i w_i * sum_i / count_i * scale: the loss whose gradient is the global per-token mean."""
+    total = None
+    for name, value in sums.items():
+        term = value * (weights[name] * scale / max(counts[name], 1.0))
+        total = term if total is None else total + term
+    return total

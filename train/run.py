@@ -1,0 +1,136 @@
+"""`train_drafter(config) -> Path`: target + rows -> head -> training loop -> native drafter folder.
+
+Output folder (config.out_dir):
+    drafter/                  the native drafter folder (config.json, model.safetensors, config.resolved.yaml)
+    train_log.jsonl           losses per term, agreement per position, lr, tokens/s, ETA
+    checkpoints/step_N/       periodic checkpoints (resumed automatically by the same command)
+    deepspeed_config.json     written when the DeepSpeed strategy is used (generated from the config)
+"""
+from __future__ import annotations
+
+import json
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from serve.config import save_config, to_dict
+from serve.drafters.base import FINAL
+from serve.drafters.folder import build_head, save_drafter
+from serve.drafters.heads_common import HeadConfig
+from serve.errors import DraftsmithError
+from train.config import TrainConfig, check
+from train.features import collate, open_rows, split_rows, target_features
+from train.objectives import TargetParts, build_objective
+
+DRAFTER_DIR = "drafter"
+
+
+def head_config(config: TrainConfig, target) -> HeadConfig:
+    m = config.model
+    if m.method == "eagle1":
+        from serve.drafters.eagle1 import eagle1_config
+        return eagle1_config(target, fc_bias=m.fc_bias, num_speculative_tokens=m.num_speculative_tokens,
+                             attn_implementation=m.attn_implementation)
+    if m.method == "eagle3":
+        from serve.drafters.eagle3 import eagle3_config
+        return eagle3_config(target, draft_vocab_size=m.draft_vocab_size or None, aux_layer_ids=m.aux_layer_ids or None,
+                             num_speculative_tokens=m.num_speculative_tokens, ttt_steps=m.ttt_steps,
+                             attn_implementation=m.attn_implementation)
+    from serve.drafters.medusa import medusa_config
+    return medusa_config(target, num_heads=m.num_speculative_tokens, num_layers=m.medusa_num_layers,
+                         draft_vocab_size=m.draft_vocab_size or None)
+
+
+def needed_layers(cfg: HeadConfig) -> tuple[int, ...]:
+    """Target layers the training step reads: the head's inputs plus FINAL (the target's distribution)."""
+    return tuple(dict.fromkeys([*cfg.aux_layer_ids, FINAL]))
+
+
+def init_head(cfg: HeadConfig, target, rows, train_idx: list[int], *, vocab_rows: int, seed: int):
+    """A fresh head; EAGLE-3 / Medusa with a reduced vocabulary get d2t/t2d from the training rows'
+    loss-masked token counts; Medusa's lm_heads start from the target's."""
+    torch.manual_seed(seed)
+    head = build_head(cfg)
+    coverage = 1.0
+    if cfg.uses_draft_vocab:
+        from data.vocab import select_draft_vocab
+
+        picked = train_idx[:vocab_rows] if vocab_rows else train_idx
+        counted = ({"input_ids": rows[i]["input_ids"], "loss_mask": rows[i]["loss_mask"]} for i in picked)
+        d2t, t2d, coverage = select_draft_vocab(counted, cfg.vocab_size, cfg.draft_vocab_size)
+        if cfg.method == "eagle3":
+            head.set_vocab(d2t, t2d)
+        else:
+            head.d2t.copy_(d2t)
+            head.t2d.copy_(t2d)
+    if cfg.method == "medusa":
+        head.init_from_target(target.model.get_output_embeddings().weight.detach().float().cpu())
+    return head, coverage
+
+
+def _batch_maker(config: TrainConfig, target, layers, device, *, online: bool):
+    def make(batch_rows):
+        batch = collate(batch_rows, max_length=config.data.max_length, layers=() if online else layers)
+        batch = batch.to(device)
+        seconds = 0.0
+        if online:
+            t0 = time.time()
+            batch.hidden_states = target_features(target.model, batch.input_ids, batch.attention_mask, layers)
+            seconds = time.time() - t0
+        return batch, seconds
+    return make
+
+
+def train_drafter(config: TrainConfig) -> Path:
+    """Train the drafter `config` describes; returns the native drafter folder (written by the main process)."""
+    from serve.target import load_target
+    from train.loop import deepspeed_config, resolve_device, resolve_precision, train_loop
+    from train.tracking import Tracker
+
+    check(config)
+    out_dir = Path(config.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(config)
+    if device == "cuda":
+        import os
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    dtype = "bfloat16" if resolve_precision(config) == "bf16" else "float32"
+    target = load_target(config.target, dtype=dtype, device=device)
+    cfg = head_config(config, target)
+    layers = needed_layers(cfg)
+    online = config.data.mode == "online"
+    rows = open_rows(config.data.mode, dataset=config.data.dataset, cache=config.data.cache, target=target,
+                     layers=layers)
+    train_idx, eval_idx = split_rows(len(rows), eval_rows=config.data.eval_rows, seed=config.seed,
+                                     max_rows=config.data.max_rows)
+    head, coverage = init_head(cfg, target, rows, train_idx, vocab_rows=config.data.vocab_rows, seed=config.seed)
+    head.to(device)
+    loss = config.loss
+    objective = build_objective(head, TargetParts.of(target), ttt_steps=config.model.ttt_steps, decay=loss.decay,
+                                feature_noise=loss.feature_noise, feature_weight=loss.feature_weight,
+                                ce_weight=loss.ce_weight)
+    if config.distributed.strategy == "deepspeed":
+        (out_dir / "deepspeed_config.json").write_text(json.dumps(deepspeed_config(config), indent=2))
+    resolved = to_dict(config)
+    tracker_factory = partial(Tracker, out_dir, use_wandb=config.tracking == "wandb", config=resolved,
+                              progress=config.log.progress, project=config.log.wandb_project,
+                              run_name=config.log.run_name)
+    eval_positions = config.log.eval_positions or cfg.num_speculative_tokens
+    result = train_loop(config, objective=objective, rows=rows, train_idx=train_idx, eval_idx=eval_idx,
+                        make_batch=_batch_maker(config, target, layers, device, online=online), out_dir=out_dir,
+                        tracker_factory=tracker_factory, eval_positions=eval_positions)
+    drafter_dir = out_dir / DRAFTER_DIR
+    if result.is_main:
+        final = build_head(cfg)
+        missing, unexpected = final.load_state_dict(result.state_dict, strict=False)
+        if missing or unexpected:
+            raise DraftsmithError(f"trained state does not match the head: missing {missing[:5]}, "
+                                  f"unexpected {unexpected[:5]}")
+        save_drafter(final, cfg, drafter_dir)
+        save_config(config, drafter_dir)
+        (drafter_dir / "training_summary.json").write_text(json.dumps(
+            {"steps": result.steps, "eval": result.eval, "draft_vocab_coverage": coverage,
+             "train_rows": len(train_idx), "eval_rows": len(eval_idx)}, indent=2))
+    return drafter_dir
