@@ -75,7 +75,8 @@ def load_eval_config(args):
                        overrides=list(args.overrides) + _flag_overrides(args))
 
 
-def print_summary(result: dict, file=sys.stdout) -> None:
+def print_summary(result: dict, file=None) -> None:
+    file = file or sys.stdout  # looked up at call time: sys.stdout may have been replaced since import
     print(f"target {result['target']['name']}: K={result['settings']['k']}, "
           f"T={result['settings']['temperature']}, plain {result['baseline']['tokens_per_second']:.1f} tok/s",
           file=file)

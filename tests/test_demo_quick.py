@@ -1,0 +1,31 @@
+"""`draftsmith demo --quick`: the whole main job at toy scale on the real default target (what CI runs)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.slow
+def test_demo_quick_end_to_end(demo_target_dir, tmp_path):
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "scripts.cli", "demo", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1200, cwd=Path(__file__).parents[1],
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "2", "WANDB_MODE": "offline"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "demo_summary.json").read_text())
+    assert {s["name"] for s in summary["stages"]} >= {"target", "data", "train eagle3", "train medusa", "eval",
+                                                       "export eagle3/vllm", "export eagle3/sglang", "generate"}
+    result = json.loads((out / "report" / "result.json").read_text())
+    assert result["exactness"]["identical"] == result["exactness"]["total"] > 0
+    assert set(result["overall"]) >= {"eagle3", "medusa", "ngram"}
+    for name in ("eagle3-vllm", "eagle3-sglang", "medusa-vllm"):
+        assert (out / "exports" / name / "README.md").is_file()
+    assert "mu per domain" in proc.stdout
+    # a second run reuses the dataset and the trained drafters
+    again = subprocess.run([sys.executable, "-m", "scripts.cli", "demo", "--quick", "--out", str(out)],
+                           capture_output=True, text=True, timeout=1200, cwd=Path(__file__).parents[1])
+    assert again.returncode == 0, again.stderr[-3000:]
+    stages = {s["name"]: s for s in json.loads((out / "demo_summary.json").read_text())["stages"]}
+    assert "reused" in stages["train eagle3"]["note"] and "reused" in stages["train medusa"]["note"]
