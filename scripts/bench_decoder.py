@@ -62,7 +62,9 @@ def main() -> None:
     parser.add_argument("--ks", default="1,2,3,4,5,6,7,8")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
     target = load_target(args.target)
+    load_seconds = time.perf_counter() - t0
     ks = [int(k) for k in args.ks.split(",")]
     n = args.max_new_tokens
 
@@ -70,7 +72,7 @@ def main() -> None:
     oracle = build_drafter("oracle", target, max_new_tokens=n)
     ids = chat_ids(target, FREE)
     oracle.prepare(ids[0])
-    print(f"target={target.name} fp32 threads={args.threads} new_tokens={n}")
+    print(f"target={target.name} fp32 threads={args.threads} new_tokens={n} (loaded in {load_seconds:.2f}s)")
     print(f"{'K':>2} {'verify_ratio(K+1)':>18} {'limit':>6} {'speedup':>8} {'of_limit':>8} {'mu':>5}")
     for k in ks:
         plain, t_plain = timed(lambda: plain_generate(target, ids, max_new_tokens=n, eos_token_ids=()))
