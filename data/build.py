@@ -29,7 +29,7 @@ from data.config import DataBuildConfig, validate
 from data.generate import generate_batch
 from data.masks import render_prompt, render_with_mask
 from data.plan import Conversation, fit_prompt, plan_conversation
-from data.prompts import PromptRow, load_prompts
+from data.prompts import PromptRow, load_prompts, make_ids_unique
 from serve.errors import DraftsmithError
 
 WORK = ".work"
@@ -87,12 +87,7 @@ def gather_prompts(config: DataBuildConfig) -> list[PromptRow]:
     rows: list[PromptRow] = []
     for source in config.prompts:
         rows += load_prompts(source, domain_field=config.domain_field, split=config.split, limit=config.limit)
-    seen: dict[str, int] = {}
-    for row in rows:
-        n = seen.get(row.id, 0)
-        seen[row.id] = n + 1
-        if n:
-            row.id = f"{row.id}#{n}"
+    make_ids_unique(rows)
     if config.per_domain_limit is not None:
         kept, per = [], {}
         for row in rows:

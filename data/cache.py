@@ -18,7 +18,6 @@ touches only the rows it asks for.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -29,6 +28,7 @@ import torch
 
 from serve.drafters.base import FINAL
 from serve.errors import DraftsmithError
+from serve.identity import sha256_file
 
 FORMAT = "draftsmith-hidden-cache/1"
 MANIFEST = "manifest.json"
@@ -63,14 +63,6 @@ def bytes_per_token(num_stored_layers: int, hidden_size: int, dtype: str) -> int
     """Cache bytes per token: hidden states plus input_ids (int32) and loss_mask (uint8)."""
     _, torch_dtype = storage_dtype(dtype)
     return num_stored_layers * hidden_size * torch_dtype.itemsize + 4 + 1
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass

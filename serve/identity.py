@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 # Config fields that do not change what the model computes: left out of the hash.
@@ -25,3 +26,12 @@ def tokenizer_hash(tokenizer: Any) -> str:
     payload = json.dumps({"vocab": sorted(vocab.items(), key=lambda kv: kv[1]), "special": special},
                          ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def sha256_file(path: str | Path) -> str:
+    """sha256 (hex) of a file's bytes, read in 4 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
