@@ -1,4 +1,4 @@
-"""Drafters by name: `ngram[:max_n=3,min_n=1]`, `model:PATH`, `oracle`, or a native drafter folder."""
+"""Drafters by name: `ngram[:max_n=4,min_n=2]`, `model:PATH`, `oracle`, or a native drafter folder."""
 from __future__ import annotations
 
 import json

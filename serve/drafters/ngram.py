@@ -25,7 +25,9 @@ def lookup(tokens: torch.Tensor, *, k: int, max_n: int, min_n: int) -> torch.Ten
 class NgramDrafter(Drafter):
     kind: ClassVar[str] = "ngram"
 
-    def __init__(self, *, max_n: int = 3, min_n: int = 1):
+    # min_n=2: a single-token match drafts too often on free text, where each rejected verify costs ~1.6x a step
+    # on CPU (measured: free writing 0.85x with min_n=1, 0.96x with min_n=2; code editing unchanged).
+    def __init__(self, *, max_n: int = 4, min_n: int = 2):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"ngram needs 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.max_n, self.min_n = max_n, min_n
