@@ -1,7 +1,7 @@
 """When generation stops: EOS tokens and stop strings, applied identically by plain and speculative decoding."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -11,7 +11,6 @@ class StopChecker:
     eos_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     tokenizer: object | None = None
-    _text_len: list[int] = field(default_factory=list)
 
     def first_stop(self, tokens: list[int], start: int) -> int | None:
         """Index (exclusive end) of the output to keep if a stop occurs at or after `start`, else None."""

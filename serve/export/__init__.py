@@ -23,6 +23,7 @@ from serve.export import sglang, speculators, vllm
 from serve.export.common import (CONFIG_NAME, WEIGHTS_NAME, ExportError, check_config, check_layer_ids,
                                  check_no_untrained_embeddings, check_tensors, compare_drafts, default_prompts,
                                  read_config, read_tensors)
+from serve.export.layer_ids import aux_layer_ids_for
 from serve.export.provenance import provenance
 from serve.export.readback import read_head
 
@@ -103,7 +104,7 @@ def _fresh_folder(out_dir: str | Path) -> Path:
 
 
 def body_layer_ids(module, config: HeadConfig, num_layers: int) -> list[int] | None:
-    return module.engine_layer_ids(config, num_layers) if config.method == "eagle3" else None
+    return aux_layer_ids_for(config, module.NAME, num_layers)
 
 
 def validate_export(out_dir: str | Path, fmt: str, *, native_dir: str | Path, target, prompts=None,

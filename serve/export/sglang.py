@@ -22,7 +22,7 @@ from serve.errors import DraftsmithError
 from serve.export.common import ABSENT, Expect, FormatSpec
 from serve.export.eagle import (check_eagle_exportable, eagle_tensors, expected_eagle_tensors, expected_llama_fields,
                                 target_text_config)
-from serve.export.layer_ids import to_engine_layer_ids
+from serve.export.layer_ids import aux_layer_ids_for
 from serve.export.llama_config import llama_layer_config
 
 NAME = "sglang"
@@ -30,11 +30,6 @@ METHODS = ("eagle1", "eagle3")
 ARCHITECTURES = {"eagle1": ["LlamaForCausalLMEagle"], "eagle3": ["LlamaForCausalLMEagle3"]}
 ALGORITHM = {"eagle1": "EAGLE", "eagle3": "EAGLE3"}
 
-
-def engine_layer_ids(config: HeadConfig, num_layers: int) -> list[int] | None:
-    if config.method != "eagle3":
-        return None
-    return to_engine_layer_ids(sorted(config.aux_layer_ids), NAME, num_layers=num_layers)
 
 
 def build(state: dict[str, torch.Tensor], config: HeadConfig, *, num_layers: int) -> tuple[dict, dict]:
@@ -45,7 +40,7 @@ def build(state: dict[str, torch.Tensor], config: HeadConfig, *, num_layers: int
     body = {"architectures": ARCHITECTURES[config.method], **llama_layer_config(config)}
     if config.method == "eagle3":
         body.update(draft_vocab_size=config.draft_vocab_size, target_hidden_size=config.hidden_size, bias=False,
-                    eagle_config={"eagle_aux_hidden_state_layer_ids": engine_layer_ids(config, num_layers),
+                    eagle_config={"eagle_aux_hidden_state_layer_ids": aux_layer_ids_for(config, NAME, num_layers),
                                   "use_aux_hidden_state": True})
         tensors = eagle_tensors(state, config, layer_prefix="midlayer", vocab_maps=True)
     else:
@@ -60,7 +55,7 @@ def expected(config: HeadConfig, target) -> FormatSpec:
     fields["architectures"] = Expect(ARCHITECTURES[config.method], "SGLang's registry name of the draft model")
     ids = None
     if config.method == "eagle3":
-        ids = engine_layer_ids(config, n)
+        ids = aux_layer_ids_for(config, NAME, n)
         fields.update({
             "draft_vocab_size": Expect(config.draft_vocab_size, "absent, SGLang loads the target's lm_head"),
             "target_hidden_size": Expect(int(text["hidden_size"]), "fc reads 3 x target_hidden_size"),

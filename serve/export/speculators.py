@@ -23,16 +23,13 @@ from serve.errors import DraftsmithError
 from serve.export.common import ABSENT, Expect, ExportError, FormatSpec
 from serve.export.eagle import (check_eagle_exportable, eagle_tensors, expected_eagle_tensors, expected_llama_fields,
                                 target_text_config)
-from serve.export.layer_ids import to_engine_layer_ids
+from serve.export.layer_ids import aux_layer_ids_for
 from serve.export.llama_config import llama_layer_config
 
 NAME = "speculators"
 METHODS = ("eagle3",)
 SPECULATORS_VERSION = "0.9.0"  # the schema this writer follows
 
-
-def engine_layer_ids(config: HeadConfig, num_layers: int) -> list[int]:
-    return to_engine_layer_ids(sorted(config.aux_layer_ids), NAME, num_layers=num_layers)
 
 
 def build(state: dict[str, torch.Tensor], config: HeadConfig, *, num_layers: int, verifier: str,
@@ -53,7 +50,7 @@ def build(state: dict[str, torch.Tensor], config: HeadConfig, *, num_layers: int
         "norm_before_fc": False,
         "fc_norm": False,
         "norm_output": False,
-        "eagle_aux_hidden_state_layer_ids": engine_layer_ids(config, num_layers),
+        "eagle_aux_hidden_state_layer_ids": aux_layer_ids_for(config, NAME, num_layers),
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k, "verifier_accept_k": 1,
@@ -68,7 +65,7 @@ def build(state: dict[str, torch.Tensor], config: HeadConfig, *, num_layers: int
 
 def expected(config: HeadConfig, target, *, verifier: str | None = None) -> FormatSpec:
     text = target_text_config(target)
-    ids = engine_layer_ids(config, int(text["num_hidden_layers"]))
+    ids = aux_layer_ids_for(config, NAME, int(text["num_hidden_layers"]))
     fields = expected_llama_fields(text, prefix="transformer_layer_config.")
     fields.update({
         "architectures": Expect(["Eagle3Speculator"]),

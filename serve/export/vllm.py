@@ -25,7 +25,7 @@ from serve.errors import DraftsmithError
 from serve.export.common import ABSENT, Expect, FormatSpec
 from serve.export.eagle import (check_eagle_exportable, eagle_tensors, expected_eagle_tensors, expected_llama_fields,
                                 target_text_config)
-from serve.export.layer_ids import to_engine_layer_ids
+from serve.export.layer_ids import aux_layer_ids_for
 from serve.export.llama_config import llama_layer_config
 
 NAME = "vllm"
@@ -33,11 +33,6 @@ METHODS = ("eagle1", "eagle3", "medusa")
 ARCHITECTURES = {"eagle1": ["EagleLlamaForCausalLM"], "eagle3": ["LlamaForCausalLMEagle3"], "medusa": ["MedusaModel"]}
 METHOD_FLAG = {"eagle1": "eagle", "eagle3": "eagle3", "medusa": "medusa"}  # speculative_config "method"
 
-
-def engine_layer_ids(config: HeadConfig, num_layers: int) -> list[int] | None:
-    if config.method != "eagle3":
-        return None
-    return to_engine_layer_ids(sorted(config.aux_layer_ids), NAME, num_layers=num_layers)
 
 
 def build(state: dict[str, torch.Tensor], config: HeadConfig, *, num_layers: int) -> tuple[dict, dict]:
@@ -57,7 +52,7 @@ def build(state: dict[str, torch.Tensor], config: HeadConfig, *, num_layers: int
     else:
         body.update(draft_vocab_size=config.draft_vocab_size, target_hidden_size=config.hidden_size,
                     norm_before_residual=False, norm_before_fc=False,
-                    eagle_aux_hidden_state_layer_ids=engine_layer_ids(config, num_layers))
+                    eagle_aux_hidden_state_layer_ids=aux_layer_ids_for(config, NAME, num_layers))
     tensors = eagle_tensors(state, config, layer_prefix="midlayer" if config.method == "eagle3" else "layers.0",
                             vocab_maps=True)
     return body, tensors
@@ -87,7 +82,7 @@ def expected(config: HeadConfig, target) -> FormatSpec:
     if config.method == "eagle1":
         fields["add_para_norm"] = Expect(False, "HASS extra norms the drafter does not have", also=(ABSENT,))
     else:
-        ids = engine_layer_ids(config, n)
+        ids = aux_layer_ids_for(config, NAME, n)
         fields.update({
             "draft_vocab_size": Expect(config.draft_vocab_size, "rows of the draft lm_head"),
             "target_hidden_size": Expect(int(text["hidden_size"]), "fc reads 3 x target_hidden_size"),
