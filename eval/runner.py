@@ -65,7 +65,8 @@ def _speculative(target: Any, entry: DrafterEntry, input_ids: torch.Tensor, d: D
 
     drafter = BeginTimed(entry.drafter) if entry.kind == "oracle" else entry.drafter
     res = speculative_generate(target, drafter, input_ids, max_new_tokens=d.max_new_tokens, k=d.k,
-                               temperature=d.temperature, top_k=d.top_k, top_p=d.top_p, seed=seed)
+                               temperature=d.temperature, top_k=d.top_k, top_p=d.top_p, seed=seed,
+                               tree=entry.tree)
     out = _from_result(res)
     if isinstance(drafter, BeginTimed):
         # the oracle precomputes the target's own answer in begin(); that is not a cost a real drafter has

@@ -1,6 +1,7 @@
 """The main job end to end on the embedded default target: `draftsmith demo [--quick]`.
 
-fetch target -> self-distilled dataset from the built-in prompt sets -> train EAGLE-3 (and Medusa) ->
+fetch target -> self-distilled dataset from the built-in prompt sets -> hidden-state cache (offline mode) ->
+train EAGLE-3 (and Medusa) ->
 evaluate mu per domain and speed against plain decoding and the n-gram drafter -> export for vLLM and SGLang
 (validated by reading back) -> a short live generation. Every stage reuses finished work when rerun.
 """
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from data.config import DataBuildConfig
+from data.config import CaptureConfig, DataBuildConfig
 from eval.config import EvalConfig
 from serve.config import save_config, to_dict
 from train.config import TrainConfig
@@ -37,7 +38,11 @@ class DemoConfig:
     export_check_tokens: int = 32  # tokens generated per read-back prompt
     generate_prompt: str = "Write a Python function that checks whether a string is a palindrome."
     generate_max_new_tokens: int = 64
+    # offline: capture the target's hidden states once, then every method and epoch trains from the cache
+    # (no target forward in the step); online: the target runs inside every training step.
+    train_mode: str = "offline"
     data: DataBuildConfig = field(default_factory=DataBuildConfig)
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
     eagle3: TrainConfig = field(default_factory=lambda: _train_defaults("eagle3"))
     medusa: TrainConfig = field(default_factory=lambda: _train_defaults("medusa"))
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -71,23 +76,44 @@ def split_builtin(domains: list[str], held_out: int, out: Path) -> tuple[Path, P
     return train_path, eval_path
 
 
-def _same_config(folder: Path, config: TrainConfig) -> bool:
+def _made_by(config: TrainConfig, data_digest: str) -> dict:
+    return {"config": to_dict(config), "data_digest": data_digest}
+
+
+def _same_config(folder: Path, config: TrainConfig, data_digest: str) -> bool:
     saved = folder / "train_config.json"
     return (folder / "drafter" / "config.json").is_file() and saved.is_file() and \
-        json.loads(saved.read_text()) == to_dict(config)
+        json.loads(saved.read_text()) == _made_by(config, data_digest)
 
 
-def train_if_needed(config: TrainConfig, log: Callable[[str], None]) -> tuple[Path, bool]:
-    """Train unless a finished drafter made by exactly this config is already there."""
+def train_if_needed(config: TrainConfig, data_digest: str, log: Callable[[str], None]) -> tuple[Path, bool]:
+    """Train unless a finished drafter made by exactly this config from exactly this data is already there."""
     from train.run import train_drafter
 
     out = Path(config.out_dir)
-    if _same_config(out, config):
+    if _same_config(out, config, data_digest):
         log(f"[demo] {config.model.method}: reusing {out / 'drafter'}")
         return out / "drafter", True
     drafter = train_drafter(config)
-    (out / "train_config.json").write_text(json.dumps(to_dict(config), indent=1))
+    (out / "train_config.json").write_text(json.dumps(_made_by(config, data_digest), indent=1))
     return drafter, False
+
+
+def capture_if_needed(target, dataset: Path, out: Path, config: CaptureConfig, log: Callable[[str], None]):
+    """The hidden-state cache of `dataset`; a cache the demo made from other data or settings is rebuilt."""
+    import shutil
+
+    from data.cache import CacheError
+    from data.capture import capture_hidden_states
+
+    try:
+        return capture_hidden_states(target, dataset, out, config, log=log)
+    except CacheError as err:
+        if "refusing to mix shards" not in str(err):
+            raise
+        log(f"[demo] {out} was captured from other data or settings; capturing again")
+        shutil.rmtree(out)
+        return capture_hidden_states(target, dataset, out, config, log=log)
 
 
 def mu_table(result: dict) -> str:
@@ -119,6 +145,10 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     from serve.export.common import default_prompts
     from serve.target import load_target
 
+    from serve.config import ConfigError
+
+    if config.train_mode not in ("offline", "online"):
+        raise ConfigError(f"train_mode must be offline or online, got {config.train_mode!r}")
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(config, out, "demo_config.resolved.yaml")
@@ -137,6 +167,17 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     config.data.prompts = [str(train_prompts)]
     built = build_dataset(target, config.data, out_dir=out / "data", log=log)
     stage("data", t0, f"({built.rows} rows, {built.tokens} tokens, {built.reused_batches} batches reused)")
+    from data.capture import dataset_digest
+
+    import datasets
+    digest = dataset_digest(datasets.load_from_disk(str(out / "data")))
+
+    offline = config.train_mode == "offline"
+    if offline:
+        t0 = time.perf_counter()
+        captured = capture_if_needed(target, out / "data", out / "cache", config.capture, log)
+        stage("capture", t0, f"({captured.tokens} tokens, {captured.bytes / 2**20:.0f} MiB, "
+                             f"{captured.shards_reused} shards reused)")
 
     drafters: dict[str, str] = {}
     for method in config.methods:
@@ -144,8 +185,9 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
         train_config: TrainConfig = getattr(config, method)
         train_config.target = config.target
         train_config.out_dir = str(out / method)
-        train_config.data.mode, train_config.data.dataset = "online", str(out / "data")
-        folder, reused = train_if_needed(train_config, log)
+        train_config.data.mode = config.train_mode
+        train_config.data.dataset, train_config.data.cache = str(out / "data"), str(out / "cache") if offline else ""
+        folder, reused = train_if_needed(train_config, digest, log)
         drafters[method] = str(folder)
         stage(f"train {method}", t0, "(reused)" if reused else "")
 

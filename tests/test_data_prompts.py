@@ -77,7 +77,7 @@ def test_builtin_sets_are_complete():
     rows = load_prompts("builtin")
     domains = {d: [r for r in rows if r.domain == d] for d in BUILTIN_DOMAINS}
     assert set(r.domain for r in rows) == set(BUILTIN_DOMAINS)
-    assert all(16 <= len(v) <= 25 for v in domains.values()), {d: len(v) for d, v in domains.items()}
+    assert all(50 <= len(v) <= 80 for v in domains.values()), {d: len(v) for d, v in domains.items()}
     assert len({r.id for r in rows}) == len(rows)
     assert any(len([m for m in r.messages if m["role"] == "user"]) > 1 for r in domains["chat"])  # multi-turn
     assert [r.domain for r in load_prompts("builtin:math")] == ["math"] * len(domains["math"])

@@ -11,6 +11,7 @@ from eval.config import EvalConfig
 from eval.report import write_json, write_report
 from eval.runner import evaluate
 from serve.drafters.base import Draft, Drafter
+from serve.errors import DraftsmithError
 from serve.target import load_target
 
 PROMPTS = [
@@ -228,7 +229,25 @@ def test_drafter_folder_spec(target, tiny_target_dir, prompt_file, tmp_path):
     cfg = eagle3_config(target, aux_layer_ids=[0, 1, 1])
     folder = save_drafter(build_head(cfg), cfg, tmp_path / "my-eagle3")
     config = EvalConfig(**{**FAST, "peers": False, "cost_model": False})
-    out = evaluate(target, {"mine": str(folder)}, [str(prompt_file)], config)
-    assert out["drafters"] == [{"name": "mine", "kind": "eagle3", "path": str(folder.resolve()), "spec": str(folder)}]
-    assert out["exactness"]["identical"] == out["exactness"]["total"] == 3
-    assert out["overall"]["mine"]["cycles"] > 0
+    tree_spec = f"{folder}@tree:depth=3,top_k=2,total_tokens=6"
+    out = evaluate(target, {"mine": str(folder), "mine-tree": tree_spec}, [str(prompt_file)], config)
+    assert out["drafters"] == [
+        {"name": "mine", "kind": "eagle3", "path": str(folder.resolve()), "spec": str(folder), "tree": None},
+        {"name": "mine-tree", "kind": "eagle3", "path": str(folder.resolve()), "spec": tree_spec,
+         "tree": {"depth": 3, "top_k": 2, "total_tokens": 6}}]
+    assert out["exactness"]["identical"] == out["exactness"]["total"] == 6
+    assert out["overall"]["mine"]["cycles"] > 0 and out["overall"]["mine-tree"]["cycles"] > 0
+    trees = [n for rec in out["records"] if rec["drafter"] == "mine-tree" for n in rec["drafted_per_cycle"]]
+    assert 1 <= max(trees) <= 3  # drafted_per_cycle of a tree = its depth
+
+
+def test_tree_spec_errors(target):
+    from eval.drafters import build_entries, default_name, split_tree
+
+    assert split_tree("runs/x") == ("runs/x", None)
+    assert split_tree("runs/x@tree")[1].total_tokens == 24
+    with pytest.raises(DraftsmithError, match="bad tree option"):
+        split_tree("runs/x@tree:width=3")
+    with pytest.raises(DraftsmithError, match="chains only"):
+        build_entries(target, {"ng": "ngram@tree"}, max_new_tokens=8)
+    assert default_name("ngram") == "ngram"
