@@ -12,7 +12,9 @@ Resuming: each finished batch is written atomically to its own part file; a new 
 keeps those rows and batches only the rest. Batches are cut deterministically (longest prompts first) and
 seeded from their content, so with the same batch size a resumed build equals an uninterrupted one; the
 batch size (or device) may also change between runs, e.g. to resume with a smaller batch after running out
-of memory. Other settings may not: the work folder remembers them and refuses a mismatch.
+of memory. The prompt set may change too (more prompts, another per_domain_limit): a finished row is reused
+when its id and its non-assistant turns are unchanged, so a dataset grows without redoing what it has.
+Settings that change what the target writes may not: the work folder remembers them and refuses a mismatch.
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ BUILD_INFO = "build_info.json"
 # Settings that do not change what the target writes: a build may resume with other values (a smaller batch
 # after running out of memory, another device). With the same values a resumed build equals an uninterrupted one.
 _NOT_GENERATION = ("draft_vocab_size", "drop_unfinished", "device", "batch_size")
+# Settings that choose which prompts are answered, not how: rows are reused one by one (see _reusable).
+_PROMPT_SET = ("prompts", "domain_field", "split", "limit", "per_domain_limit")
 
 
 @dataclass
@@ -143,18 +147,38 @@ def _fingerprint(target: Any, config: DataBuildConfig, rows: list[PromptRow], ma
             "tokenizer_hash": target.tokenizer_hash, "prompts_sha256": rows_sha}
 
 
+def _generation_view(fingerprint: dict) -> dict:
+    """What must match for finished rows to be reused: the fingerprint without the prompt set."""
+    settings = {k: v for k, v in fingerprint.get("settings", {}).items() if k not in _PROMPT_SET}
+    return {**{k: v for k, v in fingerprint.items() if k != "prompts_sha256"}, "settings": settings}
+
+
+def _non_assistant(messages: list[dict]) -> list[dict]:
+    return [m for m in messages if m.get("role") != "assistant"]
+
+
+def _reusable(records: dict[str, dict], rows: list[PromptRow]) -> dict[str, dict]:
+    """The finished records that still answer a row of this build: same id, domain and non-assistant turns."""
+    by_id = {r.id: r for r in rows}
+    return {i: rec for i, rec in records.items() if i in by_id and rec.get("domain") == by_id[i].domain
+            and _non_assistant(rec.get("messages", [])) == _non_assistant(by_id[i].messages)}
+
+
 def _open_work(work: Path, fingerprint: dict) -> None:
     state = work / "state.json"
     if state.is_file():
         old = json.loads(state.read_text())
-        if old != fingerprint:
-            changed = [k for k in fingerprint if old.get(k) != fingerprint[k]]
-            if "settings" in changed:
-                changed += [f"data.{k}" for k in fingerprint["settings"]
-                            if old.get("settings", {}).get(k) != fingerprint["settings"][k]]
-            raise DraftsmithError(f"{work} holds a build made with other inputs (changed: {', '.join(changed)}); "
-                                  f"use another --out, or delete {work} to start over")
-        return
+        if old == fingerprint:
+            return
+        if _generation_view(old) == _generation_view(fingerprint):  # only the prompt set changed
+            _write_atomic(state, json.dumps(fingerprint, indent=1))
+            return
+        old, new = _generation_view(old), _generation_view(fingerprint)
+        changed = [k for k in new if old.get(k) != new[k]]
+        if "settings" in changed:
+            changed += [f"data.{k}" for k in new["settings"] if old.get("settings", {}).get(k) != new["settings"][k]]
+        raise DraftsmithError(f"{work} holds a build made with other inputs (changed: {', '.join(changed)}); "
+                              f"use another --out, or delete {work} to start over")
     work.mkdir(parents=True, exist_ok=True)
     _write_atomic(state, json.dumps(fingerprint, indent=1))
 
@@ -304,7 +328,7 @@ def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, 
     counts = _Counts(prompts=len(rows))
     work = out / WORK
     _open_work(work, _fingerprint(target, config, rows, max_length))
-    records = read_parts(work)
+    records = _reusable(read_parts(work), rows)
     batches = _plan_batches(target, rows, config, max_length, counts, set(records))
     log(f"data build: {len(rows)} prompts from {', '.join(config.prompts)} -> {out}: {len(records)} answered "
         f"by an earlier run, {len(batches)} batches of {config.batch_size} to generate (max_new_tokens "

@@ -13,8 +13,9 @@ from pathlib import Path
 def add_arguments(parser) -> None:
     parser.add_argument("--target", default="demo", help="HF folder, .gguf file, hub id, or `demo` (default)")
     parser.add_argument("--drafter", action="append", default=[], metavar="[NAME=]SPEC",
-                        help="ngram | ngram:max_n=3 | model:PATH | oracle | a drafter folder; NAME= labels it; "
-                             "repeatable (default: ngram)")
+                        help="ngram | ngram:max_n=3 | model:PATH | oracle | a drafter folder; a folder with @tree "
+                             "(or @tree:depth=5,top_k=4,total_tokens=24) drafts EAGLE-2 dynamic trees; NAME= "
+                             "labels it; repeatable (default: ngram)")
     parser.add_argument("--prompts", action="append", default=[], metavar="[DOMAIN=]SOURCE",
                         help="JSONL file, HF datasets folder, `builtin` or `builtin:<domain>`; DOMAIN= sets the "
                              "domain of all its rows; repeatable (default: builtin)")

@@ -200,3 +200,23 @@ def test_recipes_load():
         data = load_section(DataBuildConfig, "data", config_file=recipe)
         capture = load_section(CaptureConfig, "capture", config_file=recipe)
         assert data.prompts and capture.layers in ("eagle3", "eagle1", "medusa")
+
+
+def test_a_growing_prompt_set_reuses_finished_rows(tmp_path, tiny_target):
+    """More prompts (or another limit) keep the rows already answered; a prompt whose text changed is redone."""
+    out = tmp_path / "ds"
+    first = write_jsonl(tmp_path / "p1.jsonl", PROMPTS[:3])
+    build_dataset(tiny_target, config_for(first), out_dir=out, progress=False, log=quiet)
+    before = read(out)
+    changed = [dict(PROMPTS[0], prompt="3+4?"), *PROMPTS[1:]]  # row "a" keeps its id but asks something else
+    grown = build_dataset(tiny_target, config_for(write_jsonl(tmp_path / "p2.jsonl", changed)), out_dir=out,
+                          progress=False, log=quiet)
+    assert grown.reused_rows == 2 and grown.rows == 5  # b and c reused; a, d, e generated
+    after = read(out)
+    for row_id in ("b", "c"):
+        old, new = before["id"].index(row_id), after["id"].index(row_id)
+        assert after["input_ids"][new] == before["input_ids"][old]
+    a_old, a_new = before["input_ids"][before["id"].index("a")], after["input_ids"][after["id"].index("a")]
+    assert a_new != a_old
+    with pytest.raises(DraftsmithError, match=r"other inputs \(changed: settings, data.max_new_tokens\)"):
+        build_dataset(tiny_target, config_for(first, max_new_tokens=5), out_dir=out, progress=False, log=quiet)
