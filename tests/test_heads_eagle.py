@@ -139,3 +139,35 @@ def test_grow_tree_pure():
                                 TreeSpec(depth=2, top_k=2, total_tokens=3), max_depth=8)
     # root children 1 (best) and 2; each child's best continuation is token 0 (p ~ 0.98)
     assert tokens.tolist() == [1, 2, 0] and parents.tolist() == [-1, -1, 0]
+
+
+def test_min_confidence_shortens_chains_and_stays_exact(tiny_target_dir, tmp_path):
+    """Chains stop where the draft's top-1 probability is below min_confidence; the output stays identical to
+    plain greedy decoding for every threshold, and a folder spec `DIR:min_confidence=x` sets it."""
+    from serve.decoding import plain_generate, speculative_generate
+    from serve.drafters import DrafterSpecError, build_drafter
+    from serve.drafters.folder import save_drafter
+    from serve.drafters.medusa import medusa_config
+    from serve.errors import DraftsmithError
+
+    target = load_target(tiny_target_dir)
+    ids = torch.randint(0, 256, (1, 10), generator=torch.Generator().manual_seed(3))
+    plain = plain_generate(target, ids, max_new_tokens=16).output_ids
+    for cfg in [*_configs(target), medusa_config(target, num_heads=3)]:
+        torch.manual_seed(0)
+        head = build_head(cfg)
+        top = {}
+        for threshold in (0.0, 0.5, 0.999):
+            drafter = make_drafter(head, target, min_confidence=threshold)
+            res = speculative_generate(target, drafter, ids, max_new_tokens=16, k=3)
+            assert res.output_ids == plain, (cfg.method, threshold)
+            top[threshold] = max(res.stats.drafted_per_cycle)
+        assert top[0.0] == 3 and top[0.999] == 0  # an untrained head is never 99.9% sure
+        folder = save_drafter(head, cfg, tmp_path / cfg.method)
+        assert build_drafter(f"{folder}:min_confidence=0.25", target).min_confidence == 0.25
+        with pytest.raises(DraftsmithError, match="unknown drafter folder option"):
+            build_drafter(f"{folder}:width=2", target)
+        with pytest.raises(DraftsmithError, match=r"min_confidence must be in \[0, 1\)"):
+            build_drafter(f"{folder}:min_confidence=1.5", target)
+        with pytest.raises(DrafterSpecError, match="bad drafter option"):
+            build_drafter(f"{folder}:min_confidence=high", target)

@@ -1,4 +1,5 @@
-"""Drafters by name: `ngram[:max_n=4,min_n=2]`, `model:PATH`, `oracle`, or a native drafter folder."""
+"""Drafters by name: `ngram[:max_n=4,min_n=2]`, `model:PATH`, `oracle`, or a native drafter folder
+(`DIR`, or `DIR:min_confidence=0.3` to stop chains where the draft is unsure)."""
 from __future__ import annotations
 
 import json
@@ -54,6 +55,12 @@ def build_drafter(spec: str, target, **opts) -> Drafter:
         drafter = ModelDrafter(small.model, small.tokenizer, target_vocab_size=target.model.config.vocab_size
                                if not hasattr(target.model.config, "text_config")
                                else target.model.config.text_config.vocab_size)
+    elif not Path(spec).is_dir() and Path(spec.rpartition(":")[0]).is_dir() and "=" in spec.rpartition(":")[2]:
+        folder, _, rest = spec.rpartition(":")
+        try:
+            return build_drafter(folder, target, **{**_options(rest), **opts})
+        except ValueError as err:
+            raise DrafterSpecError(f"bad drafter option in {spec!r}: {err}") from None
     elif Path(spec).is_dir():
         if not is_drafter_folder(spec):
             raise DrafterSpecError(f"{spec} is not a draftsmith drafter folder (its config.json has no "

@@ -10,8 +10,8 @@ import torch
 from transformers import DynamicCache
 
 from serve.drafters.base import Draft, Drafter
-from serve.drafters.heads_common import (additive, causal_allowed, check_target_identity, draft_token_ids,
-                                         grow_tree, sample_chain_token)
+from serve.drafters.heads_common import (additive, causal_allowed, check_target_identity, confident,
+                                         draft_token_ids, grow_tree, sample_chain_token)
 
 
 def _rollback(cache: DynamicCache, keep: int) -> None:
@@ -23,8 +23,9 @@ def _rollback(cache: DynamicCache, keep: int) -> None:
 class EagleDrafter(Drafter):
     """Drives an Eagle1Head or Eagle3Head against a target (embeddings and, for EAGLE-1, lm_head from it)."""
 
-    def __init__(self, head, target, *, check: bool = True):
+    def __init__(self, head, target, *, check: bool = True, min_confidence: float = 0.0):
         self.head = head.eval().requires_grad_(False)
+        self.min_confidence = min_confidence  # chains stop where the draft's top-1 probability falls below
         self.target = target
         self.config = head.config
         self.kind = self.config.method
@@ -97,6 +98,8 @@ class EagleDrafter(Drafter):
         tokens, qs = [], []
         out, logits = self._out, self._logits
         for i in range(k):
+            if not confident(logits, self.min_confidence):
+                break
             token, q = sample_chain_token(logits, temperature=temperature, generator=generator, d2t=self.d2t,
                                           vocab_size=vocab)
             tokens.append(token)

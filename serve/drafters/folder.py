@@ -33,13 +33,20 @@ def build_head(config: HeadConfig) -> nn.Module:
     raise DraftsmithError(f"unknown drafter method {config.method!r}; choose one of {', '.join(METHODS)}")
 
 
-def make_drafter(head: nn.Module, target, *, check: bool = True):
-    """Wrap a head module (trained or not) into the Drafter the decoder drives."""
+DRAFTER_OPTIONS = {"min_confidence": float}  # `DIR:min_confidence=0.3` (serve.drafters.build_drafter)
+
+
+def make_drafter(head: nn.Module, target, *, check: bool = True, min_confidence: float = 0.0):
+    """Wrap a head module (trained or not) into the Drafter the decoder drives.
+
+    min_confidence: chains stop drafting where the draft's top-1 probability falls below it (0 = always K)."""
+    if not 0.0 <= min_confidence < 1.0:
+        raise DraftsmithError(f"min_confidence must be in [0, 1), got {min_confidence}")
     if head.config.method == "medusa":
         from serve.drafters.medusa import MedusaDrafter
-        return MedusaDrafter(head, target, check=check)
+        return MedusaDrafter(head, target, check=check, min_confidence=min_confidence)
     from serve.drafters.eagle_drafter import EagleDrafter
-    return EagleDrafter(head, target, check=check)
+    return EagleDrafter(head, target, check=check, min_confidence=min_confidence)
 
 
 def save_drafter(module: nn.Module, config: HeadConfig, out_dir: str | Path) -> Path:
@@ -90,10 +97,11 @@ def load_head(path: str | Path, *, device: str | torch.device = "cpu",
 
 def load_drafter(path: str | Path, target, **opts):
     """Load a drafter folder for `target`; raises DraftsmithError if it was trained for another target."""
-    if opts:
-        raise DraftsmithError(f"a trained drafter folder takes no options (got {sorted(opts)})")
+    unknown = sorted(set(opts) - set(DRAFTER_OPTIONS))
+    if unknown:
+        raise DraftsmithError(f"unknown drafter folder option(s) {unknown}; valid: {', '.join(DRAFTER_OPTIONS)}")
     config = read_config(path)
     check_target_identity(config, target)
     weight = target.model.get_input_embeddings().weight
     head = load_head(path, device=weight.device, dtype=weight.dtype)
-    return make_drafter(head, target)
+    return make_drafter(head, target, **{k: DRAFTER_OPTIONS[k](v) for k, v in opts.items()})

@@ -229,6 +229,14 @@ def check_target_identity(config: HeadConfig, target) -> None:
 
 # -------------------------------------------------------------------------------------------- drafting
 
+def confident(logits: torch.Tensor, min_confidence: float) -> bool:
+    """Whether a chain keeps drafting: the draft's top-1 probability (at temperature 1) is >= min_confidence.
+
+    Stopping a chain early never changes the output distribution (each position is still verified exactly);
+    it saves the verify cost of drafts that would likely be rejected: the lever when acceptance is low."""
+    return min_confidence <= 0 or float(torch.softmax(logits.float(), dim=-1).max()) >= min_confidence
+
+
 def sample_chain_token(logits: torch.Tensor, *, temperature: float, generator: torch.Generator | None,
                        d2t: torch.Tensor | None, vocab_size: int) -> tuple[int, torch.Tensor | None]:
     """logits: (Vd,) -> (draft id, q over the full target vocabulary or None when greedy)."""

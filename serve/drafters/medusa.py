@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from serve.drafters.base import FINAL, Draft, Drafter
-from serve.drafters.heads_common import (HeadConfig, check_target_identity, draft_token_ids, grow_tree,
+from serve.drafters.heads_common import (HeadConfig, check_target_identity, confident, draft_token_ids, grow_tree,
                                          identity_vocab, sample_chain_token, text_config_of)
 
 
@@ -87,8 +87,9 @@ class MedusaDrafter(Drafter):
     kind = "medusa"
     target_layers = (FINAL,)
 
-    def __init__(self, heads: MedusaHeads, target, *, check: bool = True):
+    def __init__(self, heads: MedusaHeads, target, *, check: bool = True, min_confidence: float = 0.0):
         self.heads = heads.eval().requires_grad_(False)
+        self.min_confidence = min_confidence  # chains stop at the first head below this top-1 probability
         self.target = target
         self.vocab_size = heads.config.vocab_size
         if check:
@@ -125,6 +126,8 @@ class MedusaDrafter(Drafter):
         n = min(k, self.heads.num_heads)
         tokens, qs = [], []
         for i in range(n):
+            if not confident(self._logits[i], self.min_confidence):
+                break
             token, q = sample_chain_token(self._logits[i], temperature=temperature, generator=generator,
                                           d2t=self.heads.d2t, vocab_size=self.vocab_size)
             tokens.append(token)
