@@ -89,8 +89,9 @@ def spec_path(spec: str) -> str | None:
     spec = split_tree(spec)[0]
     if spec.startswith("model:"):
         return spec.split(":", 1)[1]
-    if Path(spec).exists():
-        return str(Path(spec).resolve())
+    for candidate in (spec, spec.rpartition(":")[0]):  # `DIR` or `DIR:min_confidence=0.3`
+        if candidate and Path(candidate).exists():
+            return str(Path(candidate).resolve())
     return None
 
 

@@ -134,18 +134,19 @@ def mu_table(result: dict) -> str:
 
 
 def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
+    import datasets
     import torch
 
     from data.build import build_dataset
+    from data.capture import dataset_digest
     from eval.report import write_report
     from eval.runner import evaluate
+    from serve.config import ConfigError
     from serve.decoding import speculative_generate
     from serve.drafters import build_drafter
     from serve.export import export_drafter
     from serve.export.common import default_prompts
     from serve.target import load_target
-
-    from serve.config import ConfigError
 
     if config.train_mode not in ("offline", "online"):
         raise ConfigError(f"train_mode must be offline or online, got {config.train_mode!r}")
@@ -167,10 +168,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     config.data.prompts = [str(train_prompts)]
     built = build_dataset(target, config.data, out_dir=out / "data", log=log)
     stage("data", t0, f"({built.rows} rows, {built.tokens} tokens, {built.reused_batches} batches reused)")
-    from data.capture import dataset_digest
-
-    import datasets
-    digest = dataset_digest(datasets.load_from_disk(str(out / "data")))
+    digest = dataset_digest(datasets.load_from_disk(str(out / "data")))  # drafters are reused for this data only
 
     offline = config.train_mode == "offline"
     if offline:

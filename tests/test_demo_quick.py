@@ -29,3 +29,12 @@ def test_demo_quick_end_to_end(demo_target_dir, tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     stages = {s["name"]: s for s in json.loads((out / "demo_summary.json").read_text())["stages"]}
     assert "reused" in stages["train eagle3"]["note"] and "reused" in stages["train medusa"]["note"]
+
+
+def test_demo_rejects_a_bad_train_mode(tmp_path):
+    from scripts.demo import DemoConfig, run_demo
+    from serve.config import ConfigError
+
+    with pytest.raises(ConfigError, match="train_mode must be offline or online"):
+        run_demo(DemoConfig(out_dir=str(tmp_path / "d"), train_mode="sideways"))
+    assert not (tmp_path / "d").exists()  # refused before anything is written
