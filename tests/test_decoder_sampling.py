@@ -89,11 +89,18 @@ SETTINGS = [dict(temperature=0.7, top_k=0, top_p=0.9), dict(temperature=1.0, top
 
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=["t0.7-top_p0.9", "t1.0-top_k6"])
-@pytest.mark.parametrize("drafter_kind", ["model-sampled", "tree", "greedy-chain"])
+@pytest.mark.parametrize("drafter_kind", ["model-sampled", "tree", "greedy-chain", "eagle3-min-confidence"])
 def test_speculative_sampling_matches_target_distribution(target, settings, drafter_kind):
     other = tiny_model("llama", vocab_size=VOCAB, seed=11, eos_token_id=None, pad_token_id=None)
     if drafter_kind == "model-sampled":
         drafter = ModelDrafter(other, target.tokenizer, target_vocab_size=VOCAB)
+    elif drafter_kind == "eagle3-min-confidence":  # a sampled EAGLE-3 chain whose length varies with confidence
+        from serve.drafters.eagle3 import eagle3_config
+        from serve.drafters.folder import build_head, make_drafter
+
+        torch.manual_seed(5)
+        head = build_head(eagle3_config(target, aux_layer_ids=[0, 1, 1]))
+        drafter = make_drafter(head, target, check=False, min_confidence=0.2)
     else:
         drafter = GreedyTreeDrafter(other, tree=drafter_kind == "tree")
     exact = exact_joint(target, settings)
