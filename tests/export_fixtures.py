@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from serve.drafters.folder import build_head, save_drafter
+from serve.target import load_target
 
 
 def _scatter_vocab(head, vocab: int, draft_vocab: int, seed: int) -> None:
@@ -55,3 +56,9 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target_factory):
+    """The tiny 4-layer llama target every export test exports for."""
+    return load_target(tiny_target_factory("llama", num_hidden_layers=4))

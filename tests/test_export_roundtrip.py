@@ -10,7 +10,7 @@ from serve.errors import DraftsmithError
 from serve.export import export_drafter
 from serve.export.common import default_prompts
 from serve.target import load_target
-from tests.export_fixtures import make_native, one_torch_thread  # noqa: F401 (autouse fixture)
+from tests.export_fixtures import make_native, one_torch_thread, target  # noqa: F401 (fixtures)
 
 COMBOS = [("eagle1", "vllm"), ("eagle1", "sglang"), ("eagle3", "vllm"), ("eagle3", "sglang"),
           ("eagle3", "speculators"), ("medusa", "vllm")]
@@ -21,11 +21,6 @@ FLAGS = {("eagle1", "vllm"): ['"method": "eagle"', "LLM(model="],
          ("eagle1", "sglang"): ["--speculative-algorithm EAGLE --speculative-draft-model-path"],
          ("eagle3", "sglang"): ["--speculative-algorithm EAGLE3 --speculative-draft-model-path"],
          ("eagle3", "speculators"): ['"method": "eagle3"', "LLM(model="]}
-
-
-@pytest.fixture(scope="module")
-def target(tiny_target_factory):
-    return load_target(tiny_target_factory("llama", num_hidden_layers=4))
 
 
 @pytest.fixture(scope="module")

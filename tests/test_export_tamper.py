@@ -14,12 +14,7 @@ from serve.export.common import ExportError, compare_drafts, default_prompts
 from serve.export.readback import read_export
 from serve.drafters.folder import load_drafter
 from serve.target import load_target
-from tests.export_fixtures import make_native, one_torch_thread  # noqa: F401 (autouse fixture)
-
-
-@pytest.fixture(scope="module")
-def target(tiny_target_factory):
-    return load_target(tiny_target_factory("llama", num_hidden_layers=4))
+from tests.export_fixtures import make_native, one_torch_thread, target  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")
