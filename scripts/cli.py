@@ -74,11 +74,19 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from scripts.errors import user_errors
+    from serve.errors import DraftsmithError
 
-    with user_errors():
+    try:
         return int(args.func(args) or 0)
-    return 1
+    # Every error the user can act on is a DraftsmithError (serve/errors.py); a missing path surfacing from a
+    # library we call (datasets, safetensors) is one too, as far as the user is concerned.
+    except (DraftsmithError, FileNotFoundError) as err:
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def one_line(err: BaseException) -> str:
+    return " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ from typing import Any, Sequence, TypeVar
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from serve.errors import ConfigError
+
+__all__ = ["ConfigError", "load_config", "save_config", "to_dict"]
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A config file or override the user can fix; the message names the key and the valid ones."""
 
 
 def _valid_keys(schema: type, dotted: str) -> list[str]:

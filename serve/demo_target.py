@@ -18,13 +18,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from serve.errors import FetchError
 from serve.identity import sha256_file
 
 MARKER = "draftsmith_target.json"
-
-
-class FetchError(RuntimeError):
-    """The default target could not be built; the message says what to do."""
 
 
 @dataclass(frozen=True)

