@@ -26,9 +26,9 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from serve.drafters.base import FINAL
 from serve.errors import DraftsmithError
 from serve.identity import sha256_file
+from serve.layers import FINAL
 
 FORMAT = "draftsmith-hidden-cache/1"
 MANIFEST = "manifest.json"

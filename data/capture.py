@@ -24,8 +24,8 @@ from data.cache import (FORMAT, MANIFEST, CacheError, CacheReader, PackedShard, 
                         write_shard)
 from data.config import CaptureConfig, validate
 from data.layers import CONVENTION, LayerSpec, resolve_layers
-from serve.drafters.base import FINAL
 from serve.errors import DraftsmithError
+from serve.layers import FINAL, pick_hidden_states
 
 __all__ = ["CacheReader", "CaptureResult", "capture_hidden_states", "check_disk", "dataset_digest",
            "forward_hidden_states", "plan_batches", "right_pad"]
@@ -92,8 +92,7 @@ def forward_hidden_states(target: Any, sequences: list[list[int]], layer_ids: tu
     input_ids, attention_mask = right_pad(sequences, target.tokenizer.pad_token_id or 0)
     out = decoder(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                   output_hidden_states=True, use_cache=False)
-    # out.hidden_states: (n + 1) x (B, T, h); [i + 1] = output of layer i; last_hidden_state = normed
-    picked = {i: (out.last_hidden_state if i == FINAL else out.hidden_states[i + 1]) for i in layer_ids}
+    picked = pick_hidden_states(out.hidden_states, layer_ids)  # {id: (B, T, h)}
     return [{i: h[b, : len(seq)] for i, h in picked.items()} for b, seq in enumerate(sequences)]
 
 

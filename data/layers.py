@@ -1,18 +1,14 @@
-"""Which hidden states a drafter trains on, in the layer-id convention of DESIGN.md.
-
-id i = the output of decoder layer i = HF `hidden_states[i + 1]`; FINAL (-1) = the last, normed state
-(`hidden_states[-1]`, what the lm_head reads; the losses recompute the target's logits from it).
-Note that HF's tuple ends with the normed state, so id n-1 also reads the normed state.
-"""
+"""Which hidden states a capture stores for a drafter, in the layer-id convention of serve/layers.py
+(FINAL, the last normed state, is always stored: the losses recompute the target's logits from it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serve.drafters.base import FINAL
 from serve.errors import DraftsmithError
+from serve.layers import CONVENTION, FINAL, default_eagle3_layers
 
-CONVENTION = ("ours: id i = output of decoder layer i = HF hidden_states[i+1]; "
-              "-1 = final normed state = HF hidden_states[-1]")
+__all__ = ["CONVENTION", "LAYER_SETS", "LayerSpec", "resolve_layers"]
+
 LAYER_SETS = ("eagle3", "eagle1", "medusa")
 
 
@@ -23,17 +19,11 @@ class LayerSpec:
     stored: tuple[int, ...]  # ids written to the cache: unique, ascending, FINAL last (always present)
 
 
-def eagle3_layers(num_layers: int) -> list[int]:
-    from serve.drafters.eagle3 import default_aux_layers
-
-    return default_aux_layers(num_layers)
-
-
 def resolve_layers(spec: str, num_layers: int) -> LayerSpec:
     """`eagle3` | `eagle1` | `medusa` | comma-separated ids (e.g. `1,14,26`, `-1`) -> LayerSpec."""
     text = str(spec).strip().lower()
     if text == "eagle3":
-        aux = tuple(eagle3_layers(num_layers))
+        aux = tuple(default_eagle3_layers(num_layers))
     elif text in ("eagle1", "medusa"):
         aux = (FINAL,)
     else:

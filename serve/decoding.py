@@ -7,8 +7,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from serve.drafters.base import FINAL, Draft, Drafter
+from serve.drafters.base import Draft, Drafter
 from serve.kv import cache_kwargs, keep_positions, new_cache, sliding_window
+from serve.layers import pick_hidden_states
 from serve.sampling import sample, target_probs
 from serve.stopping import StopChecker
 from serve.tree import TreeSpec, ancestor_mask, node_depths
@@ -62,11 +63,10 @@ def _generator(seed: int | None) -> torch.Generator:
 
 
 def _hidden(out, layers: Sequence[int], rows: torch.Tensor | slice) -> dict[int, torch.Tensor]:
-    """Pick the drafter's layers from an HF output: id i -> hidden_states[i + 1], FINAL -> the last (normed)."""
+    """The drafter's layers of an HF output (serve.layers), the rows of batch entry 0: {id: (len(rows), h)}."""
     if not layers:
         return {}
-    states = out.hidden_states
-    return {layer: states[-1 if layer == FINAL else layer + 1][0, rows] for layer in layers}
+    return {layer: h[0, rows] for layer, h in pick_hidden_states(out.hidden_states, layers).items()}
 
 
 def _stopper(target, eos_token_ids, stop_strings) -> StopChecker:

@@ -16,8 +16,8 @@ from data.cache import MANIFEST, CacheError, bytes_per_token
 from data.capture import CacheReader, capture_hidden_states, plan_batches
 from data.config import CaptureConfig, DataBuildConfig
 from data.layers import resolve_layers
-from serve.drafters.base import FINAL
 from serve.errors import DraftsmithError
+from serve.layers import FINAL
 from serve.target import load_target
 from tests.test_data_build import PROMPTS, quiet
 from tests.test_data_prompts import write_jsonl
@@ -39,8 +39,13 @@ def dataset_dir(tmp_path_factory, tiny_target):
     return folder / "ds"
 
 
+# The 2-layer tiny target is too shallow for EAGLE-3's distinct default layers (serve/layers.py); capture the
+# ids its old default gave, a low/mid/high triple that repeats a layer (the cache stores each layer once).
+LAYERS = "1,0,0"
+
+
 def capture_config(**kw) -> CaptureConfig:
-    base = dict(layers="eagle3", dtype="fp32", rows_per_shard=2, batch_tokens=64, device="cpu")
+    base = dict(layers=LAYERS, dtype="fp32", rows_per_shard=2, batch_tokens=64, device="cpu")
     base.update(kw)
     return CaptureConfig(**base)
 
@@ -60,6 +65,8 @@ def test_layer_sets():
     assert resolve_layers("3, 7", 30).stored == (3, 7, FINAL)
     with pytest.raises(DraftsmithError, match=r"outside 0..29"):
         resolve_layers("30", 30)
+    with pytest.raises(DraftsmithError, match="at least 4 layers"):
+        resolve_layers("eagle3", 2)
     with pytest.raises(DraftsmithError, match="eagle3, eagle1, medusa"):
         resolve_layers("eagle9", 30)
 
@@ -210,7 +217,7 @@ def test_two_processes_equal_one(tmp_path, tiny_target, tiny_target_dir, dataset
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
            "scripts.cli", "data", "capture", "--target", str(tiny_target_dir), "--dataset", str(dataset_dir),
-           "--out", str(tmp_path / "two"), "--layers", "eagle3", "--dtype", "fp32", "--no-progress",
+           "--out", str(tmp_path / "two"), "--layers", LAYERS, "--dtype", "fp32", "--no-progress",
            "capture.rows_per_shard=2", "capture.batch_tokens=64", "capture.device=cpu"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -4,15 +4,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.drafters.eagle3 import default_aux_layers
 from serve.errors import DraftsmithError
 from serve.export.eagle import engine_order, fc_in_engine_order
 from serve.export.layer_ids import engine_default_layer_ids, from_engine_layer_ids, to_engine_layer_ids
+from serve.layers import default_eagle3_layers
 from tests.export_fixtures import one_torch_thread  # noqa: F401 (autouse fixture)
 
 
 def test_vllm_and_speculators_ids_are_layer_inputs():
-    ours = default_aux_layers(30)  # [1, 14, 26]: outputs of layers 1, 14, 26
+    ours = default_eagle3_layers(30)  # [1, 14, 26]: outputs of layers 1, 14, 26
     for engine in ("vllm", "speculators"):
         assert to_engine_layer_ids(ours, engine, num_layers=30) == [2, 15, 27]
         assert engine_default_layer_ids(engine, num_layers=30) == [2, 15, 27]  # EAGLE-3's published default

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.drafters.base import FINAL
 from serve.drafters.folder import build_head, make_drafter
+from serve.layers import FINAL
 from serve.target import load_target
 from serve.tree import TreeSpec
 from tests.train_fixtures import one_thread  # noqa: F401  (fixture)
@@ -43,7 +43,8 @@ def test_eagle1_tensor_names_and_shapes(tiny_target_dir):
 
 
 def test_eagle3_tensor_names_and_shapes(tiny_target_dir):
-    from serve.drafters.eagle3 import default_aux_layers, eagle3_config
+    from serve.drafters.eagle3 import eagle3_config
+    from serve.layers import default_eagle3_layers
 
     target = load_target(tiny_target_dir)
     cfg = eagle3_config(target, draft_vocab_size=100, aux_layer_ids=[0, 1, 1])
@@ -56,7 +57,7 @@ def test_eagle3_tensor_names_and_shapes(tiny_target_dir):
     assert state["d2t"].dtype == torch.long and state["d2t"].shape == (100,)
     assert state["t2d"].dtype == torch.bool and state["t2d"].shape == (259,)
     assert not any("embed" in k for k in state)
-    assert default_aux_layers(30) == [1, 14, 26]
+    assert default_eagle3_layers(30) == [1, 14, 26]
     with pytest.raises(Exception, match="outside 0..1"):
         eagle3_config(target, aux_layer_ids=[0, 5, 1])
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from serve.drafters import build_drafter
-from serve.drafters.base import FINAL
 from serve.drafters.eagle3 import eagle3_config
 from serve.drafters.folder import build_head, load_drafter, load_head, save_drafter
 from serve.errors import DraftsmithError
+from serve.layers import FINAL
 from serve.target import load_target
 from tests.train_fixtures import one_thread  # noqa: F401  (fixture)
 

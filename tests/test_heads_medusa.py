@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.drafters.base import FINAL
 from serve.drafters.folder import build_head, make_drafter
 from serve.drafters.medusa import medusa_config
+from serve.layers import FINAL
 from serve.target import load_target
 from serve.tree import TreeSpec
 from tests.train_fixtures import one_thread  # noqa: F401  (fixture)

@@ -8,7 +8,7 @@ import pytest
 
 from scripts.cli import main
 from serve.config import ConfigError, load_config
-from tests.train_fixtures import greedy_rows, one_thread, save_rows, sharp_target  # noqa: F401
+from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, one_thread, save_rows, sharp_target  # noqa: F401
 from train.config import TrainConfig, check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ def test_unknown_key_lists_the_valid_ones(capsys):
 
 
 def test_train_command_writes_a_drafter_folder(tmp_path, capsys):
-    target = sharp_target(tmp_path / "target")
+    target = sharp_target(tmp_path / "target", num_hidden_layers=EAGLE3_LAYERS)  # tiny.yaml trains EAGLE-3
     dataset = save_rows(greedy_rows(target, rows=6, new_tokens=12), tmp_path / "data")
     code = main(["train", "--config", str(ROOT / "configs/debug/tiny.yaml"), f"target={target}",
                  f"data.dataset={dataset}", f"out_dir={tmp_path / 'run'}", "data.eval_rows=2"])

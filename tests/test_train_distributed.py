@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.train_fixtures import greedy_rows, save_rows, sharp_target
+from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows, sharp_target
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.distributed
@@ -43,7 +43,7 @@ def _accelerate_launch(args: list[str], *, use_cpu_flag: bool = True) -> subproc
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
-    target = sharp_target(root / "target")
+    target = sharp_target(root / "target", num_hidden_layers=EAGLE3_LAYERS)
     dataset = save_rows(greedy_rows(target, rows=10, new_tokens=20), root / "data")
     single = root / "single"
     subprocess.run([sys.executable, "-m", "scripts.cli", "train", *_overrides(target, dataset, single, 4)],

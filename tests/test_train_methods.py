@@ -12,7 +12,7 @@ from serve.decoding import plain_generate, speculative_generate
 from serve.drafters import build_drafter
 from serve.target import load_target
 from serve.tree import TreeSpec
-from tests.train_fixtures import greedy_rows, save_rows, sharp_target
+from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows, sharp_target
 from train.config import TrainConfig
 from train.run import train_drafter
 from train.tracking import read_log
@@ -22,11 +22,19 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def tiny_job(tmp_path_factory):
-    root = tmp_path_factory.mktemp("methods")
-    target = sharp_target(root / "target")
-    rows = greedy_rows(target, rows=48, new_tokens=32)
-    return target, save_rows(rows, root / "data"), root
+def tiny_jobs(tmp_path_factory):
+    """num_hidden_layers -> (target, dataset, root), made once per depth."""
+    made = {}
+
+    def job(num_hidden_layers: int):
+        if num_hidden_layers not in made:
+            root = tmp_path_factory.mktemp(f"methods-{num_hidden_layers}")
+            target = sharp_target(root / "target", num_hidden_layers=num_hidden_layers)
+            rows = greedy_rows(target, rows=48, new_tokens=32)
+            made[num_hidden_layers] = target, save_rows(rows, root / "data"), root
+        return made[num_hidden_layers]
+
+    return job
 
 
 def _config(target, dataset, out_dir, method: str, *extra: str) -> TrainConfig:
@@ -38,8 +46,8 @@ def _config(target, dataset, out_dir, method: str, *extra: str) -> TrainConfig:
 
 
 @pytest.mark.parametrize("method", ["eagle3", "eagle1", "medusa"])
-def test_method_trains_and_drafts_losslessly(tiny_job, method):
-    target_dir, dataset, root = tiny_job
+def test_method_trains_and_drafts_losslessly(tiny_jobs, method):
+    target_dir, dataset, root = tiny_jobs(EAGLE3_LAYERS if method == "eagle3" else 2)
     out = root / method
     extra = ("model.draft_vocab_size=200",) if method == "eagle3" else ()
     folder = train_drafter(_config(target_dir, dataset, out, method, *extra))

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from serve.config import load_config
 from serve.target import load_target
-from tests.train_fixtures import greedy_rows, one_thread, save_rows, sharp_target  # noqa: F401
+from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, one_thread, save_rows, sharp_target  # noqa: F401
 from train.config import TrainConfig
 from train.run import train_drafter
 
@@ -21,7 +21,7 @@ def cached(tmp_path_factory):
     from data.config import CaptureConfig
 
     root = tmp_path_factory.mktemp("offline")
-    target_dir = sharp_target(root / "target")
+    target_dir = sharp_target(root / "target", num_hidden_layers=EAGLE3_LAYERS)
     dataset = save_rows(greedy_rows(target_dir, rows=8, new_tokens=16), root / "data")
     target = load_target(target_dir)
     capture_hidden_states(target, dataset, root / "cache", CaptureConfig(layers="eagle3", dtype="fp32"),

@@ -33,13 +33,18 @@ def save_rows(rows: list[dict], folder: str | Path) -> Path:
     return Path(folder)
 
 
-def sharp_target(folder: str | Path, *, family: str = "llama", scale: float = 6.0, seed: int = 0) -> Path:
+# EAGLE-3 reads three distinct aux layers below the last one (serve/layers.py): its tiny targets need 4 layers.
+EAGLE3_LAYERS = 4
+
+
+def sharp_target(folder: str | Path, *, family: str = "llama", scale: float = 6.0, seed: int = 0,
+                 num_hidden_layers: int = 2) -> Path:
     """A tiny target whose next-token distributions are peaked (lm_head scaled up), so its greedy text has
     structure a drafter can learn in a few hundred steps; still a valid random LM."""
     from tests.tiny_models import save_tiny_target
     from transformers import AutoModelForCausalLM
 
-    folder = save_tiny_target(folder, family, seed=seed)
+    folder = save_tiny_target(folder, family, seed=seed, num_hidden_layers=num_hidden_layers)
     model = AutoModelForCausalLM.from_pretrained(folder)
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(scale)

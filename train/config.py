@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from serve.errors import DraftsmithError
+from serve.layers import check_eagle3_layers
 
 METHODS = ("eagle1", "eagle3", "medusa")
 STRATEGIES = ("ddp", "deepspeed", "fsdp")
@@ -17,7 +18,7 @@ class ModelConfig:
     method: str = "eagle3"                 # eagle1 | eagle3 | medusa
     num_speculative_tokens: int = 5        # K trained for; Medusa: number of heads
     draft_vocab_size: int = 0              # 0 = the target's whole vocabulary (EAGLE-1 always uses it)
-    aux_layer_ids: list[int] = field(default_factory=list)  # EAGLE-3; empty = [1, n//2-1, n-4]
+    aux_layer_ids: list[int] = field(default_factory=list)  # EAGLE-3; empty = serve.layers.default_eagle3_layers
     ttt_steps: int = 7                     # EAGLE-3 training-time-test unroll
     fc_bias: bool = False                  # EAGLE-1
     medusa_num_layers: int = 1             # ResBlocks per Medusa head
@@ -121,6 +122,8 @@ def check(config: TrainConfig) -> TrainConfig:
         raise DraftsmithError("data.mode=online needs data.dataset (a `draftsmith data build` folder)")
     if config.data.mode == "offline" and not config.data.cache:
         raise DraftsmithError("data.mode=offline needs data.cache (a `draftsmith data capture` folder)")
+    if config.model.method == "eagle3" and config.model.aux_layer_ids:
+        check_eagle3_layers(config.model.aux_layer_ids)  # what export would refuse; the depth is checked at load
     if config.model.method == "eagle1" and config.model.draft_vocab_size:
         raise DraftsmithError("EAGLE-1 reads the target's lm_head: model.draft_vocab_size must be 0")
     for key in ("batch_size", "grad_accum", "num_speculative_tokens", "ttt_steps"):

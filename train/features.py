@@ -12,8 +12,8 @@ from typing import Sequence
 
 import torch
 
-from serve.drafters.base import FINAL
 from serve.errors import DraftsmithError
+from serve.layers import pick_hidden_states
 from train.objectives import FeatureBatch
 
 REQUIRED_COLUMNS = ("input_ids", "loss_mask")
@@ -96,4 +96,4 @@ def target_features(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     """The target's hidden states at `layers` (our convention; FINAL = last normed state): (B, T, h) each."""
     decoder = model.get_decoder()  # the base model: no lm_head over every position
     out = decoder(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
-    return {layer: (out.hidden_states[-1] if layer == FINAL else out.hidden_states[layer + 1]) for layer in layers}
+    return pick_hidden_states(out.hidden_states, layers)

@@ -20,6 +20,7 @@ from serve.drafters.base import FINAL
 from serve.drafters.folder import build_head, save_drafter
 from serve.drafters.heads_common import HeadConfig
 from serve.errors import DraftsmithError
+from serve.layers import check_eagle3_layers
 from train.config import TrainConfig, check
 from train.features import collate, open_rows, split_rows, target_features
 from train.objectives import TargetParts, build_objective
@@ -35,9 +36,11 @@ def head_config(config: TrainConfig, target) -> HeadConfig:
                              attn_implementation=m.attn_implementation)
     if m.method == "eagle3":
         from serve.drafters.eagle3 import eagle3_config
-        return eagle3_config(target, draft_vocab_size=m.draft_vocab_size or None, aux_layer_ids=m.aux_layer_ids or None,
-                             num_speculative_tokens=m.num_speculative_tokens, ttt_steps=m.ttt_steps,
-                             attn_implementation=m.attn_implementation)
+        cfg = eagle3_config(target, draft_vocab_size=m.draft_vocab_size or None, aux_layer_ids=m.aux_layer_ids or None,
+                            num_speculative_tokens=m.num_speculative_tokens, ttt_steps=m.ttt_steps,
+                            attn_implementation=m.attn_implementation)
+        check_eagle3_layers(cfg.aux_layer_ids, target.num_layers)  # refused now rather than at export
+        return cfg
     from serve.drafters.medusa import medusa_config
     return medusa_config(target, num_heads=m.num_speculative_tokens, num_layers=m.medusa_num_layers,
                          draft_vocab_size=m.draft_vocab_size or None)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from serve.drafters.base import FINAL, Draft, Drafter
+from serve.drafters.base import Draft, Drafter
 from serve.errors import DraftsmithError
+from serve.layers import FINAL
 
 __all__ = ["FINAL", "Draft", "Drafter", "build_drafter", "DrafterSpecError"]
 

@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import torch
 
-FINAL = -1  # key of the final (normed) hidden state in `hidden_states` dicts
+from serve.layers import FINAL  # noqa: F401  (the key of the final normed state in `hidden_states`)
 
 
 @dataclass

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from serve.drafters.base import FINAL
 from serve.drafters.heads_common import (HeadConfig, Rope, decoder_layer_class, drafter_layer_config, hf_config)
+from serve.layers import FINAL
 
 
 class Eagle1Head(nn.Module):

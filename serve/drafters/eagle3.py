@@ -19,14 +19,9 @@ from torch import nn
 from serve.drafters.heads_common import (HeadConfig, Rope, decoder_layer_class, drafter_layer_config,
                                          hf_config, identity_vocab, norm_like, rms_eps, text_config_of)
 from serve.errors import DraftsmithError
+from serve.layers import default_eagle3_layers
 
 _WIDE_INPUTS = ("q_proj", "k_proj", "v_proj", "qkv_proj")
-
-
-def default_aux_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's low/mid/high layers in our convention: outputs of layers 1, n//2-1, n-4 (inputs of 2, n//2, n-3)."""
-    ids = [1, num_layers // 2 - 1, num_layers - 4]
-    return [min(max(i, 0), num_layers - 1) for i in ids]
 
 
 def widen_attention_inputs(attn: nn.Module, hidden_size: int) -> None:
@@ -106,7 +101,7 @@ def eagle3_config(target, *, draft_vocab_size: int | None = None, aux_layer_ids:
                   attn_implementation: str = "sdpa") -> HeadConfig:
     text = text_config_of(target.config)
     n = text.num_hidden_layers
-    aux = list(aux_layer_ids) if aux_layer_ids else default_aux_layers(n)
+    aux = list(aux_layer_ids) if aux_layer_ids else default_eagle3_layers(n)
     bad = [i for i in aux if not 0 <= i < n]
     if bad:
         raise DraftsmithError(f"EAGLE-3 aux layer ids {bad} are outside 0..{n - 1} for this {n}-layer target "

@@ -16,11 +16,10 @@ import torch
 from torch import nn
 
 from serve.errors import DraftsmithError
+from serve.layers import CONVENTION
 
 FORMAT_KEY = "draftsmith_drafter"  # the config.json key that marks a native drafter folder (value: format version)
 FORMAT_VERSION = 1
-# How our layer ids read (DESIGN.md); written into every drafter config so exports can translate.
-LAYER_CONVENTION = "draftsmith: id i = output of decoder layer i = HF hidden_states[i+1]; -1 = final normed state"
 METHODS = ("eagle1", "eagle3", "medusa")
 
 
@@ -34,7 +33,7 @@ class HeadConfig:
     draft_vocab_size: int                # == vocab_size when no reduced vocabulary is used
     num_speculative_tokens: int = 5      # K the head was trained for (Medusa: number of heads)
     aux_layer_ids: list[int] = field(default_factory=list)  # target layers the head reads (our convention)
-    layer_convention: str = LAYER_CONVENTION
+    layer_convention: str = CONVENTION
     input_layernorm: bool = True         # EAGLE-1: False = the decoder layer's input norm is an identity
     hidden_norm: bool = True             # EAGLE-3: the fused hidden state is normed before attention
     fc_bias: bool = False                # EAGLE-1 fc bias

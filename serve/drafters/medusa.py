@@ -13,9 +13,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from serve.drafters.base import FINAL, Draft, Drafter
+from serve.drafters.base import Draft, Drafter
 from serve.drafters.heads_common import (HeadConfig, check_target_identity, confident, draft_token_ids, grow_tree,
                                          identity_vocab, sample_chain_token, text_config_of)
+from serve.layers import FINAL
 
 
 class MedusaBlock(nn.Module):

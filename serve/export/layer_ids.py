@@ -23,12 +23,13 @@ cannot be served; the final normed state (our FINAL = -1) is not an aux layer at
 from __future__ import annotations
 
 from serve.errors import DraftsmithError
+from serve.layers import CONVENTION, published_eagle3_layers
 
 ENGINES = ("draftsmith", "vllm", "sglang", "speculators")
 # engine id = draftsmith id + offset
 _OFFSET = {"draftsmith": 0, "vllm": 1, "speculators": 1, "sglang": 0}
 CONVENTIONS = {
-    "draftsmith": "id i = output of decoder layer i = HF hidden_states[i+1]",
+    "draftsmith": CONVENTION,
     "vllm": "id i = input of decoder layer i = HF hidden_states[i] (vllm llama.py aux_hidden_state_layers)",
     "speculators": "id i = input of decoder layer i = HF hidden_states[i] (read by vLLM as is)",
     "sglang": "id i = output of decoder layer i = HF hidden_states[i+1] (SGLang captures before layer i+1)",
@@ -69,12 +70,13 @@ def from_engine_layer_ids(layer_ids: list[int], engine: str, *, num_layers: int)
 def engine_default_layer_ids(engine: str, *, num_layers: int) -> list[int]:
     """What `engine` captures when its config names no aux layers, in the engine's own convention."""
     _check_engine(engine)
+    published = [i + 1 for i in published_eagle3_layers(num_layers)]  # [2, n//2, n-3]: inputs of layers
     if engine == "draftsmith":
-        return from_engine_layer_ids([2, num_layers // 2, num_layers - 3], "vllm", num_layers=num_layers)
+        return from_engine_layer_ids(published, "vllm", num_layers=num_layers)
     if engine == "sglang":
         # SGLang's default list is stored as capture indices (layer inputs) directly, not shifted by one.
-        return [2 - 1, num_layers // 2 - 1, num_layers - 3 - 1]
-    return [2, num_layers // 2, num_layers - 3]
+        return [i - 1 for i in published]
+    return published
 
 
 def aux_layer_ids_for(config, engine: str, num_layers: int) -> list[int] | None:
