@@ -21,13 +21,19 @@ def new_cache(model) -> DynamicCache:
 
 
 @functools.lru_cache(maxsize=None)
-def _cache_kwarg(model_cls: type) -> str:
-    # transformers 5.x renamed `past_key_values` to `cache` in forward(); accept both.
-    return "cache" if "cache" in inspect.signature(model_cls.forward).parameters else "past_key_values"
+def _cache_kwarg(module_cls: type) -> str:
+    # transformers 5.24 renamed `past_key_values` to `cache` in forward() (models, decoder layers, attention);
+    # 5.0-5.23 take `past_key_values` and silently drop an unknown `cache=`: accept both.
+    return "cache" if "cache" in inspect.signature(module_cls.forward).parameters else "past_key_values"
+
+
+def cache_argument(module, cache) -> dict:
+    """`{name: cache}` for the forward of a transformers model, decoder layer or attention module."""
+    return {_cache_kwarg(type(module)): cache}
 
 
 def cache_kwargs(model, cache) -> dict:
-    return {_cache_kwarg(type(model)): cache, "use_cache": True}
+    return {**cache_argument(model, cache), "use_cache": True}
 
 
 def sliding_window(cache: DynamicCache) -> int | None:

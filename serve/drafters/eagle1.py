@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from serve.drafters.heads_common import (HeadConfig, Rope, decoder_layer_class, drafter_layer_config, hf_config)
+from serve.kv import cache_argument
 from serve.layers import FINAL
 
 
@@ -45,8 +46,8 @@ class Eagle1Head(nn.Module):
         """
         x = self.fc(torch.cat([inputs_embeds, hidden_states], dim=-1))  # (B, T, h)
         position_embeddings = self.rope(x, position_ids)
-        return self.layers[0](x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                              position_embeddings=position_embeddings)
+        return self.layers[0](x, attention_mask=attention_mask, position_ids=position_ids,
+                              position_embeddings=position_embeddings, **cache_argument(self.layers[0], cache))
 
 
 def eagle1_config(target, *, fc_bias: bool = False, num_speculative_tokens: int = 5,

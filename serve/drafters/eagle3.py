@@ -19,6 +19,7 @@ from torch import nn
 from serve.drafters.heads_common import (HeadConfig, Rope, decoder_layer_class, drafter_layer_config,
                                          hf_config, identity_vocab, norm_like, rms_eps, text_config_of)
 from serve.errors import DraftsmithError
+from serve.kv import cache_argument
 from serve.layers import default_eagle3_layers
 
 _WIDE_INPUTS = ("q_proj", "k_proj", "v_proj", "qkv_proj")
@@ -79,7 +80,8 @@ class Eagle3Head(nn.Module):
         x = torch.cat([layer.input_layernorm(inputs_embeds), layer.hidden_norm(hidden_states)], dim=-1)  # (B,T,2h)
         position_embeddings = self.rope(hidden_states, position_ids)
         x, _ = layer.self_attn(hidden_states=x, position_embeddings=position_embeddings,
-                               attention_mask=attention_mask, position_ids=position_ids, cache=cache)
+                               attention_mask=attention_mask, position_ids=position_ids,
+                               **cache_argument(layer.self_attn, cache))
         if self._sandwich:
             x = layer.post_attention_layernorm(x)
             x = residual + x
