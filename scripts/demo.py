@@ -144,7 +144,8 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     from serve.config import ConfigError
     from serve.decoding import speculative_generate
     from serve.drafters import build_drafter
-    from serve.export import export_drafter
+    from serve.errors import DraftsmithError
+    from serve.export import check_export, export_drafter
     from serve.export.common import default_prompts
     from serve.target import load_target
 
@@ -197,8 +198,11 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     exports = {}
     for method, folder in drafters.items():
         for fmt in config.export_formats:
-            if method == "medusa" and fmt == "sglang":
-                continue  # SGLang serves EAGLE drafters only
+            try:
+                check_export(folder, fmt)
+            except DraftsmithError as refused:  # e.g. SGLang has no Medusa; vLLM's needs full-vocabulary heads
+                log(f"[demo] export {method}/{fmt} skipped: {refused}")
+                continue
             t0 = time.perf_counter()
             report = export_drafter(folder, fmt, out / "exports" / f"{method}-{fmt}", target=target,
                                     target_spec=config.target,

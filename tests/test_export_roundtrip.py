@@ -25,8 +25,11 @@ FLAGS = {("eagle1", "vllm"): ['"method": "eagle"', "LLM(model="],
 
 @pytest.fixture(scope="module")
 def natives(target, tmp_path_factory):
+    """EAGLE-3 with a reduced vocabulary; Medusa with the full one (the only one vLLM's Medusa loads)."""
     root = tmp_path_factory.mktemp("natives")
-    return {m: make_native(target, m, root / m) for m in ("eagle1", "eagle3", "medusa")}
+    out = {m: make_native(target, m, root / m) for m in ("eagle1", "eagle3")}
+    out["medusa"] = make_native(target, "medusa", root / "medusa", draft_vocab_size=None)
+    return out
 
 
 def _export(natives, target, method, fmt, out, **kw):
@@ -55,7 +58,7 @@ def test_round_trip(natives, target, tmp_path, method, fmt):
         from serve.export.speculators import package_available
 
         expected = "speculators 0" if package_available() else "not installed"
-        assert report.speculators_package.startswith(expected)
+        assert expected in report.package_check
 
 
 @pytest.mark.parametrize("method,fmt,message", [
@@ -104,6 +107,11 @@ def test_cli_export(natives, tiny_target_factory, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["export", "--drafter", str(natives["medusa"]), "--format", "vllm", "--out", str(tmp_path / "x"),
               "--target", str(target_dir), "no_such_key=1"])
+    with pytest.raises(SystemExit) as refused:
+        main(["export", "--drafter", str(natives["medusa"]), "--format", "vllm", "--out", str(tmp_path / "y"),
+              "--target", str(target_dir), "--engine-version", "0.33.0"])
+    assert refused.value.code == 2 and not (tmp_path / "y").exists()
+    assert "vLLM 0.33 removed Medusa" in capsys.readouterr().err
 
 
 def test_speculators_without_the_package(natives, target, tmp_path, monkeypatch):
@@ -112,4 +120,63 @@ def test_speculators_without_the_package(natives, target, tmp_path, monkeypatch)
 
     monkeypatch.setattr(spec, "package_available", lambda: False)
     report = _export(natives, target, "eagle3", "speculators", tmp_path / "s")
-    assert report.speculators_package.startswith("not installed") and report.mu_readback == report.mu_native
+    assert "not installed" in report.package_check and report.mu_readback == report.mu_native
+
+
+# ------------------------------------------------------------------- what the engines' own loaders showed
+
+def _tensor_names(folder):
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        return set(f.keys())
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "sglang", "speculators"])
+def test_full_vocabulary_eagle3_writes_no_vocab_maps(target, tmp_path, fmt):
+    """vLLM >= 0.30 has no draft_id_to_target_id parameter for a full draft vocabulary: a d2t fails its load."""
+    full = make_native(target, "eagle3", tmp_path / "full", draft_vocab_size=None)
+    report = _export({"eagle3": full}, target, "eagle3", fmt, tmp_path / "out")
+    assert report.mu_readback == report.mu_native
+    names = _tensor_names(tmp_path / "out")
+    assert "d2t" not in names and "t2d" not in names and "lm_head.weight" in names
+
+
+def test_reduced_vocabulary_eagle3_keeps_its_vocab_maps(natives, target, tmp_path):
+    _export(natives, target, "eagle3", "vllm", tmp_path / "out")
+    assert {"d2t", "t2d"} <= _tensor_names(tmp_path / "out")
+
+
+def test_reduced_vocabulary_medusa_is_refused_for_vllm_before_writing(target, tmp_path):
+    reduced = make_native(target, "medusa", tmp_path / "reduced")  # draft_vocab_size=150 < 259
+    with pytest.raises(DraftsmithError, match=r"full-vocabulary drafter .*retrain with model.draft_vocab_size=0"):
+        export_drafter(reduced, "vllm", tmp_path / "out", target=target)
+    assert not (tmp_path / "out").exists()
+
+
+def test_engine_version_without_medusa_is_refused_before_writing(natives, target, tmp_path):
+    with pytest.raises(DraftsmithError, match=r"does not load in vLLM 0.33.0: vLLM 0.33 removed Medusa.*0.15–0.32"):
+        _export(natives, target, "medusa", "vllm", tmp_path / "out", engine_version="0.33.0")
+    assert not (tmp_path / "out").exists()
+    report = _export(natives, target, "medusa", "vllm", tmp_path / "ok", engine_version="0.32")
+    assert report.engine_version == "0.32"
+    readme = (tmp_path / "ok" / "README.md").read_text()
+    assert "vLLM 0.15–0.32" in readme and "vLLM 0.33 removed Medusa" in readme
+    with pytest.raises(DraftsmithError, match="not a release number"):
+        _export(natives, target, "eagle3", "vllm", tmp_path / "bad", engine_version="latest")
+
+
+def test_speculators_readme_leads_with_the_form_that_serves_a_local_target(natives, target, tmp_path):
+    _export(natives, target, "eagle3", "speculators", tmp_path / "local")
+    readme = (tmp_path / "local" / "README.md").read_text()
+    serve_local = f"vllm serve {Path(target.path).resolve()} --speculative-config"
+    assert readme.index(serve_local) < readme.index("--verifier ORG/NAME")
+    assert "vLLM 0.33 refuses" in readme
+    config = json.loads((tmp_path / "local" / "config.json").read_text())
+    assert config["norm_before_residual"] is False  # vLLM's reader would default it to true
+    # a hub-named verifier: `vllm serve OUT` alone works too, and the README says so
+    _export(natives, target, "eagle3", "speculators", tmp_path / "hub", verifier="HuggingFaceTB/tiny-llama")
+    readme = (tmp_path / "hub" / "README.md").read_text()
+    assert f"vllm serve {(tmp_path / 'hub').resolve()}\n" in readme and "--verifier ORG/NAME" not in readme
+    config = json.loads((tmp_path / "hub" / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "HuggingFaceTB/tiny-llama"

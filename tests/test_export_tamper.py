@@ -21,7 +21,8 @@ from tests.export_fixtures import make_native, one_torch_thread, target  # noqa:
 def exported(target, tmp_path_factory):
     """One export per (method, format) used below (written only: test_export_roundtrip validates them)."""
     root = tmp_path_factory.mktemp("tamper")
-    natives = {m: make_native(target, m, root / f"native-{m}", seed=3) for m in ("eagle3", "medusa")}
+    natives = {"eagle3": make_native(target, "eagle3", root / "native-eagle3", seed=3),
+               "medusa": make_native(target, "medusa", root / "native-medusa", seed=3, draft_vocab_size=None)}
     out = {}
     for method, fmt in (("eagle3", "vllm"), ("eagle3", "sglang"), ("eagle3", "speculators"), ("medusa", "vllm")):
         folder = root / f"{method}-{fmt}"
@@ -127,3 +128,24 @@ def test_other_target_refused(exported, tiny_target_factory):
     other = load_target(tiny_target_factory("llama", num_hidden_layers=4, intermediate_size=48))
     with pytest.raises(Exception, match="trained for target"):
         read_export(folder, other, fmt="vllm")
+
+
+def test_vocab_maps_with_the_full_vocabulary(target, tmp_path):
+    """A d2t beside a full draft vocabulary fails vLLM's load (>= 0.30): the validator and the reader say so."""
+    native = make_native(target, "eagle3", tmp_path / "native", draft_vocab_size=None)
+    folder = write_export(native, "vllm", tmp_path / "v", target=target)
+    _edit_tensors(folder, lambda t: t.update(d2t=torch.zeros(259, dtype=torch.long), t2d=torch.ones(259, dtype=torch.bool)))
+    with pytest.raises(ExportError, match="unexpected tensor 'd2t'"):
+        _validate(folder, "vllm", native, target)
+    with pytest.raises(ExportError, match="no draft_id_to_target_id parameter"):
+        read_export(folder, target, fmt="vllm")
+
+
+def test_reduced_vocabulary_medusa_folder_is_read_as_vllm_would(exported, target, tmp_path):
+    """A Medusa folder with (Vd, h) heads, written elsewhere: vLLM's Medusa cannot load it, nor can the reader."""
+    folder, _ = _tampered(exported, tmp_path, "medusa", "vllm")
+    _edit_config(folder, lambda c: c.__setitem__("truncated_vocab_size", 150))
+    _edit_tensors(folder, lambda t: t.update({k: v[:150].contiguous() for k, v in t.items() if k.startswith("lm_heads.")}
+                                             | {"token_map": torch.arange(150)}))
+    with pytest.raises(ExportError, match="full-vocabulary drafter"):
+        read_export(folder, target, fmt="vllm")

@@ -37,6 +37,32 @@ class Expect:
     also: tuple = ()  # other accepted values (e.g. ABSENT when the engine's default is right)
 
 
+@dataclass(frozen=True)
+class TargetFacts:
+    """What format writers, validators and readers need to know of the target."""
+    text: dict                  # its text config (hidden size, vocabulary, layers, ...) as a dict
+    architectures: list[str]
+    verifier: str               # what an engine should load as the target: its local folder if any, else its name
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.text["num_hidden_layers"])
+
+    @property
+    def verifier_is_local(self) -> bool:
+        return Path(self.verifier).exists()
+
+
+def target_facts(target, *, verifier: str | None = None) -> TargetFacts:
+    from serve.drafters.heads_common import text_config_of
+
+    path = Path(target.path)
+    default = str(path.resolve()) if path.is_dir() else target.name
+    return TargetFacts(text=text_config_of(target.config).to_dict(),
+                       architectures=list(getattr(target.config, "architectures", None) or []),
+                       verifier=verifier or default)
+
+
 @dataclass
 class FormatSpec:
     """What an engine reads for one method, derived from the native drafter and the target's config."""
@@ -76,6 +102,12 @@ def lookup(config: dict, dotted: str) -> Any:
         else:
             return ABSENT
     return node
+
+
+def get_field(config: dict, dotted: str, default: Any) -> Any:
+    """The value an engine reads for `dotted`, or its default when the key is missing or null."""
+    value = lookup(config, dotted)
+    return default if value is ABSENT or value is None else value
 
 
 def _same(got: Any, want: Any) -> bool:

@@ -16,6 +16,7 @@ class ExportConfig:
     out: str = ""                # folder to write
     target: str = ""             # "" = the target the drafter was trained with (its config.resolved.yaml)
     verifier: str = ""           # speculators: the verifier name_or_path vLLM loads; "" = the target's local folder
+    engine_version: str = ""     # the engine release to serve with (e.g. 0.33.0); refused if it cannot load the export
     dtype: str = "float32"       # target dtype for the validation runs
     prompts: int = 3             # validation prompts (built-in, chat-formatted when the target has a template)
     max_new_tokens: int = 32     # tokens generated per validation prompt
@@ -30,6 +31,10 @@ def check(config: ExportConfig) -> ExportConfig:
         raise DraftsmithError(f"format={config.format!r} is not one of {', '.join(FORMAT_NAMES)}")
     if not Path(config.drafter).is_dir():
         raise DraftsmithError(f"drafter folder not found: {config.drafter}")
+    if config.engine_version:
+        from serve.export.engines import parse_version
+
+        parse_version(config.engine_version)
     if config.prompts < 1 or config.max_new_tokens < 2 or config.k < 0:
         raise DraftsmithError("prompts >= 1, max_new_tokens >= 2 and k >= 0 are required")
     return config

@@ -1,4 +1,5 @@
-"""EAGLE heads as the engines store them: tensor mapping (writers) and expected tensors/fields (validators).
+"""EAGLE heads as the engines store them: tensor mapping (writers), expected tensors/fields (validators) and the
+engine-faithful reading of an EAGLE-3 folder (readers); each format module adds its own names and defaults.
 
 Two engine facts shape the EAGLE-3 mapping (vLLM llama.py and SGLang llama.py alike):
 - the target appends aux hidden states while looping over its layers, `if idx in aux_layers`, so the fc input
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from serve.drafters.heads_common import HeadConfig, text_config_of
+from serve.drafters.base import FINAL
+from serve.drafters.heads_common import HeadConfig
 from serve.errors import DraftsmithError
-from serve.export.common import Expect
+from serve.export.common import Expect, ExportError, get_field
+from serve.export.layer_ids import engine_default_layer_ids, from_engine_layer_ids
 from serve.export.llama_config import check_llama_like, expected_layer_shapes, rope_fields
 
 NUM_AUX = 3  # vLLM and SGLang size fc as 3 * target_hidden_size
@@ -48,14 +51,17 @@ def fc_in_engine_order(fc_weight: torch.Tensor, aux_layer_ids: list[int]) -> tor
     return torch.cat([blocks[j] for j in engine_order(aux_layer_ids)], dim=1)
 
 
-def eagle_tensors(state: dict[str, torch.Tensor], config: HeadConfig, *, layer_prefix: str, vocab_maps: bool,
+def eagle_tensors(state: dict[str, torch.Tensor], config: HeadConfig, *, layer_prefix: str,
                   zero_fc_bias: bool = False) -> dict[str, torch.Tensor]:
     """The native head's state dict renamed and reordered for an engine.
 
     layer_prefix: what the engine calls the decoder layer ("layers.0" / "midlayer").
-    vocab_maps:   write d2t (int64 offsets) and t2d (bool) for EAGLE-3.
     zero_fc_bias: add an all-zero fc.bias when the head has none (SGLang's EAGLE-1 fc always has a bias).
+    d2t (int64 offsets) and t2d (bool) are written for a reduced draft vocabulary only: with the full one vLLM
+    >= 0.30 has no d2t parameter and fails on the tensor ("no module or parameter named
+    'draft_id_to_target_id'"), and every engine reads a missing d2t as identity.
     """
+    vocab_maps = config.uses_draft_vocab
     native_prefix = "layers.0." if config.method == "eagle1" else "midlayer."
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
@@ -74,12 +80,8 @@ def eagle_tensors(state: dict[str, torch.Tensor], config: HeadConfig, *, layer_p
     return out
 
 
-def target_text_config(target) -> dict:
-    return text_config_of(target.config).to_dict()
-
-
-def expected_eagle_tensors(config: HeadConfig, text: dict, *, layer_prefix: str, fc_bias: bool,
-                           vocab_maps: bool) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
+def expected_eagle_tensors(config: HeadConfig, text: dict, *, layer_prefix: str,
+                           fc_bias: bool) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
     """Name -> (shape, dtype) an engine loads for an EAGLE head, from the target's config (`text`)."""
     h, vocab = int(text["hidden_size"]), int(text["vocab_size"])
     eagle3 = config.method == "eagle3"
@@ -92,7 +94,7 @@ def expected_eagle_tensors(config: HeadConfig, text: dict, *, layer_prefix: str,
     if eagle3:
         shapes["norm.weight"] = ((h,), None)
         shapes["lm_head.weight"] = ((config.draft_vocab_size, h), None)
-        if vocab_maps:
+        if config.uses_draft_vocab:  # never with the full vocabulary (see eagle_tensors)
             shapes["d2t"] = ((config.draft_vocab_size,), torch.long)
             shapes["t2d"] = ((vocab,), torch.bool)
     return shapes
@@ -118,3 +120,69 @@ def expected_llama_fields(text: dict, *, prefix: str = "") -> dict[str, Expect]:
         "attention_bias": Expect(False, "the engines' draft q/k/v/o have no bias"),
     }
     return {prefix + k: v for k, v in fields.items()}
+
+
+# ------------------------------------------------------------------------------------------------ readers
+
+_LAYER_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "attention_bias", "mlp_bias",
+               "rope_theta", "rope_scaling", "bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def read_eagle_config(method: str, layer_source: dict, **fields) -> HeadConfig:
+    """The HeadConfig of the Llama EAGLE layer an engine builds from a config dict (its own keys only)."""
+    layer = {k: layer_source[k] for k in _LAYER_KEYS if k in layer_source}
+    layer.update(model_type="llama", num_hidden_layers=1)
+    vocab = int(layer["vocab_size"])
+    return HeadConfig(method=method, model_type="llama", hidden_size=int(layer["hidden_size"]), vocab_size=vocab,
+                      draft_vocab_size=int(fields.pop("draft_vocab_size", vocab)), layer_config=layer, **fields)
+
+
+def read_eagle1(config: dict, tensors: dict, *, fc_bias: bool) -> tuple[HeadConfig, dict]:
+    """EAGLE-1 as both engines build it: layer 0 without input_layernorm, fc bias as the engine builds it."""
+    state = {k: v for k, v in tensors.items() if "input_layernorm" not in k and (fc_bias or k != "fc.bias")}
+    return read_eagle_config("eagle1", config, aux_layer_ids=[FINAL], input_layernorm=False, fc_bias=fc_bias), state
+
+
+def rename_prefix(tensors: dict, old: str, new: str) -> dict:
+    return {(new + k[len(old):] if k.startswith(old) else k): v for k, v in tensors.items()}
+
+
+def read_vocab_maps(d2t: torch.Tensor | None, vocab: int, draft_vocab: int, *, where: str) -> dict:
+    """d2t as the engines use it (target = draft + d2t); absent means identity offsets; t2d rebuilt from d2t."""
+    if d2t is None:
+        if draft_vocab != vocab:
+            raise ExportError(f"{where}: tensor 'd2t' is missing with draft_vocab_size {draft_vocab} < vocab_size "
+                              f"{vocab}: draft ids would be read as target ids")
+        d2t = torch.zeros(draft_vocab, dtype=torch.long)
+    d2t = d2t.to(torch.long)
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[torch.arange(d2t.numel()) + d2t] = True
+    return {"d2t": d2t, "t2d": t2d}
+
+
+def read_eagle3(config: dict, tensors: dict, *, where: str, engine: str, num_layers: int, ids_key: str,
+                layer_source: dict, norm_before_residual_default: bool) -> tuple[HeadConfig, dict]:
+    """An EAGLE-3 folder read with `engine`'s flags, defaults and aux-layer convention."""
+    if get_field(config, "norm_before_residual", norm_before_residual_default):
+        raise ExportError(f"{where}: norm_before_residual is true ({engine} then adds the NORMED fused state as the "
+                          f"residual); draftsmith heads add the un-normed one: expected false")
+    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+        if get_field(config, flag, False):
+            raise ExportError(f"{where}: {flag} is true; the drafter has no such norm: expected false")
+    if not get_field(config, "eagle_config.use_aux_hidden_state", True):
+        raise ExportError(f"{where}: eagle_config.use_aux_hidden_state is false; expected true (fc over aux layers)")
+    raw = get_field(config, ids_key, None) or engine_default_layer_ids(engine, num_layers=num_layers)
+    # Engines concatenate aux states in ascending layer order, whatever order the config lists.
+    aux = sorted(from_engine_layer_ids(list(raw), engine, num_layers=num_layers))
+    layer_vocab = int(layer_source["vocab_size"])
+    draft_vocab = int(get_field(config, "draft_vocab_size", layer_vocab))
+    target_hidden = int(get_field(config, "target_hidden_size", layer_source["hidden_size"]))
+    if target_hidden != int(layer_source["hidden_size"]):
+        raise ExportError(f"{where}: target_hidden_size {target_hidden} != hidden_size {layer_source['hidden_size']}; "
+                          f"draftsmith heads share the target's width")
+    head_config = read_eagle_config("eagle3", layer_source, draft_vocab_size=draft_vocab, aux_layer_ids=aux,
+                                    input_layernorm=True, hidden_norm=True)
+    state = {k: v for k, v in tensors.items() if k not in ("d2t", "t2d")}
+    state.update(read_vocab_maps(tensors.get("d2t"), layer_vocab, draft_vocab, where=where))
+    return head_config, state

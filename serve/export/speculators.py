@@ -6,7 +6,9 @@ Llama layer), `draft_vocab_size`, `norm_before_residual` (vLLM's reader DEFAULTS
 false: always written), `norm_before_fc`, `target_hidden_size`, top-level `eagle_aux_hidden_state_layer_ids`
 (vLLM convention), and `speculators_config` {algorithm, proposal_methods [{proposal_type: greedy,
 speculative_tokens}], default_proposal_method, verifier {name_or_path, architectures}}; vLLM takes
-`num_speculative_tokens` from the first proposal method and loads the verifier named there.
+`num_speculative_tokens` from the first proposal method and, for `vllm serve DIR`, loads the verifier named there
+(vLLM 0.33 `maybe_override_with_speculators` accepts only a hub id there, never a local folder, so the README
+leads with `vllm serve TARGET --speculative-config '{"model": DIR, ...}'`, which works everywhere).
 Tensors: `layers.0.*` (Eagle3DraftModel's name; vLLM prefixes `model.`), `fc.weight`, `norm.weight`,
 `lm_head.weight`, and `d2t`/`t2d` only with a reduced vocabulary (the package registers them only then);
 embed_tokens come from the verifier. Both speculators 0.9 and vLLM's reader know eagle3 only among EAGLE
@@ -14,30 +16,39 @@ variants, so EAGLE-1 and Medusa have no speculators form.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
 from serve.drafters.heads_common import HeadConfig
 from serve.errors import DraftsmithError
-from serve.export.common import ABSENT, Expect, ExportError, FormatSpec
+from serve.export.common import ABSENT, Expect, ExportError, FormatSpec, TargetFacts
 from serve.export.eagle import (check_eagle_exportable, eagle_tensors, expected_eagle_tensors, expected_llama_fields,
-                                target_text_config)
+                                read_eagle3, rename_prefix)
+from serve.export.engines import Support
 from serve.export.layer_ids import aux_layer_ids_for
 from serve.export.llama_config import llama_layer_config
 
 NAME = "speculators"
+ENGINE = "vLLM"  # the engine that serves the speculators format
 METHODS = ("eagle3",)
 SPECULATORS_VERSION = "0.9.0"  # the schema this writer follows
 
 
+def support(config: HeadConfig) -> Support:
+    return Support(ENGINE)
 
-def build(state: dict[str, torch.Tensor], config: HeadConfig, *, num_layers: int, verifier: str,
-          verifier_architectures: list[str]) -> tuple[dict, dict]:
+
+def check_exportable(config: HeadConfig) -> None:
     if config.method not in METHODS:
         raise DraftsmithError(f"--format speculators cannot export method {config.method!r}: the speculators format "
                               f"(and vLLM's reader of it) has EAGLE-3 only; use --format vllm")
     check_eagle_exportable(config, NAME)
+
+
+def build(state: dict[str, torch.Tensor], config: HeadConfig, facts: TargetFacts) -> tuple[dict, dict]:
+    check_exportable(config)
     k = config.num_speculative_tokens
     body = {
         "architectures": ["Eagle3Speculator"],
@@ -46,26 +57,26 @@ def build(state: dict[str, torch.Tensor], config: HeadConfig, *, num_layers: int
         "transformer_layer_config": llama_layer_config(config),
         "draft_vocab_size": config.draft_vocab_size,
         "target_hidden_size": config.hidden_size,
-        "norm_before_residual": False,
+        "norm_before_residual": False,  # vLLM's speculators reader defaults it to TRUE: always written
         "norm_before_fc": False,
         "fc_norm": False,
         "norm_output": False,
-        "eagle_aux_hidden_state_layer_ids": aux_layer_ids_for(config, NAME, num_layers),
+        "eagle_aux_hidden_state_layer_ids": aux_layer_ids_for(config, NAME, facts.num_layers),
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k, "verifier_accept_k": 1,
                                   "accept_tolerance": 0.0}],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures)},
+            "verifier": {"name_or_path": facts.verifier, "architectures": list(facts.architectures)},
         },
     }
-    tensors = eagle_tensors(state, config, layer_prefix="layers.0", vocab_maps=config.uses_draft_vocab)
+    tensors = eagle_tensors(state, config, layer_prefix="layers.0")
     return body, tensors
 
 
-def expected(config: HeadConfig, target, *, verifier: str | None = None) -> FormatSpec:
-    text = target_text_config(target)
-    ids = aux_layer_ids_for(config, NAME, int(text["num_hidden_layers"]))
+def expected(config: HeadConfig, facts: TargetFacts) -> FormatSpec:
+    text = facts.text
+    ids = aux_layer_ids_for(config, NAME, facts.num_layers)
     fields = expected_llama_fields(text, prefix="transformer_layer_config.")
     fields.update({
         "architectures": Expect(["Eagle3Speculator"]),
@@ -82,13 +93,10 @@ def expected(config: HeadConfig, target, *, verifier: str | None = None) -> Form
         "speculators_config.proposal_methods.0.speculative_tokens": Expect(config.num_speculative_tokens,
                                                                           "vLLM's num_speculative_tokens"),
         "speculators_config.default_proposal_method": Expect("greedy"),
-        "speculators_config.verifier.architectures": Expect(list(getattr(target.config, "architectures", None) or []),
-                                                            "the target's architectures"),
+        "speculators_config.verifier.architectures": Expect(list(facts.architectures), "the target's architectures"),
+        "speculators_config.verifier.name_or_path": Expect(facts.verifier, "the target vLLM loads as verifier"),
     })
-    if verifier is not None:
-        fields["speculators_config.verifier.name_or_path"] = Expect(verifier, "the target vLLM loads as verifier")
-    tensors = expected_eagle_tensors(config, text, layer_prefix="layers.0", fc_bias=False,
-                                     vocab_maps=config.uses_draft_vocab)
+    tensors = expected_eagle_tensors(config, text, layer_prefix="layers.0", fc_bias=False)
     return FormatSpec(NAME, "eagle3", fields, tensors, engine_layer_ids=ids)
 
 
@@ -98,17 +106,44 @@ def check_extra(config: dict) -> list[str]:
                                 "target's name or path (vLLM serves DIR with that verifier)"]
 
 
-def usage(config: HeadConfig, *, out: str, target_ref: str) -> str:
+def read(config: dict, tensors: dict, *, num_layers: int, where: str) -> tuple[HeadConfig, dict]:
+    """The head vLLM's speculators reader builds (vllm/transformers_utils/configs/speculators/)."""
+    kind = config.get("speculators_model_type")
+    if kind != "eagle3":
+        raise ExportError(f"{where}: speculators_model_type is {kind!r}; expected 'eagle3' (the only EAGLE type "
+                          f"vLLM's speculators reader registers)")
+    layer_source = config.get("transformer_layer_config")
+    if not isinstance(layer_source, dict):
+        raise ExportError(f"{where}: transformer_layer_config is missing; expected the draft layer's Llama config")
+    tensors = rename_prefix(tensors, "layers.0.", "midlayer.")
+    # algos.py update_eagle3: norm_before_residual defaults to True.
+    return read_eagle3(config, tensors, where=where, engine=NAME, num_layers=num_layers,
+                       ids_key="eagle_aux_hidden_state_layer_ids", layer_source=layer_source,
+                       norm_before_residual_default=True)
+
+
+def usage(config: HeadConfig, *, out: str, facts: TargetFacts) -> str:
     k = config.num_speculative_tokens
     spec = {"model": out, "method": "eagle3", "num_speculative_tokens": k}
-    import json
+    lines = [f"Name the target and point `--speculative-config` at this folder (every vLLM version, local or hub "
+             f"target):", "", f"```bash\nvllm serve {facts.verifier} --speculative-config '{json.dumps(spec)}'\n```",
+             "", f"```python\nfrom vllm import LLM\n\nllm = LLM(model={facts.verifier!r}, "
+                 f"speculative_config={spec!r})\n```", ""]
+    if facts.verifier_is_local:
+        lines += ["`vllm serve OUT` alone reads the target from `speculators_config.verifier.name_or_path`, here a "
+                  "local folder: vLLM 0.33 refuses that (\"Speculators verifier must name a remote model "
+                  "repository\"; vLLM 0.32 accepts it). To serve the folder alone on vLLM >= 0.33, export with "
+                  "`--verifier ORG/NAME`, the hub id of this same target (same weights and tokenizer), then "
+                  f"`vllm serve {out}`."]
+    else:
+        lines += [f"The verifier is named inside config.json (`speculators_config.verifier.name_or_path` = "
+                  f"`{facts.verifier}`), so vLLM also serves the folder alone:", "",
+                  f"```bash\nvllm serve {out}\n```"]
+    return "\n".join(lines) + "\n"
 
-    return (f"The verifier (target) is named inside config.json (`speculators_config.verifier.name_or_path`), so "
-            f"vLLM serves the folder directly:\n\n```bash\nvllm serve {out}\n```\n\n"
-            f"or with an explicit target:\n\n```bash\nvllm serve {target_ref} --speculative-config "
-            f"'{json.dumps(spec)}'\n```\n\n"
-            f"```python\nfrom vllm import LLM\n\nllm = LLM(model={out!r})  # or LLM(model={target_ref!r}, "
-            f"speculative_config={spec!r})\n```\n")
+
+def notes(config: HeadConfig, facts: TargetFacts) -> list[str]:
+    return []
 
 
 # ------------------------------------------------------------------------- the speculators package's own loader
@@ -121,9 +156,15 @@ def package_available() -> bool:
     return True
 
 
-def check_with_package(out: str | Path, target, readback_head, *, where: str) -> str:
-    """Load the folder with speculators' own config class and model; compare its weights and its first draft
-    step with the read-back head. Returns a one-line summary; raises ExportError on any disagreement."""
+def package_check(out: str | Path, target, readback_head, *, where: str) -> str:
+    """With the `speculators` package installed, load the folder with its own config class and model and
+    compare its weights and first draft step with the read-back head; raises ExportError on any disagreement."""
+    if not package_available():
+        return "speculators package not installed: validated against the schema in serve/export/speculators.py"
+    return _check_with_package(out, target, readback_head, where=where)
+
+
+def _check_with_package(out: str | Path, target, readback_head, *, where: str) -> str:
     from speculators import SpeculatorModelConfig
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
@@ -167,7 +208,9 @@ def _compare_first_step(model, head, target, *, where: str) -> None:
     """speculators' modules vs our read-back head on one teacher-forced pass over a short prompt."""
     from serve.drafters.heads_common import additive, causal_allowed
 
-    ids = torch.arange(3, 3 + 12) % int(text_vocab(target))
+    from serve.drafters.heads_common import text_config_of
+
+    ids = torch.arange(3, 3 + 12) % int(text_config_of(target.config).vocab_size)
     out = target.model(ids[None], output_hidden_states=True)
     layers = list(model.config.eagle_aux_hidden_state_layer_ids)  # vLLM convention: input of layer i
     aux = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1).float()  # (T, 3h)
@@ -189,8 +232,3 @@ def _compare_first_step(model, head, target, *, where: str) -> None:
         raise ExportError(f"{where}: speculators' Eagle3DraftModel computes different first-step logits (max abs "
                           f"diff {float((mine - theirs).abs().max()):.3g}); expected the read-back head's")
 
-
-def text_vocab(target) -> int:
-    from serve.drafters.heads_common import text_config_of
-
-    return text_config_of(target.config).vocab_size
