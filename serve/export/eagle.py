@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from serve.drafters.base import FINAL
+from serve.layers import FINAL
 from serve.drafters.heads_common import HeadConfig
 from serve.errors import DraftsmithError
 from serve.export.common import Expect, ExportError, get_field

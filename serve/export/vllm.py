@@ -179,7 +179,7 @@ def read(config: dict, tensors: dict, *, num_layers: int, where: str) -> tuple[H
 
 
 def _read_medusa(config: dict, tensors: dict, where: str) -> tuple[HeadConfig, dict]:
-    from serve.drafters.base import FINAL
+    from serve.layers import FINAL
 
     # MedusaConfig.from_pretrained renames every key holding "num" + "heads"/"layers".
     renamed = dict(config)
