@@ -1,0 +1,261 @@
+"""Engine conformance: do the engines' own loaders read our exports as our heads draft? (a developer's check,
+run before changing an export, like a benchmark; never in CI, never a dependency of the project)
+
+    .venv/bin/python scripts/check_engines.py [--engines vllm==0.33.0,vllm==0.32.0,speculators==0.9.0,sglang==0.5.23]
+                                              [--exporter-repo DIR] [--work DIR]
+
+1. Installs each engine's released wheel with `--no-deps` into its own virtual environment OUTSIDE the
+   repository, ~/.cache/draftsmith/engines/<name>-<version> (wheels cached in .../engines/wheels; a few small
+   pure-Python modules the engine imports are added the same way, see EXTRAS), which sees the project's
+   environment (torch, transformers) through a .pth file: never the reverse.
+2. Builds a tiny 4-layer Llama target and seeded random-weight drafters for every method and vocabulary
+   (EAGLE-1 full; EAGLE-3 and Medusa full and reduced), and exports each in every format with draftsmith's
+   exporter (`--exporter-repo` picks another checkout's exporter, e.g. an older commit, for a before/after).
+3. Runs scripts/engine_worker.py inside each engine environment: the engine's config readers, draft-model
+   classes and `load_weights` load the folder, its target model computes the aux hidden states, and one
+   teacher-forced draft step runs (stand-ins only for what needs a GPU: see engine_worker.py).
+4. Compares that step with our head's: logits over the target vocabulary, the token ids after d2t, and the
+   state fed back; prints format x method x vocabulary x engine -> loads / drafts identically / fails (error).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("DRAFTSMITH_CACHE", Path.home() / ".cache" / "draftsmith")) / "engines"
+DEFAULT_ENGINES = "vllm==0.33.0,vllm==0.32.0,speculators==0.9.0,sglang==0.5.23"
+# Pure-Python (or small) modules the engines import on the code paths run here, installed with --no-deps too.
+EXTRAS = {
+    "vllm": ["pyzmq", "cbor2", "aiohttp", "multidict", "attrs", "yarl", "propcache", "aiohappyeyeballs",
+             "aiosignal", "frozenlist", "openai-harmony", "pybase64", "cachetools", "msgspec", "cloudpickle",
+             "uvloop", "xgrammar", "apache-tvm-ffi", "llguidance", "partial-json-parser"],
+    "speculators": ["hs-connectors==0.9.0", "loguru", "pydantic-settings", "python-dotenv"],
+    "sglang": ["orjson", "pyzmq", "aiohttp", "multidict", "attrs", "yarl", "propcache", "aiohappyeyeballs",
+               "aiosignal", "frozenlist", "msgspec", "pybase64"],
+}
+FORMATS_OF = {"vllm": ("vllm", "speculators"), "speculators": ("speculators",), "sglang": ("sglang",)}
+CASES = [("eagle1", "full"), ("eagle3", "full"), ("eagle3", "reduced"), ("medusa", "full"), ("medusa", "reduced")]
+FORMAT_METHODS = {"vllm": ("eagle1", "eagle3", "medusa"), "sglang": ("eagle1", "eagle3"), "speculators": ("eagle3",)}
+REDUCED = 150  # draft vocabulary of the reduced drafters (the tiny target has 259 tokens)
+
+
+# --------------------------------------------------------------------------------------- environments
+
+def _pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "-q", *args], check=True)
+
+
+def ensure_env(name: str, version: str) -> Path:
+    """~/.cache/draftsmith/engines/NAME-VERSION: a venv holding the engine's wheel (--no-deps) and EXTRAS."""
+    env = CACHE / f"{name}-{version}"
+    python = env / "bin" / "python"
+    if (env / ".ready").is_file():
+        return python
+    wheels = CACHE / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    if not list(wheels.glob(f"{name}-{version}-*.whl")):
+        _pip("download", "--no-deps", "-d", str(wheels), f"{name}=={version}")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = env / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    # the project's packages (torch, transformers, ...) are visible after the engine's own
+    (site / "zz_draftsmith_env.pth").write_text(
+        f"import site; site.addsitedir({str(Path(sys.prefix) / site.relative_to(env))!r})\n")
+    wheel = next(wheels.glob(f"{name}-{version}-*.whl"))
+    _pip("install", "--no-deps", "--target", str(site), str(wheel), *EXTRAS[name])
+    (env / ".ready").write_text(f"{name}=={version}\n")
+    return python
+
+
+# ------------------------------------------------------------------------------------ drafters, exports
+
+def make_drafters(work: Path) -> tuple[Path, dict]:
+    """The tiny target and one seeded native drafter per (method, vocabulary)."""
+    sys.path.insert(0, str(ROOT))
+    from serve.target import load_target
+    from tests.export_fixtures import make_native
+    from tests.tiny_models import save_tiny_target
+
+    target_dir = save_tiny_target(work / "target", "llama", num_hidden_layers=4)
+    target = load_target(str(target_dir))
+    natives = {}
+    for method, vocab in CASES:
+        options = {} if method == "eagle1" else {"draft_vocab_size": None if vocab == "full" else REDUCED}
+        natives[method, vocab] = make_native(target, method, work / "native" / f"{method}-{vocab}", seed=7, **options)
+    return target_dir, natives
+
+
+EXPORT_ONE = textwrap.dedent("""
+    import json, sys
+    from serve.target import load_target
+    from serve.export import export_drafter
+    from serve.export.common import default_prompts
+    native, fmt, out, target_dir = sys.argv[1:5]
+    target = load_target(target_dir)
+    try:
+        export_drafter(native, fmt, out, target=target, prompts=default_prompts(target, count=1), k=3,
+                       max_new_tokens=8)
+        print(json.dumps({"ok": True}))
+    except Exception as err:
+        print(json.dumps({"ok": False, "error": f"{type(err).__name__}: {err}"}))
+""")
+
+
+def export_all(natives: dict, target_dir: Path, work: Path, exporter_repo: Path) -> dict:
+    """(fmt, method, vocab) -> folder, or the exporter's refusal."""
+    out = {}
+    for (method, vocab), native in natives.items():
+        for fmt, methods in FORMAT_METHODS.items():
+            if method not in methods:
+                continue
+            folder = work / "exports" / f"{fmt}-{method}-{vocab}"
+            proc = subprocess.run([sys.executable, "-c", EXPORT_ONE, str(native), fmt, str(folder), str(target_dir)],
+                                  cwd=exporter_repo, capture_output=True, text=True,
+                                  env={**os.environ, "PYTHONPATH": str(exporter_repo)})
+            lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+            result = json.loads(lines[-1]) if lines else {"ok": False, "error": proc.stderr.strip()[-300:]}
+            out[fmt, method, vocab] = folder if result["ok"] else result["error"].splitlines()[0][:200]
+    return out
+
+
+# ------------------------------------------------------------------------------------------ reference
+
+def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
+    """Our head's teacher-forced step: logits over the target vocabulary, target ids, the state fed back."""
+    import torch
+
+    from serve.drafters.base import FINAL
+    from serve.drafters.folder import load_head
+    from serve.drafters.heads_common import additive, causal_allowed, draft_token_ids
+    from serve.target import load_target
+
+    target = load_target(str(target_dir))
+    T = input_ids.numel()
+    next_ids = torch.cat([input_ids[1:], input_ids[-1:]])
+    with torch.no_grad():
+        hs = target.model(input_ids[None], output_hidden_states=True).hidden_states
+        features = {i: hs[i + 1][0] for i in range(len(hs) - 1)}
+        features[FINAL] = hs[-1][0]
+        refs = {}
+        for key, native in natives.items():
+            head = load_head(native).eval()
+            config = head.config
+            vocab = config.vocab_size
+            if config.method == "medusa":
+                logits = head(features[FINAL])  # (heads, T, Vd)
+                fed_back = torch.stack([block(features[FINAL]) for block in head.blocks])
+            else:
+                hidden = head.input_hidden(features)[None]
+                embeds = target.model.get_input_embeddings()(next_ids)[None]
+                mask = additive(causal_allowed(T, 0), torch.float32)[None]
+                out = head(hidden, embeds, position_ids=torch.arange(T)[None], attention_mask=mask)
+                fed_back = out[0]
+                logits = (target.model.get_output_embeddings()(out) if config.method == "eagle1"
+                          else head.logits(out))[0]
+            ids = draft_token_ids(head.d2t) if hasattr(head, "d2t") else torch.arange(vocab)
+            full = logits.new_full((*logits.shape[:-1], vocab), float("-inf"))
+            full[..., ids] = logits
+            refs[key] = {"logits": full, "draft_logits": logits, "token_ids": ids[logits.argmax(-1)],
+                         "hidden": fed_back}
+    return refs
+
+
+def compare(ref: dict, got: dict) -> str:
+    import torch
+
+    if got["status"] == "source":
+        verdict = (f"every config key {got['module']} reads is written" if not got["missing"] else
+                   f"its defaults apply to the unwritten keys {got['missing']}")
+        return f"not built on CPU ({got['error']}); source check: {verdict}"
+    if got["status"] != "loaded":
+        return f"fails: {got['error']}"
+    logits = ref["draft_logits"] if got.get("draft_vocab") else ref["logits"]
+    theirs = got["logits"].to(logits.dtype)
+    problems = []
+    if theirs.shape != logits.shape:
+        problems.append(f"logits shape {list(theirs.shape)} != ours {list(logits.shape)}")
+    else:
+        finite = torch.isfinite(logits)
+        if not torch.equal(finite, torch.isfinite(theirs)):
+            problems.append("logits -inf elsewhere than ours (draft vocabulary mapped differently)")
+        elif not torch.allclose(theirs[finite], logits[finite], atol=1e-4, rtol=1e-4):
+            problems.append(f"logits differ (max |diff| {float((theirs[finite] - logits[finite]).abs().max()):.3g})")
+    if not torch.equal(got["token_ids"].long(), ref["token_ids"].long()):
+        problems.append(f"token ids differ at {int((got['token_ids'].long() != ref['token_ids'].long()).sum())} of "
+                        f"{ref['token_ids'].numel()} positions")
+    hidden = got["hidden"].to(ref["hidden"].dtype)
+    if hidden.shape != ref["hidden"].shape or not torch.allclose(hidden, ref["hidden"], atol=1e-4, rtol=1e-4):
+        problems.append("state fed back differs")
+    return "loads, drafts differently: " + "; ".join(problems) if problems else "loads, drafts identically"
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+def run_engine(python: Path, engine: str, cases: list[dict], target_dir: Path, inputs: Path, work: Path) -> dict:
+    import torch
+
+    job = work / f"job-{engine}-{os.getpid()}.json"
+    out = work / f"result-{engine}-{os.getpid()}.pt"
+    job.write_text(json.dumps({"engine": engine, "target": str(target_dir), "inputs": str(inputs),
+                               "out": str(out), "cases": cases}))
+    proc = subprocess.run([str(python), str(ROOT / "scripts" / "engine_worker.py"), str(job)], cwd=ROOT,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if proc.returncode != 0 or not out.is_file():
+        error = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return {c["name"]: {"status": "failed", "error": f"worker: {error}"} for c in cases}
+    return torch.load(out, weights_only=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", default=DEFAULT_ENGINES, help=f"comma-separated name==version (default "
+                                                                  f"{DEFAULT_ENGINES})")
+    parser.add_argument("--exporter-repo", default=str(ROOT), help="the draftsmith checkout whose exporter writes "
+                                                                    "the folders (default: this one)")
+    parser.add_argument("--work", default="", help="work folder (default: a temporary one)")
+    parser.add_argument("--json", default="", help="also write the table as JSON here")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(1)
+    work = Path(args.work or tempfile.mkdtemp(prefix="draftsmith-engines-"))
+    work.mkdir(parents=True, exist_ok=True)
+    engines = [tuple(spec.split("==")) for spec in args.engines.split(",") if spec]
+    pythons = {spec: ensure_env(*spec) for spec in engines}
+    target_dir, natives = make_drafters(work)
+    exports = export_all(natives, target_dir, work, Path(args.exporter_repo).resolve())
+    input_ids = torch.arange(3, 15)
+    inputs = work / "inputs.pt"
+    torch.save({"input_ids": input_ids}, inputs)
+    refs = reference_steps(natives, target_dir, input_ids)
+
+    rows = []
+    for name, version in engines:
+        cases = [{"name": f"{fmt}-{m}-{v}", "format": fmt, "method": m, "folder": str(folder)}
+                 for (fmt, m, v), folder in exports.items() if fmt in FORMATS_OF[name] and isinstance(folder, Path)]
+        results = run_engine(pythons[name, version], name, cases, target_dir, inputs, work) if cases else {}
+        for (fmt, method, vocab), folder in exports.items():
+            if fmt not in FORMATS_OF[name]:
+                continue
+            verdict = (f"refused by the exporter: {folder}" if not isinstance(folder, Path)
+                       else compare(refs[method, vocab], results[f"{fmt}-{method}-{vocab}"]))
+            rows.append({"format": fmt, "method": method, "vocabulary": vocab, "engine": f"{name} {version}",
+                         "result": verdict})
+    width = {k: max(len(k), *(len(r[k]) for r in rows)) for k in ("format", "method", "vocabulary", "engine")}
+    print(" | ".join(k.ljust(width[k]) for k in width) + " | result")
+    for row in rows:
+        print(" | ".join(row[k].ljust(width[k]) for k in width) + " | " + row["result"])
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
