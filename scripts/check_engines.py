@@ -192,7 +192,10 @@ def compare(ref: dict, got: dict) -> str:
     hidden = got["hidden"].to(ref["hidden"].dtype)
     if hidden.shape != ref["hidden"].shape or not torch.allclose(hidden, ref["hidden"], atol=1e-4, rtol=1e-4):
         problems.append("state fed back differs")
-    return "loads, drafts differently: " + "; ".join(problems) if problems else "loads, drafts identically"
+    verdict = "loads, drafts differently: " + "; ".join(problems) if problems else "loads, drafts identically"
+    if "serve_dir" in got:  # speculators format in vLLM: the `vllm serve OUT` form too
+        verdict += f"; `vllm serve OUT` {got['serve_dir']}"
+    return verdict
 
 
 # ------------------------------------------------------------------------------------------------ main

@@ -111,6 +111,8 @@ def run_vllm(job: dict) -> dict:
                 results[case["name"]] = _vllm_step(case["method"], target, draft, draft_config.hf_config, ids,
                                                    next_ids, positions, shares_embeddings=not _stores_embeddings(
                                                        case["folder"]))
+                if case["format"] == "speculators":
+                    results[case["name"]]["serve_dir"] = _serve_dir(case["folder"])
         except Exception as err:  # the engine's own error is the result
             results[case["name"]] = {"status": "failed", "error": one_line(err),
                                      "trace": traceback.format_exc(limit=-3)}
@@ -142,6 +144,17 @@ def _vllm_step(method, target, draft, hf_config, ids, next_ids, positions, *, sh
     normed, fed_back = draft_out if isinstance(draft_out, tuple) else (draft_out, draft_out)
     logits = draft.compute_logits(normed).float()  # (T, V): draft ids already mapped to target ids by vLLM
     return {"status": "loaded", "logits": logits, "token_ids": logits.argmax(-1), "hidden": fed_back.float()}
+
+
+def _serve_dir(folder: str) -> str:
+    """What `vllm serve OUT` does first with a speculators folder: resolve the verifier named inside it."""
+    from vllm.transformers_utils.config import maybe_override_with_speculators
+
+    try:
+        model, _, _ = maybe_override_with_speculators(folder, None, False)
+    except Exception as err:  # noqa: BLE001 (vLLM's refusal is the result)
+        return f"refused ({one_line(err)})"
+    return f"serves the verifier {model}"
 
 
 def _stores_embeddings(folder: str) -> bool:
