@@ -1,7 +1,15 @@
 """The project's own prompt sets, one JSONL per domain, written for the demo on a fresh machine.
 
-`edit` is repetition-heavy on purpose (rewrite this code with a small change): the traffic where a
-drafter, and prompt lookup, accept long runs.
+They are meant to be as broad as users' traffic, since a drafter learns the style of its training prompts:
+tasks (code, math, extraction, summarization, translation between English and French/German/Spanish/
+Italian/Portuguese, question answering, answers grounded in short `Context:` passages (`rag`), structured
+output), conversation (`chat`, `multiturn`: 2-3 user turns that build on each other, `roleplay`: a persona
+set by a system prompt) and `creative` writing. `edit` is repetition-heavy on purpose (rewrite this code
+with a small change): the traffic where a drafter, and prompt lookup, accept long runs.
+
+Rows are only ever appended to a domain, never edited, so a dataset built from an older set keeps its rows
+(data/build.py reuses a row with the same id and turns). The demo holds out the last rows of each domain for
+evaluation (scripts/demo.py, split_builtin), so they are kept typical of their domain.
 """
 from __future__ import annotations
 
@@ -10,7 +18,8 @@ from pathlib import Path
 from serve.errors import DraftsmithError
 
 BUILTIN_DIR = Path(__file__).with_name("builtin")
-BUILTIN_DOMAINS = ("code", "math", "chat", "extraction", "creative", "summarization", "edit")
+BUILTIN_DOMAINS = ("code", "math", "chat", "extraction", "creative", "summarization", "edit",
+                   "translation", "qa", "rag", "multiturn", "structured", "roleplay")
 
 
 def builtin_files(domain: str | None = None) -> list[Path]:
