@@ -8,7 +8,7 @@ from typing import Optional
 @dataclass
 class EvalConfig:
     # decoding, the same for plain decoding, every drafter and every peer
-    k: int = 5  # draft tokens per cycle
+    k: Optional[int] = None  # draft tokens per cycle; default: the K the drafter folders record (they agree), else 5
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0

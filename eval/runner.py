@@ -22,6 +22,7 @@ from eval.costs import context_ids, fastest, forward_times, median
 from eval.drafters import BASELINE, BeginTimed, DrafterEntry, build_entries
 from eval.peers import Peer, build_peers, run_peer
 from eval.prompts import EvalPrompt, group_by_domain, limit_per_domain, load_sources, prepare_prompts
+from serve.drafters.settings import resolve_k
 from serve.errors import DraftsmithError
 
 
@@ -310,6 +311,7 @@ def evaluate(target: Any, drafters: Mapping[str, Any], prompts: Any, config: Eva
     longest = max([config.max_new_tokens] + [v for axis, values in parse_sweeps(config.sweep)
                                              if axis == "max_new_tokens" for v in values])
     entries = build_entries(target, drafters, max_new_tokens=longest)
+    config = replace(config, k=resolve_k([e.drafter for e in entries], config.k))  # what settings.k reports
     peers = build_peers(entries, hf_plain=config.hf_plain, dtype=next(target.model.parameters()).dtype,
                         device=config.device) if config.peers else []
     decoding = Decoding.from_config(config)

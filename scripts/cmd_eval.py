@@ -20,7 +20,8 @@ def add_arguments(parser) -> None:
                         help="JSONL file, HF datasets folder, `builtin` or `builtin:<domain>`; DOMAIN= sets the "
                              "domain of all its rows; repeatable (default: builtin)")
     parser.add_argument("--domain-field", default=None, help="row field holding the domain (default: domain)")
-    parser.add_argument("--k", type=int, default=None, help="draft tokens per cycle (default 5)")
+    parser.add_argument("--k", type=int, default=None,
+                        help="draft tokens per cycle (default: the K the drafter folders record, else 5)")
     parser.add_argument("--temperature", type=float, default=None, help="default 0 (greedy)")
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
@@ -92,7 +93,7 @@ def print_summary(result: dict, file=None) -> None:
 
 
 def run(args) -> int:
-    from eval.drafters import parse_named_specs
+    from serve.drafters.spec import parse_named_specs
     from eval.report import write_json, write_report
     from eval.runner import evaluate
     from eval.sweeps import parse_sweeps

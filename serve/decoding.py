@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 import torch
 
 from serve.drafters.base import Draft, Drafter
+from serve.drafters.settings import resolve_k
 from serve.kv import cache_kwargs, keep_positions, new_cache, sliding_window
 from serve.layers import pick_hidden_states
 from serve.sampling import sample, target_probs
@@ -134,20 +135,20 @@ def _verify_inputs(pending: int, draft: Draft, cache, device):
 
 
 @torch.inference_mode()
-def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, max_new_tokens: int, k: int = 5,
-                         temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, max_new_tokens: int,
+                         k: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                         seed: int | None = None,
                          stop_strings: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None,
                          tree: TreeSpec | None = None,
                          on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
     """Draft k tokens (or a tree), verify them in one target forward, keep what the target would have produced.
 
-    input_ids: (1, T). The output distribution equals `plain_generate`'s; at temperature 0 the output
-    is token-identical.
+    input_ids: (1, T). k: None = the K the drafter records (serve/drafters/settings.py). The output
+    distribution equals `plain_generate`'s; at temperature 0 the output is token-identical.
     """
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"speculative_generate takes input_ids of shape (1, T), got {tuple(input_ids.shape)}")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    k = resolve_k([drafter], k)
     model, stats, gen = target.model, SpecStats(), _generator(seed)
     stopper = _stopper(target, eos_token_ids, stop_strings)
     layers = tuple(drafter.target_layers)

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from eval.drafters import parse_named_specs
 from eval.prompts import group_by_domain, load_sources, prepare_prompts, render_prompt, split_label
+from serve.drafters.spec import parse_named_specs
 from serve.errors import DraftsmithError
 from tests.tiny_models import tiny_tokenizer
 

@@ -242,7 +242,8 @@ def test_drafter_folder_spec(target, tiny_target_dir, prompt_file, tmp_path):
 
 
 def test_tree_spec_errors(target):
-    from eval.drafters import build_entries, default_name, split_tree
+    from eval.drafters import build_entries
+    from serve.drafters.spec import default_name, split_tree
 
     assert split_tree("runs/x") == ("runs/x", None)
     assert split_tree("runs/x@tree")[1].total_tokens == 24

@@ -1,76 +1,58 @@
-"""Drafters by name: `ngram[:max_n=4,min_n=2]`, `model:PATH`, `oracle`, or a native drafter folder
-(`DIR`, or `DIR:min_confidence=0.3` to stop chains where the draft is unsure)."""
+"""Drafters by spec (serve/drafters/spec.py): `ngram[:max_n=4,min_n=2]`, `model:PATH`, `oracle`, or a native
+drafter folder (`DIR`, `DIR:min_confidence=0.3`), optionally `@tree[:depth=5,...]` or `@chain`."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from serve.drafters.base import Draft, Drafter
-from serve.errors import DraftsmithError
+from serve.drafters.spec import TREE_KINDS, DrafterSpec, DrafterSpecError, parse_drafter_spec
 from serve.layers import FINAL
 
-__all__ = ["FINAL", "Draft", "Drafter", "build_drafter", "DrafterSpecError"]
+__all__ = ["FINAL", "Draft", "Drafter", "DrafterSpec", "DrafterSpecError", "build_drafter", "parse_drafter_spec"]
 
 
-class DrafterSpecError(DraftsmithError):
-    pass
-
-
-def _options(text: str) -> dict[str, str]:
-    opts = {}
-    for item in filter(None, text.split(",")):
-        if "=" not in item:
-            raise DrafterSpecError(f"drafter option {item!r} is not key=value")
-        key, value = item.split("=", 1)
-        opts[key.strip()] = value.strip()
-    return opts
-
-
-def is_drafter_folder(path: str | Path) -> bool:
-    config = Path(path) / "config.json"
-    return config.is_file() and "draftsmith_drafter" in json.loads(config.read_text())
-
-
-def build_drafter(spec: str, target, **opts) -> Drafter:
-    """Build a drafter for `target` from a spec string; checks it can serve that target."""
-    kind, _, rest = spec.partition(":")
-    if kind == "ngram":
+def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
+    """Build a drafter for `target` from a spec; checks it can serve that target. `opts` are keyword arguments
+    of the drafter class (e.g. the oracle's max_new_tokens), winning over the spec's options."""
+    parsed = spec if isinstance(spec, DrafterSpec) else parse_drafter_spec(spec)
+    if parsed.kind == "ngram":
         from serve.drafters.ngram import NgramDrafter
 
-        parsed = {k: int(v) for k, v in _options(rest).items()}
-        unknown = set(parsed) - {"max_n", "min_n"}
+        unknown = set(parsed.options) - {"max_n", "min_n"}
         if unknown:
             raise DrafterSpecError(f"unknown ngram option(s) {sorted(unknown)}; valid: max_n, min_n")
-        drafter = NgramDrafter(**{**parsed, **opts})
-    elif kind == "oracle":
+        try:
+            sizes = {k: int(v) for k, v in parsed.options.items()}
+        except ValueError:
+            raise DrafterSpecError(f"ngram options take integers: {parsed.text!r}") from None
+        drafter = NgramDrafter(**{**sizes, **opts})
+    elif parsed.kind == "oracle":
         from serve.drafters.oracle import OracleDrafter
 
         drafter = OracleDrafter(target, **opts)
-    elif kind == "model":
-        if not rest:
-            raise DrafterSpecError("the model drafter needs a path: model:PATH_TO_SMALL_LM")
+    elif parsed.kind == "model":
         from serve.drafters.model import ModelDrafter
-        from serve.target import load_target
+        from serve.target import load_target, text_config
 
-        small = load_target(rest, dtype=target.model.dtype, device=str(target.model.device))
-        drafter = ModelDrafter(small.model, small.tokenizer, target_vocab_size=target.model.config.vocab_size
-                               if not hasattr(target.model.config, "text_config")
-                               else target.model.config.text_config.vocab_size)
-    elif not Path(spec).is_dir() and Path(spec.rpartition(":")[0]).is_dir() and "=" in spec.rpartition(":")[2]:
-        folder, _, rest = spec.rpartition(":")
-        try:
-            return build_drafter(folder, target, **{**_options(rest), **opts})
-        except ValueError as err:
-            raise DrafterSpecError(f"bad drafter option in {spec!r}: {err}") from None
-    elif Path(spec).is_dir():
-        if not is_drafter_folder(spec):
-            raise DrafterSpecError(f"{spec} is not a draftsmith drafter folder (its config.json has no "
-                                   f"'draftsmith_drafter' entry); train one with `draftsmith train`")
-        from serve.drafters.folder import load_drafter
-
-        drafter = load_drafter(spec, target, **opts)
+        small = load_target(parsed.path, dtype=target.model.dtype, device=str(target.model.device))
+        drafter = ModelDrafter(small.model, small.tokenizer, target_vocab_size=text_config(target.config).vocab_size)
     else:
-        raise DrafterSpecError(f"unknown drafter {spec!r}: use ngram, ngram:max_n=3, oracle, model:PATH, "
-                               f"or a trained drafter folder")
+        drafter = _folder_drafter(parsed, target, opts)
+    drafter.default_tree = parsed.tree_for(drafter.default_tree)
+    if parsed.tree and drafter.kind not in TREE_KINDS:
+        raise DrafterSpecError(f"drafter {parsed.text!r} ({drafter.kind}) drafts chains only; trees need an EAGLE or "
+                               f"Medusa drafter folder")
     drafter.check_target(target)
     return drafter
+
+
+def _folder_drafter(parsed: DrafterSpec, target, opts: dict) -> Drafter:
+    from serve.drafters.folder import is_drafter_folder, load_drafter
+
+    if not is_drafter_folder(parsed.path):
+        raise DrafterSpecError(f"{parsed.path} is not a draftsmith drafter folder (its config.json has no "
+                               f"'draftsmith_drafter' entry); train one with `draftsmith train`")
+    if not parsed.options:
+        return load_drafter(parsed.path, target, **opts)
+    try:
+        return load_drafter(parsed.path, target, **{**parsed.options, **opts})
+    except ValueError as err:  # a value that does not parse, or one the drafter refuses
+        raise DrafterSpecError(f"bad drafter option in {parsed.text!r}: {err}") from None

@@ -24,6 +24,7 @@ from typing import ClassVar
 import torch
 
 from serve.layers import FINAL  # noqa: F401  (the key of the final normed state in `hidden_states`)
+from serve.tree import TreeSpec
 
 
 @dataclass
@@ -53,6 +54,9 @@ class Drafter:
 
     kind: ClassVar[str] = "base"
     target_layers: tuple[int, ...] = ()  # layer ids whose hidden states the drafter needs (FINAL allowed)
+    # What it records about how to draft (a trained folder's config.json); flags override, see settings.py.
+    default_k: int | None = None  # None: no preference (DEFAULT_K)
+    default_tree: TreeSpec | None = None  # None: chains
 
     def begin(self, prompt_ids: torch.Tensor, next_tokens: torch.Tensor,
               hidden_states: dict[int, torch.Tensor]) -> None:

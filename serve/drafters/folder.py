@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from serve.drafters.heads_common import FORMAT_KEY, FORMAT_VERSION, METHODS, HeadConfig, check_target_identity
+from serve.drafters.settings import tree_from_record
 from serve.errors import DraftsmithError
 
 CONFIG_NAME = "config.json"
@@ -36,17 +37,24 @@ def build_head(config: HeadConfig) -> nn.Module:
 DRAFTER_OPTIONS = {"min_confidence": float}  # `DIR:min_confidence=0.3` (serve.drafters.build_drafter)
 
 
-def make_drafter(head: nn.Module, target, *, check: bool = True, min_confidence: float = 0.0):
-    """Wrap a head module (trained or not) into the Drafter the decoder drives.
+def make_drafter(head: nn.Module, target, *, check: bool = True, min_confidence: float | None = None):
+    """Wrap a head module (trained or not) into the Drafter the decoder drives; it drafts as its config records
+    (K, tree, min_confidence) unless told otherwise.
 
     min_confidence: chains stop drafting where the draft's top-1 probability falls below it (0 = always K)."""
+    config = head.config
+    min_confidence = config.min_confidence if min_confidence is None else min_confidence
     if not 0.0 <= min_confidence < 1.0:
         raise DraftsmithError(f"min_confidence must be in [0, 1), got {min_confidence}")
-    if head.config.method == "medusa":
+    if config.method == "medusa":
         from serve.drafters.medusa import MedusaDrafter
-        return MedusaDrafter(head, target, check=check, min_confidence=min_confidence)
-    from serve.drafters.eagle_drafter import EagleDrafter
-    return EagleDrafter(head, target, check=check, min_confidence=min_confidence)
+        drafter = MedusaDrafter(head, target, check=check, min_confidence=min_confidence)
+    else:
+        from serve.drafters.eagle_drafter import EagleDrafter
+        drafter = EagleDrafter(head, target, check=check, min_confidence=min_confidence)
+    drafter.default_k = config.num_speculative_tokens
+    drafter.default_tree = tree_from_record(config.tree)
+    return drafter
 
 
 def save_drafter(module: nn.Module, config: HeadConfig, out_dir: str | Path) -> Path:

@@ -10,7 +10,7 @@ import dataclasses
 import importlib
 import inspect
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -39,6 +39,9 @@ class HeadConfig:
     fc_bias: bool = False                # EAGLE-1 fc bias
     medusa_num_layers: int = 1           # ResBlocks per Medusa head
     ttt_steps: int = 1                   # EAGLE-3 training-time-test unroll it was trained with
+    # How it drafts unless told otherwise (serve/drafters/settings.py): K above, these two, a flag overrides.
+    tree: Optional[dict] = None          # null = chains; {depth, top_k, total_tokens} or {static_choices} = trees
+    min_confidence: float = 0.0          # chains stop where the draft's top-1 probability falls below it
     layer_config: dict = field(default_factory=dict)  # HF config of the drafter's decoder layer
     target_name: str = ""
     target_config_hash: str = ""

@@ -11,12 +11,13 @@ __all__ = ["ServeConfig", "build_app", "serve_forever"]
 def build_app(config: ServeConfig, *, log=None) -> Any:
     """Load the target and drafter named in `config` and return the ASGI app."""
     from serve.drafters import build_drafter
+    from serve.drafters.settings import draft_settings
     from serve.errors import DraftsmithError
     from serve.server.app import create_app
     from serve.server.engine import Engine
     from serve.target import load_target
 
-    if config.k < 1:
+    if config.k is not None and config.k < 1:
         raise DraftsmithError(f"k must be at least 1, got {config.k}")
     if config.threads is not None:
         import torch
@@ -32,12 +33,12 @@ def build_app(config: ServeConfig, *, log=None) -> Any:
         if log:
             log(f"building drafter {config.drafter}")
         drafter = build_drafter(config.drafter, target)
-    tree = None
-    if config.tree.enabled:
-        from serve.tree import TreeSpec
-
-        tree = TreeSpec(depth=config.tree.depth, top_k=config.tree.top_k, total_tokens=config.tree.total_tokens)
-    engine = Engine(target, drafter, k=config.k, tree=tree, max_queue=config.max_queue)
+    shape = {key: getattr(config.tree, key) for key in ("depth", "top_k", "total_tokens")
+             if getattr(config.tree, key) is not None}
+    settings = draft_settings(drafter, k=config.k, tree=config.tree.enabled, shape=shape)
+    if log and drafter is not None:
+        log(f"drafting {settings.describe()}")
+    engine = Engine(target, drafter, k=settings.k, tree=settings.tree, max_queue=config.max_queue)
     return create_app(engine, model_name=config.served_model_name or target.name,
                       context_length=config.context_length)
 

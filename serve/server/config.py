@@ -7,18 +7,19 @@ from typing import Optional
 
 @dataclass
 class TreeOptions:
-    """Tree drafting (EAGLE-2 style dynamic tree) for drafters that support it; off = a chain of k."""
-    enabled: bool = False
-    depth: int = 5
-    top_k: int = 4
-    total_tokens: int = 24
+    """Tree drafting (EAGLE-2 style dynamic tree) for drafters that support it; off = a chain of k.
+    Unset values are what the drafter folder records (serve/drafters/settings.py), else chains / 5, 4, 24."""
+    enabled: Optional[bool] = None
+    depth: Optional[int] = None
+    top_k: Optional[int] = None
+    total_tokens: Optional[int] = None
 
 
 @dataclass
 class ServeConfig:
     target: str = "demo"  # HF folder, .gguf file, hub id, or `demo`
     drafter: str = "ngram"  # ngram[:max_n=3], model:PATH, oracle, or a trained drafter folder
-    k: int = 5  # draft tokens per cycle
+    k: Optional[int] = None  # draft tokens per cycle; default: the K the drafter folder records, else 5
     tree: TreeOptions = field(default_factory=TreeOptions)
     speculation: bool = True  # false: plain decoding (the baseline to compare against)
     host: str = "127.0.0.1"

@@ -1,0 +1,151 @@
+"""Drafter spec strings, parsed here and nowhere else:
+
+    [NAME=]DRAFTER[@tree[:depth=5,top_k=4,total_tokens=24] | @chain]
+
+    DRAFTER   ngram | ngram:max_n=4,min_n=2    prompt lookup
+              oracle                           the target's own answer (the ceiling for a decoder at this K)
+              model:PATH                       a small causal LM with the target's tokenizer
+              DIR | DIR:min_confidence=0.3     a trained drafter folder (options override what it records)
+    @tree     draft trees (EAGLE and Medusa folders): the folder's recorded shape, or EAGLE-2's default,
+              with the given keys replaced; @chain drafts chains even where the folder records a tree
+    NAME=     a label for the drafter in an evaluation (`mine=runs/eagle3`)
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Sequence
+
+from serve.errors import DraftsmithError
+from serve.tree import TreeSpec
+
+TREE_SUFFIX = "@tree"
+CHAIN_SUFFIX = "@chain"
+TREE_OPTIONS = ("depth", "top_k", "total_tokens")
+TREE_KINDS = ("eagle1", "eagle3", "medusa")  # drafters that grow trees
+KINDS = ("ngram", "oracle", "model", "folder")
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+class DrafterSpecError(DraftsmithError):
+    pass
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    text: str  # as the user wrote it, without a NAME= label
+    kind: str  # one of KINDS
+    path: str | None = None  # the folder (folder) or the small LM (model)
+    options: dict[str, str] = field(default_factory=dict)  # `:key=value,...` after ngram or a folder
+    tree: bool | None = None  # True: @tree, False: @chain, None: whatever the drafter records
+    tree_shape: dict[str, int] = field(default_factory=dict)  # the keys @tree: sets
+
+    def tree_for(self, recorded: TreeSpec | None) -> TreeSpec | None:
+        """The tree this spec drafts, given the one the drafter records (None = chains)."""
+        if self.tree is None:
+            return recorded
+        if not self.tree:
+            return None
+        return replace(recorded or TreeSpec(), **self.tree_shape)
+
+
+def options(text: str) -> dict[str, str]:
+    """`a=1,b=2` -> {"a": "1", "b": "2"}."""
+    opts = {}
+    for item in filter(None, text.split(",")):
+        if "=" not in item:
+            raise DrafterSpecError(f"drafter option {item!r} is not key=value")
+        key, value = item.split("=", 1)
+        opts[key.strip()] = value.strip()
+    return opts
+
+
+def split_tree(spec: str) -> tuple[str, TreeSpec | None]:
+    """`DIR@tree[:depth=5,...]` -> (DIR, TreeSpec of those keys); a spec without the suffix -> (spec, None)."""
+    base, tree, shape = _split_tree(spec)
+    return base, TreeSpec(**shape) if tree else None
+
+
+def _split_tree(spec: str) -> tuple[str, bool | None, dict[str, int]]:
+    if spec.endswith(CHAIN_SUFFIX):
+        return spec[: -len(CHAIN_SUFFIX)], False, {}
+    base, sep, rest = spec.partition(TREE_SUFFIX)
+    if not sep:
+        return spec, None, {}
+    if rest and not rest.startswith(":"):
+        raise DrafterSpecError(f"bad tree suffix in {spec!r}: use {TREE_SUFFIX} or "
+                               f"{TREE_SUFFIX}:depth=5,top_k=4,total_tokens=24")
+    shape = {}
+    for item in filter(None, rest[1:].split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or key not in TREE_OPTIONS or not value.isdigit() or int(value) < 1:
+            raise DrafterSpecError(f"bad tree option {item!r} in {spec!r}: depth, top_k and total_tokens take "
+                                   f"positive integers")
+        shape[key] = int(value)
+    return base, True, shape
+
+
+def parse_drafter_spec(text: str) -> DrafterSpec:
+    """A spec string (no NAME= label) -> DrafterSpec; whether a folder really is a drafter folder is checked
+    when it is built."""
+    base, tree, shape = _split_tree(text)
+    kind, _, rest = base.partition(":")
+    common = dict(text=text, tree=tree, tree_shape=shape)
+    if kind == "ngram":
+        return DrafterSpec(kind="ngram", options=options(rest), **common)
+    if kind == "oracle" and not rest:
+        return DrafterSpec(kind="oracle", **common)
+    if kind == "model":
+        if not rest:
+            raise DrafterSpecError("the model drafter needs a path: model:PATH_TO_SMALL_LM")
+        return DrafterSpec(kind="model", path=rest, **common)
+    if Path(base).is_dir():
+        return DrafterSpec(kind="folder", path=base, **common)
+    folder, _, rest = base.rpartition(":")
+    if folder and Path(folder).is_dir() and "=" in rest:
+        try:
+            return DrafterSpec(kind="folder", path=folder, options=options(rest), **common)
+        except DrafterSpecError as err:
+            raise DrafterSpecError(f"bad drafter option in {text!r}: {err}") from None
+    raise DrafterSpecError(f"unknown drafter {text!r}: use ngram, ngram:max_n=3, oracle, model:PATH, "
+                           f"or a trained drafter folder")
+
+
+def default_name(spec: str) -> str:
+    """A readable label: `ngram`, `ngram:n=3`, `oracle`, `model:<folder name>`, or the folder's name."""
+    if spec.startswith("model:"):
+        return "model:" + Path(_split_tree(spec)[0].split(":", 1)[1]).name
+    base, tree, _ = _split_tree(spec)
+    if Path(base).exists():
+        return Path(base).resolve().name + ("-tree" if tree else "")
+    return spec
+
+
+def parse_named_specs(texts: Sequence[str]) -> dict[str, str]:
+    """`["ngram", "mine=path/to/folder"]` -> {"ngram": "ngram", "mine": "path/to/folder"}.
+
+    A `name=` prefix is only read as a label when the whole text is not an existing path and the
+    part after `=` is not an option of the spec (as in `ngram:n=3`).
+    """
+    out: dict[str, str] = {}
+    for text in texts:
+        name, spec = None, text
+        if "=" in text and not Path(text).exists():
+            head, rest = text.split("=", 1)
+            if _NAME.match(head) and ":" not in head and rest:
+                name, spec = head, rest
+        name = name or default_name(spec)
+        if name in out:
+            raise DraftsmithError(f"two drafters are named {name!r}; label them, e.g. --drafter a={spec}")
+        out[name] = spec
+    return out
+
+
+def spec_path(spec: str) -> str | None:
+    """The folder or model path a spec names (resolved), None for ngram and oracle."""
+    try:
+        parsed = parse_drafter_spec(spec)
+    except DrafterSpecError:
+        return None
+    return str(Path(parsed.path).resolve()) if parsed.kind == "folder" else parsed.path
