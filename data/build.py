@@ -31,7 +31,7 @@ from data.config import DataBuildConfig, validate
 from data.generate import generate_batch
 from data.masks import render_prompt, render_with_mask
 from data.plan import Conversation, fit_prompt, plan_conversation
-from data.prompts import PromptRow, load_prompts, make_ids_unique
+from data.prompts import PromptRow, read_prompts
 from serve.errors import DraftsmithError
 
 WORK = ".work"
@@ -87,19 +87,9 @@ class _Counts:
 
 
 def gather_prompts(config: DataBuildConfig) -> list[PromptRow]:
-    """Rows of every source in order, ids made unique (`#n` on repeats), then the per-domain limit."""
-    rows: list[PromptRow] = []
-    for source in config.prompts:
-        rows += load_prompts(source, domain_field=config.domain_field, split=config.split, limit=config.limit)
-    make_ids_unique(rows)
-    if config.per_domain_limit is not None:
-        kept, per = [], {}
-        for row in rows:
-            if per.get(row.domain, 0) < config.per_domain_limit:
-                kept.append(row)
-                per[row.domain] = per.get(row.domain, 0) + 1
-        rows = kept
-    return rows
+    """The rows `config` names (data.prompts.read_prompts)."""
+    return read_prompts(config.prompts, domain_field=config.domain_field, split=config.split, limit=config.limit,
+                        per_domain_limit=config.per_domain_limit)
 
 
 def context_length(target: Any) -> int | None:

@@ -17,6 +17,7 @@ import re
 from typing import Any, Sequence
 
 from serve.errors import DraftsmithError
+from serve.prompts import has_chat_template, render_chat
 
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 PLAIN_SEPARATOR = "\n\n"  # between a completion and the next prompt in plain (template-less) rendering
@@ -29,7 +30,7 @@ def has_generation_markers(tokenizer: Any) -> bool:
 
 
 def _require_template(tokenizer: Any) -> None:
-    if not getattr(tokenizer, "chat_template", None):
+    if not has_chat_template(tokenizer):
         raise DraftsmithError("the target's tokenizer has no chat template but the data is rendered as chat; "
                               "use plain prompt + completion rendering (data.chat=false) for a base model")
 
@@ -44,8 +45,7 @@ def render_prompt(tokenizer: Any, messages: Sequence[dict], *, chat: bool = True
         ids, _ = _plain(tokenizer, messages, close=False)
         return ids
     _require_template(tokenizer)
-    text = _render_text(tokenizer, messages, generation_prompt=True)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])  # the template writes any BOS itself
+    return render_chat(tokenizer, messages)
 
 
 def render_with_mask(tokenizer: Any, messages: Sequence[dict], *, chat: bool = True, method: str = "auto",

@@ -8,15 +8,18 @@ Accepted sources (DESIGN.md, "Prompt files"):
   local cache, with `split`;
 - `builtin` / `builtin:<domain>`: the project's own prompt sets (data/builtin/).
 
-The domain comes from the field named by `domain_field`, falling back to `category`, else `default`.
+The domain comes from the field named by `domain_field`, falling back to `category`, else `default`; a
+source written `DOMAIN=source` (e.g. `code=humaneval.jsonl`) sets the domain of all its rows.
+`read_prompts` reads a list of sources: every command that takes prompts (data build, eval) reads them there.
 `messages` is the conversation so far: system and user turns plus any assistant turns the row gives.
 """
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 from serve.errors import DraftsmithError
 
@@ -25,6 +28,7 @@ ROLES = ("system", "user", "assistant")
 _SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
                    "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant"}
 _ID_FIELDS = ("id", "task_id", "question_id", "prompt_id")
+_LABEL = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
 @dataclass
@@ -207,3 +211,42 @@ def make_ids_unique(rows: list) -> list:
         if n:
             row.id = f"{row.id}#{n}"
     return rows
+
+
+def split_label(source: str) -> tuple[str | None, str]:
+    """`code=path.jsonl` -> ("code", "path.jsonl"); a plain source -> (None, source)."""
+    if "=" in source and not Path(source).exists():
+        label, rest = source.split("=", 1)
+        if _LABEL.match(label) and rest:
+            return label, rest
+    return None, source
+
+
+def limit_per_domain(rows: Iterable[Any], limit: int | None) -> list[Any]:
+    """Keep the first `limit` rows of each domain (all when limit is None), in their original order."""
+    if limit is not None and limit <= 0:
+        raise DraftsmithError(f"limit must be positive, got {limit}")
+    kept, counts = [], {}
+    for row in rows:
+        n = counts.get(row.domain, 0)
+        if limit is None or n < limit:
+            kept.append(row)
+            counts[row.domain] = n + 1
+    return kept
+
+
+def read_prompts(sources: Sequence[str], *, domain_field: str = "domain", split: str = "train",
+                 limit: int | None = None, per_domain_limit: int | None = None) -> list[PromptRow]:
+    """Rows of every source in order (`DOMAIN=source` labels applied, the first `limit` rows of each source),
+    ids made unique across sources (`#n` on repeats), then the first `per_domain_limit` rows of each domain."""
+    rows: list[PromptRow] = []
+    for source in sources:
+        label, path = split_label(source)
+        loaded = load_prompts(path, domain_field=domain_field, split=split, limit=limit)
+        for row in loaded:
+            row.domain = label or row.domain
+        rows += loaded
+    if not rows:
+        raise DraftsmithError(f"no prompts found in {', '.join(sources)}")
+    make_ids_unique(rows)
+    return limit_per_domain(rows, per_domain_limit)

@@ -21,7 +21,8 @@ from eval.cost_fit import fit_cost_model
 from eval.costs import context_ids, fastest, forward_times, median
 from eval.drafters import BASELINE, BeginTimed, DrafterEntry, build_entries
 from eval.peers import Peer, build_peers, run_peer
-from eval.prompts import EvalPrompt, group_by_domain, limit_per_domain, load_sources, prepare_prompts
+from data.prompts import limit_per_domain, read_prompts
+from eval.prompts import EvalPrompt, group_by_domain, prepare_prompts
 from serve.drafters.settings import resolve_k
 from serve.errors import DraftsmithError
 
@@ -243,7 +244,7 @@ def _as_rows(prompts: Any, config: EvalConfig) -> tuple[list[Any], list[str]]:
         prompts = [prompts]
     prompts = list(prompts)
     if prompts and all(isinstance(p, str) for p in prompts):
-        return load_sources(prompts, domain_field=config.domain_field, limit=config.limit), prompts
+        return read_prompts(prompts, domain_field=config.domain_field, per_domain_limit=config.limit), prompts
     return limit_per_domain(prompts, config.limit), ["<rows passed in>"]
 
 

@@ -16,6 +16,7 @@ import torch
 from serve.decoding import plain_generate, speculative_generate
 from serve.drafters import build_drafter
 from serve.kv import cache_kwargs, new_cache, rollback
+from serve.prompts import encode_prompt
 from serve.target import load_target
 
 CODE_EDIT = ("Rename the variable `total` to `acc` in this function and return the whole function:\n\n"
@@ -26,9 +27,7 @@ FREE = "Write a short story about a lighthouse keeper who finds a message in a b
 
 
 def chat_ids(target, text):
-    ids = target.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                               return_dict=True)["input_ids"]
-    return torch.tensor([list(ids)])
+    return torch.tensor([encode_prompt(target.tokenizer, text, chat=True)])  # (1, T)
 
 
 @torch.inference_mode()

@@ -25,6 +25,8 @@ def distilled_rows(target, *, count: int, new_tokens: int, prompts_file: Path) -
     new_tokens=0: the prompts alone, loss on every token (the objective is the target's own distribution)."""
     import torch
 
+    from serve.prompts import encode_prompt
+
     by_domain: dict[str, list[str]] = {}
     with open(prompts_file) as f:
         for line in f:
@@ -38,8 +40,7 @@ def distilled_rows(target, *, count: int, new_tokens: int, prompts_file: Path) -
             elif rows:
                 rows.pop(0)
     tok = target.tokenizer
-    encoded = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                       return_dict=True)["input_ids"] for t in texts]
+    encoded = [encode_prompt(tok, t, chat=True) for t in texts]
     out = []
     for i, ids in enumerate(encoded):
         if new_tokens == 0:  # no generation (slow on a busy CPU): learn the target's distribution on the prompts

@@ -28,20 +28,6 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quiet", action="store_true", help="do not stream the text")
 
 
-def encode_prompt(target, prompt: str, *, chat: bool):
-    import torch
-
-    if chat:
-        if not target.tokenizer.chat_template:
-            from serve.target import TargetError
-            raise TargetError(f"{target.name} has no chat template; drop --chat")
-        ids = target.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                   return_dict=True)["input_ids"]
-    else:
-        ids = target.tokenizer.encode(prompt)
-    return torch.tensor([list(ids)])
-
-
 class _Streamer:
     """Prints text as tokens are accepted, decoding the whole output so multi-byte characters come out whole."""
 
@@ -64,13 +50,14 @@ def run(args) -> int:
     from serve.decoding import speculative_generate
     from serve.drafters import build_drafter
     from serve.drafters.settings import draft_settings
+    from serve.prompts import encode_prompt
     from serve.target import load_target
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     target = load_target(args.target, dtype=args.dtype, require_chat_template=args.chat)
     drafter = build_drafter(args.drafter, target)
     settings = draft_settings(drafter, k=args.k, tree=args.tree)
-    input_ids = encode_prompt(target, args.prompt, chat=args.chat)
+    input_ids = torch.tensor([encode_prompt(target.tokenizer, args.prompt, chat=args.chat)])  # (1, T)
     streamer = None if args.quiet else _Streamer(target.tokenizer, sys.stdout)
     result = speculative_generate(target, drafter, input_ids, max_new_tokens=args.max_new_tokens, k=settings.k,
                                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,

@@ -147,6 +147,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     from serve.errors import DraftsmithError
     from serve.export import check_export, export_drafter
     from serve.export.common import default_prompts
+    from serve.prompts import encode_prompt
     from serve.target import load_target
 
     if config.train_mode not in ("offline", "online"):
@@ -215,9 +216,8 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     t0 = time.perf_counter()
     best = max(drafters, key=lambda name: result["overall"][name]["mu"]) if drafters else "ngram"
     drafter = build_drafter(drafters.get(best, "ngram"), target)
-    ids = target.tokenizer.apply_chat_template([{"role": "user", "content": config.generate_prompt}],
-                                               add_generation_prompt=True, return_dict=True)["input_ids"]
-    gen = speculative_generate(target, drafter, torch.tensor([list(ids)]),
+    ids = encode_prompt(target.tokenizer, config.generate_prompt, chat=True)
+    gen = speculative_generate(target, drafter, torch.tensor([ids]),
                                max_new_tokens=config.generate_max_new_tokens, k=config.eval.k)
     text = target.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
     stage("generate", t0, f"({best}: mu {gen.stats.mu:.2f}, {gen.stats.new_tokens / gen.stats.seconds:.1f} tok/s)")

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from eval.prompts import group_by_domain, load_sources, prepare_prompts, render_prompt, split_label
+from data.prompts import read_prompts, split_label
+from eval.prompts import group_by_domain, prepare_prompts, render_prompt
 from serve.drafters.spec import parse_named_specs
 from serve.errors import DraftsmithError
 from tests.tiny_models import tiny_tokenizer
@@ -32,9 +33,9 @@ def prompt_file(tmp_path):
 
 
 def test_every_form_and_domain_grouping(prompt_file):
-    rows = load_sources([str(prompt_file)])
+    rows = read_prompts([str(prompt_file)])
     assert [r.domain for r in rows] == ["chat", "writing", "code", "math", "default", "code"]
-    rows = load_sources([str(prompt_file)], domain_field="kind")
+    rows = read_prompts([str(prompt_file)], domain_field="kind")
     assert rows[4].domain == "summarization" and rows[1].domain == "writing"  # falls back to `category`
     assert group_by_domain(rows) == {"default": [0, 2, 3, 5], "writing": [1], "summarization": [4]}
 
@@ -43,17 +44,17 @@ def test_domain_labels_limits_and_unique_ids(prompt_file, tmp_path):
     plain = tmp_path / "plain.jsonl"
     plain.write_text(json.dumps({"question": "why?"}) + "\n" + json.dumps({"question": "how?"}) + "\n")
     assert split_label(f"qa={plain}") == ("qa", str(plain)) and split_label(str(plain)) == (None, str(plain))
-    rows = load_sources([f"qa={plain}", str(prompt_file), f"qa={plain}"], limit=1)
+    rows = read_prompts([f"qa={plain}", str(prompt_file), f"qa={plain}"], per_domain_limit=1)
     assert [(r.domain, r.id) for r in rows] == [("qa", "plain-0"), ("chat", "m"), ("writing", "t"), ("code", "p"),
                                                 ("math", "mixed-3"), ("default", "mixed-4")]
-    rows = load_sources([f"qa={plain}", f"qa={plain}"])
+    rows = read_prompts([f"qa={plain}", f"qa={plain}"])
     assert [r.id for r in rows] == ["plain-0", "plain-1", "plain-0#1", "plain-1#1"]
     with pytest.raises(DraftsmithError):
-        load_sources([str(prompt_file)], limit=0)
+        read_prompts([str(prompt_file)], per_domain_limit=0)
 
 
 def test_render_with_and_without_chat_template(prompt_file):
-    rows = load_sources([str(prompt_file)])
+    rows = read_prompts([str(prompt_file)])
     chat = tiny_tokenizer()
     text = chat.decode(render_prompt(chat, rows[0].messages))
     # up to the last user turn, then the generation prompt; the trailing assistant answer is dropped
@@ -69,7 +70,7 @@ def test_render_with_and_without_chat_template(prompt_file):
 
 
 def test_builtin_sources_have_domains():
-    rows = load_sources(["builtin:code", "builtin:math"], limit=2)
+    rows = read_prompts(["builtin:code", "builtin:math"], per_domain_limit=2)
     assert [r.domain for r in rows] == ["code", "code", "math", "math"]
 
 
@@ -81,3 +82,18 @@ def test_drafter_spec_names(tmp_path):
                      "my_eagle": str(folder), "best": "oracle"}
     with pytest.raises(DraftsmithError, match="two drafters"):
         parse_named_specs(["ngram", "ngram"])
+
+
+def test_one_prompt_encoder_for_every_command():
+    """generate, eval, the server and data build encode one user prompt the same way (serve/prompts.py)."""
+    from data.masks import render_prompt as data_render
+    from serve.prompts import encode_prompt
+
+    chat, base = tiny_tokenizer(), tiny_tokenizer(chat_template=None)
+    user = [{"role": "user", "content": "hi there"}]
+    assert encode_prompt(chat, "hi there") == data_render(chat, user) == render_prompt(chat, user)
+    assert encode_prompt(chat, "hi there") == chat.apply_chat_template(user, add_generation_prompt=True,
+                                                                       return_dict=True)["input_ids"]
+    assert encode_prompt(base, "hi there") == base.encode("hi there") == render_prompt(base, user)
+    with pytest.raises(DraftsmithError, match="no chat template"):
+        encode_prompt(base, "hi there", chat=True)

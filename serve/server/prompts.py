@@ -3,15 +3,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from serve import prompts
 from serve.server.schemas import APIError, ChatMessage, CompletionRequest
 
 
 def render_chat(tokenizer: Any, messages: list[ChatMessage]) -> list[int]:
-    """The target's own chat template with the assistant turn opened (add_generation_prompt=True).
-
-    The template writes any BOS itself, so the rendered text is encoded without adding special tokens.
-    """
-    if not getattr(tokenizer, "chat_template", None):
+    """The target's own chat template with the assistant turn opened (serve.prompts.render_chat)."""
+    if not prompts.has_chat_template(tokenizer):
         raise APIError(400, "this model's tokenizer has no chat template, so /v1/chat/completions cannot "
                        "format messages; send a raw prompt to /v1/completions instead",
                        param="messages", code="chat_template_missing")
@@ -19,10 +17,9 @@ def render_chat(tokenizer: Any, messages: list[ChatMessage]) -> list[int]:
     from jinja2 import TemplateError
 
     try:
-        text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+        return prompts.render_chat(tokenizer, conversation)
     except TemplateError as err:  # e.g. a template that requires alternating user/assistant roles
         raise APIError(400, f"the chat template rejected these messages: {err}", param="messages") from None
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def encode_completion_prompt(tokenizer: Any, body: CompletionRequest, vocab_size: int) -> list[int]:
@@ -34,7 +31,7 @@ def encode_completion_prompt(tokenizer: Any, body: CompletionRequest, vocab_size
                            f"separate requests", param="prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return list(tokenizer(prompt)["input_ids"])
+        return prompts.encode_prompt(tokenizer, prompt, chat=False)
     bad = [t for t in prompt if not 0 <= t < vocab_size]
     if bad:
         raise APIError(400, f"token id {bad[0]} is out of range for a vocabulary of {vocab_size}", param="prompt")
