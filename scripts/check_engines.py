@@ -93,9 +93,9 @@ def make_drafters(work: Path) -> tuple[Path, dict]:
 
 EXPORT_ONE = textwrap.dedent("""
     import json, sys
-    from serve.target import load_target
     from serve.export import export_drafter
     from serve.export.common import default_prompts
+    from serve.target import load_target
     native, fmt, out, target_dir = sys.argv[1:5]
     target = load_target(target_dir)
     try:
@@ -132,7 +132,8 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
 
     from serve.drafters.base import FINAL
     from serve.drafters.folder import load_head
-    from serve.drafters.heads_common import additive, causal_allowed, draft_token_ids
+    from serve.drafters.masks import additive, causal_allowed
+    from serve.drafters.vocab import draft_token_ids
     from serve.target import load_target
 
     target = load_target(str(target_dir))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from serve.drafters.heads_common import causal_allowed, ttt_allowed
+from serve.drafters.masks import causal_allowed, ttt_allowed
 from train import losses
 
 

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from serve.drafters.base import FINAL
-from serve.drafters.heads_common import additive, draft_token_ids, ttt_allowed
+from serve.drafters.masks import additive, ttt_allowed
+from serve.drafters.vocab import draft_token_ids
 from train import losses
 
 

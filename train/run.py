@@ -18,7 +18,7 @@ import torch
 from serve.config import save_config, to_dict
 from serve.drafters.base import FINAL
 from serve.drafters.folder import build_head, save_drafter
-from serve.drafters.heads_common import HeadConfig
+from serve.drafters.head_config import HeadConfig
 from serve.errors import DraftsmithError
 from serve.layers import check_eagle3_layers
 from train.config import TrainConfig, check

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from serve.drafters.heads_common import (HeadConfig, Rope, decoder_layer_class, drafter_layer_config, hf_config)
+from serve.drafters.family import Rope, decoder_layer_class, drafter_layer_config, hf_config
+from serve.drafters.head_config import HeadConfig
 from serve.kv import cache_argument
 from serve.layers import FINAL
 
@@ -52,9 +53,9 @@ class Eagle1Head(nn.Module):
 
 def eagle1_config(target, *, fc_bias: bool = False, num_speculative_tokens: int = 5,
                   attn_implementation: str = "sdpa") -> HeadConfig:
-    from serve.drafters.heads_common import text_config_of
+    from serve.target import text_config
 
-    text = text_config_of(target.config)
+    text = text_config(target.config)
     return HeadConfig(method="eagle1", model_type=text.model_type, hidden_size=text.hidden_size,
                       vocab_size=text.vocab_size, draft_vocab_size=text.vocab_size,
                       num_speculative_tokens=num_speculative_tokens, aux_layer_ids=[FINAL],

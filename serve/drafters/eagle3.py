@@ -16,11 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from serve.drafters.heads_common import (HeadConfig, Rope, decoder_layer_class, drafter_layer_config,
-                                         hf_config, identity_vocab, norm_like, rms_eps, text_config_of)
+from serve.drafters.family import Rope, decoder_layer_class, drafter_layer_config, hf_config, norm_like, rms_eps
+from serve.drafters.head_config import HeadConfig
+from serve.drafters.vocab import identity_vocab
 from serve.errors import DraftsmithError
 from serve.kv import cache_argument
 from serve.layers import default_eagle3_layers
+from serve.target import text_config
 
 _WIDE_INPUTS = ("q_proj", "k_proj", "v_proj", "qkv_proj")
 
@@ -101,7 +103,7 @@ class Eagle3Head(nn.Module):
 def eagle3_config(target, *, draft_vocab_size: int | None = None, aux_layer_ids: list[int] | None = None,
                   num_speculative_tokens: int = 5, ttt_steps: int = 7,
                   attn_implementation: str = "sdpa") -> HeadConfig:
-    text = text_config_of(target.config)
+    text = text_config(target.config)
     n = text.num_hidden_layers
     aux = list(aux_layer_ids) if aux_layer_ids else default_eagle3_layers(n)
     bad = [i for i in aux if not 0 <= i < n]

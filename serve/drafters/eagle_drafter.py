@@ -10,14 +10,10 @@ import torch
 from transformers import DynamicCache
 
 from serve.drafters.base import Draft, Drafter
-from serve.drafters.heads_common import (additive, causal_allowed, check_target_identity, confident,
-                                         draft_token_ids, grow_tree, sample_chain_token)
-
-
-def _rollback(cache: DynamicCache, keep: int) -> None:
-    extra = cache.get_seq_length() - keep
-    if extra > 0:
-        cache.crop(-extra)  # DynamicCache.crop takes a negative count to drop the last entries
+from serve.drafters.heads_common import confident, grow_tree, sample_chain_token
+from serve.drafters.identity import check_target_identity
+from serve.drafters.masks import additive, causal_allowed
+from serve.kv import rollback
 
 
 class EagleDrafter(Drafter):
@@ -80,7 +76,7 @@ class EagleDrafter(Drafter):
         self._consume(next_tokens, hidden_states)
 
     def commit(self, next_tokens, hidden_states) -> None:
-        _rollback(self.cache, self.n)
+        rollback(self.cache, self.n)
         self._consume(next_tokens, hidden_states)
 
     def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -91,7 +87,7 @@ class EagleDrafter(Drafter):
     def propose(self, k: int, *, temperature: float = 0.0, generator: torch.Generator | None = None,
                 tree=None) -> Draft:
         assert self._logits is not None, "begin() must run before propose()"
-        _rollback(self.cache, self.n)
+        rollback(self.cache, self.n)
         if tree is not None:
             return self._propose_tree(tree)
         vocab = self.config.vocab_size
@@ -142,5 +138,5 @@ class EagleDrafter(Drafter):
 
         root = torch.log_softmax(self._logits, dim=-1)
         tokens, parents = grow_tree(root, expand, spec, max_depth=spec.depth if not spec.is_static else 64)
-        _rollback(self.cache, self.n)
+        rollback(self.cache, self.n)
         return Draft(tokens=self._to_target(tokens), parents=parents)

@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from serve.drafters.heads_common import FORMAT_KEY, FORMAT_VERSION, METHODS, HeadConfig, check_target_identity
+from serve.drafters.head_config import FORMAT_KEY, FORMAT_VERSION, HeadConfig, METHODS
+from serve.drafters.identity import check_target_identity
 from serve.drafters.settings import tree_from_record
 from serve.errors import DraftsmithError
 

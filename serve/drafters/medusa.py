@@ -14,9 +14,12 @@ import torch
 from torch import nn
 
 from serve.drafters.base import Draft, Drafter
-from serve.drafters.heads_common import (HeadConfig, check_target_identity, confident, draft_token_ids, grow_tree,
-                                         identity_vocab, sample_chain_token, text_config_of)
+from serve.drafters.head_config import HeadConfig
+from serve.drafters.heads_common import confident, grow_tree, sample_chain_token
+from serve.drafters.identity import check_target_identity
+from serve.drafters.vocab import draft_token_ids, identity_vocab
 from serve.layers import FINAL
+from serve.target import text_config
 
 
 class MedusaBlock(nn.Module):
@@ -74,7 +77,7 @@ class MedusaHeads(nn.Module):
 
 def medusa_config(target, *, num_heads: int = 5, num_layers: int = 1,
                   draft_vocab_size: int | None = None) -> HeadConfig:
-    text = text_config_of(target.config)
+    text = text_config(target.config)
     vd = int(draft_vocab_size or text.vocab_size)
     return HeadConfig(method="medusa", model_type=text.model_type, hidden_size=text.hidden_size,
                       vocab_size=text.vocab_size, draft_vocab_size=vd, num_speculative_tokens=num_heads,

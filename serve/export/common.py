@@ -54,11 +54,11 @@ class TargetFacts:
 
 
 def target_facts(target, *, verifier: str | None = None) -> TargetFacts:
-    from serve.drafters.heads_common import text_config_of
+    from serve.target import text_config
 
     path = Path(target.path)
     default = str(path.resolve()) if path.is_dir() else target.name
-    return TargetFacts(text=text_config_of(target.config).to_dict(),
+    return TargetFacts(text=text_config(target.config).to_dict(),
                        architectures=list(getattr(target.config, "architectures", None) or []),
                        verifier=verifier or default)
 

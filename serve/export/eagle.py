@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from serve.layers import FINAL
-from serve.drafters.heads_common import HeadConfig
+from serve.drafters.head_config import HeadConfig
 from serve.errors import DraftsmithError
 from serve.export.common import Expect, ExportError, get_field
 from serve.export.layer_ids import engine_default_layer_ids, from_engine_layer_ids
 from serve.export.llama_config import check_llama_like, expected_layer_shapes, rope_fields
+from serve.layers import FINAL
 
 NUM_AUX = 3  # vLLM and SGLang size fc as 3 * target_hidden_size
 

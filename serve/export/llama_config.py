@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve.drafters.heads_common import HeadConfig
+from serve.drafters.head_config import HeadConfig
 from serve.errors import DraftsmithError
 
 # Families whose HF decoder layer is computationally a Llama layer (Mistral differs only by a sliding

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serve.drafters.heads_common import HeadConfig
+from serve.drafters.head_config import HeadConfig
 from serve.export.common import PROVENANCE_KEY
 from serve.export.layer_ids import CONVENTIONS
 

@@ -14,10 +14,11 @@ import torch
 
 from serve.drafters.base import Drafter
 from serve.drafters.folder import build_head, make_drafter
-from serve.drafters.heads_common import check_target_identity, text_config_of
+from serve.drafters.identity import check_target_identity
 from serve.export.common import ExportError, read_config, read_tensors
 from serve.export.formats import FORMATS
 from serve.export.provenance import target_identity
+from serve.target import text_config
 
 
 def read_export(path: str | Path, target, *, fmt: str, attn_implementation: str = "sdpa") -> Drafter:
@@ -31,7 +32,7 @@ def read_head(path: str | Path, target, *, fmt: str, attn_implementation: str = 
         raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     config, tensors = read_config(path), read_tensors(path)
     where = f"{fmt} export {path}"
-    head_config, state = FORMATS[fmt].read(config, tensors, num_layers=text_config_of(target.config).num_hidden_layers,
+    head_config, state = FORMATS[fmt].read(config, tensors, num_layers=text_config(target.config).num_hidden_layers,
                                            where=where)
     for key, value in target_identity(config).items():
         setattr(head_config, key, value)

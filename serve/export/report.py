@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from serve.drafters.heads_common import HeadConfig
+from serve.drafters.head_config import HeadConfig
 from serve.export.common import TargetFacts
 
 

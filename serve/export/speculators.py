@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from serve.drafters.heads_common import HeadConfig
+from serve.drafters.head_config import HeadConfig
 from serve.errors import DraftsmithError
 from serve.export.common import ABSENT, Expect, ExportError, FormatSpec, TargetFacts
 from serve.export.eagle import (check_eagle_exportable, eagle_tensors, expected_eagle_tensors, expected_llama_fields,
@@ -206,11 +206,11 @@ def _check_with_package(out: str | Path, target, readback_head, *, where: str) -
 @torch.no_grad()
 def _compare_first_step(model, head, target, *, where: str) -> None:
     """speculators' modules vs our read-back head on one teacher-forced pass over a short prompt."""
-    from serve.drafters.heads_common import additive, causal_allowed
+    from serve.drafters.masks import additive, causal_allowed
 
-    from serve.drafters.heads_common import text_config_of
+    from serve.target import text_config
 
-    ids = torch.arange(3, 3 + 12) % int(text_config_of(target.config).vocab_size)
+    ids = torch.arange(3, 3 + 12) % int(text_config(target.config).vocab_size)
     out = target.model(ids[None], output_hidden_states=True)
     layers = list(model.config.eagle_aux_hidden_state_layer_ids)  # vLLM convention: input of layer i
     aux = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1).float()  # (T, 3h)

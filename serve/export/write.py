@@ -11,7 +11,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from serve.drafters.folder import load_head, read_config as read_native_config
-from serve.drafters.heads_common import check_target_identity
+from serve.drafters.identity import check_target_identity
 from serve.errors import DraftsmithError
 from serve.export.common import CONFIG_NAME, WEIGHTS_NAME, target_facts
 from serve.export.engines import refuse_unless_supported
