@@ -5,7 +5,6 @@ Output folder (`out_dir`):
                                                   id (str), domain (str), input_ids (list[int]), loss_mask (list[int])
     build_info.json                               target identity, config hash, counts, throughput
     config.resolved.yaml                          the DataBuildConfig used
-    draft_vocab.safetensors                       d2t / t2d, when data.draft_vocab_size is set
     .work/state.json, .work/part-NNNNN.jsonl      finished batches (the resume point)
 
 Resuming: each finished batch is written atomically to its own part file; a new run reads every part,
@@ -412,14 +411,13 @@ def _write_dataset(target, config: DataBuildConfig, rows: list[PromptRow], recor
                          generated_batches=stats["generated_batches"], reused_batches=stats["reused_batches"],
                          reused_rows=stats["reused_rows"])
     if config.draft_vocab_size:
-        from data.vocab import save_draft_vocab, select_draft_vocab
-
+        # A figure for choosing model.draft_vocab_size; training picks the vocabulary itself, from its training
+        # rows only (train/run.py), so nothing is written here.
+        from data.vocab import select_draft_vocab
         from serve.target import text_config
 
         vocab_size = text_config(target.config).vocab_size
-        d2t, t2d, coverage = select_draft_vocab(dataset, vocab_size, config.draft_vocab_size)
-        save_draft_vocab(out, d2t, t2d, coverage=coverage)
-        result.draft_vocab_coverage = coverage
+        _, _, result.draft_vocab_coverage = select_draft_vocab(dataset, vocab_size, config.draft_vocab_size)
     info = {"target": {"name": target.name, "path": str(target.path), "config_hash": target.config_hash,
                        "tokenizer_hash": target.tokenizer_hash},
             "data_config_hash": hashlib.sha256(json.dumps(to_dict(config), sort_keys=True).encode()).hexdigest()[:16],

@@ -35,7 +35,7 @@ class DataBuildConfig:
     max_length: int = 2048  # tokens per conversation, capped by the target's context
     long_prompts: str = "skip"  # a prompt leaving < max_new_tokens of room: skip | truncate (its longest turn)
     drop_unfinished: bool = False  # drop rows whose last answer hit max_new_tokens before EOS
-    draft_vocab_size: Optional[int] = None  # also write draft_vocab.safetensors (d2t/t2d) of this size
+    draft_vocab_size: Optional[int] = None  # report the loss-token coverage of a draft vocabulary of this size
     dtype: str = "float32"  # the target's compute dtype
     device: str = "auto"  # auto = cuda when available, else cpu
 

@@ -15,9 +15,6 @@ import torch
 
 from serve.errors import DraftsmithError
 
-VOCAB_FILE = "draft_vocab.safetensors"
-
-
 def token_counts(dataset: Any, vocab_size: int) -> np.ndarray:
     """(V,) int64 counts of the tokens under loss_mask == 1 in an HF dataset, a dataset folder, or rows."""
     if isinstance(dataset, (str, Path)):
@@ -66,25 +63,3 @@ def draft_vocab_from_counts(counts: np.ndarray, draft_vocab_size: int) -> tuple[
 def select_draft_vocab(dataset: Any, vocab_size: int, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor, float]:
     """EAGLE-3 d2t (Vd,) int64, t2d (V,) bool and coverage from the loss-masked tokens of `dataset`."""
     return draft_vocab_from_counts(token_counts(dataset, vocab_size), draft_vocab_size)
-
-
-def save_draft_vocab(out_dir: str | Path, d2t: torch.Tensor, t2d: torch.Tensor, *, coverage: float) -> Path:
-    from safetensors.torch import save_file
-
-    path = Path(out_dir) / VOCAB_FILE
-    save_file({"d2t": d2t.contiguous(), "t2d": t2d.contiguous()}, str(path),
-              metadata={"coverage": f"{coverage:.6f}", "convention": "target_id = draft_id + d2t[draft_id]"})
-    return path
-
-
-def load_draft_vocab(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, float]:
-    from safetensors import safe_open
-
-    path = Path(path)
-    if path.is_dir():
-        path = path / VOCAB_FILE
-    if not path.is_file():
-        raise DraftsmithError(f"no draft vocabulary at {path} (build it with data.draft_vocab_size=N)")
-    with safe_open(str(path), framework="pt") as fh:
-        coverage = float((fh.metadata() or {}).get("coverage", "nan"))
-        return fh.get_tensor("d2t"), fh.get_tensor("t2d"), coverage

@@ -33,7 +33,7 @@ def run(args) -> int:
     result = build_dataset(args.target, config, out_dir=args.out, progress=not args.no_progress,
                            log=lambda msg: print(msg, file=sys.stderr))
     if result.draft_vocab_coverage is not None:
-        print(f"draft vocabulary of {config.draft_vocab_size} tokens covers {result.draft_vocab_coverage:.2%} "
-              f"of the loss tokens", file=sys.stderr)
+        print(f"a draft vocabulary of {config.draft_vocab_size} tokens would cover {result.draft_vocab_coverage:.2%} "
+              f"of the loss tokens (training picks its own: model.draft_vocab_size)", file=sys.stderr)
     print(result.out_dir)
     return 0

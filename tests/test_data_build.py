@@ -73,6 +73,7 @@ def test_build_writes_dataset_masks_and_info(tmp_path, tiny_target, prompts):
     assert info["rows"] == 5 and info["counts"]["prompts"] == 5 and info["domains"]["math"] == 2
     assert result.generated_tokens > 0 and result.tokens == sum(map(len, data["input_ids"]))
     assert (out / "config.resolved.yaml").is_file() and 0 < result.draft_vocab_coverage <= 1
+    assert not (out / "draft_vocab.safetensors").exists()  # training picks its own from its training rows
     assert result.loss_tokens == sum(map(sum, data["loss_mask"]))
 
 
