@@ -1,8 +1,7 @@
 """`draftsmith` command line: parse, then call one library function.
 
 Each subcommand lives in its own module `scripts/cmd_<name>.py` exposing
-`add_arguments(parser)` and `run(args) -> int`. A subcommand whose module is absent is listed
-but says plainly that it is not built yet and exits non-zero.
+`add_arguments(parser)` and `run(args) -> int`.
 """
 from __future__ import annotations
 
@@ -11,25 +10,20 @@ import importlib
 import os
 import sys
 
-# (command path, module, help, issue that builds it)
+# (command path, module, help)
 COMMANDS = [
-    (("target", "fetch-demo"), "scripts.cmd_fetch_demo", "build the embedded default target into a cached HF folder, print its path", 2),
-    (("data", "build"), "scripts.cmd_data_build", "prompts -> conversations -> self-distilled responses -> tokenized dataset", 4),
-    (("data", "capture"), "scripts.cmd_data_capture", "hidden-state cache for offline training (distributed, resumable)", 4),
-    (("train",), "scripts.cmd_train", "train a drafter (alone or under accelerate launch / torchrun)", 5),
-    (("eval",), "scripts.cmd_eval", "mu per domain and speed side by side; --json and --report DIR", 6),
-    (("generate",), "scripts.cmd_generate", "live speculative generation of one prompt with per-cycle stats", 3),
-    (("serve",), "scripts.cmd_serve", "OpenAI-compatible HTTP server with speculative decoding", 8),
-    (("export",), "scripts.cmd_export", "write a drafter in a serving engine's format and validate it", 7),
-    (("demo",), "scripts.cmd_demo", "the whole main job on the embedded default, end to end", 9),
+    (("target", "fetch-demo"), "scripts.cmd_fetch_demo",
+     "build the embedded default target into a cached HF folder, print its path"),
+    (("data", "build"), "scripts.cmd_data_build",
+     "prompts -> conversations -> self-distilled responses -> tokenized dataset"),
+    (("data", "capture"), "scripts.cmd_data_capture", "hidden-state cache for offline training (distributed, resumable)"),
+    (("train",), "scripts.cmd_train", "train a drafter (alone or under accelerate launch / torchrun)"),
+    (("eval",), "scripts.cmd_eval", "mu per domain and speed side by side; --json and --report DIR"),
+    (("generate",), "scripts.cmd_generate", "live speculative generation of one prompt with per-cycle stats"),
+    (("serve",), "scripts.cmd_serve", "OpenAI-compatible HTTP server with speculative decoding"),
+    (("export",), "scripts.cmd_export", "write a drafter in a serving engine's format and validate it"),
+    (("demo",), "scripts.cmd_demo", "the whole main job on the embedded default, end to end"),
 ]
-
-
-def _not_built(path: tuple[str, ...], issue: int):
-    def run(args) -> int:
-        print(f"draftsmith {' '.join(path)}: not built yet (tracked in issue {issue}).", file=sys.stderr)
-        return 2
-    return run
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
@@ -44,14 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "speculative-decoding drafters for a frozen target LLM.")
     top = parser.add_subparsers(dest="command", metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction] = {}
-    for path, module_name, help_text, issue in COMMANDS:
-        try:
-            module = importlib.import_module(module_name)
-            run, add_arguments = module.run, module.add_arguments
-        except ModuleNotFoundError as err:
-            if err.name != module_name:
-                raise
-            run, add_arguments, help_text = _not_built(path, issue), None, f"[not built yet] {help_text}"
+    for path, module_name, help_text in COMMANDS:
+        module = importlib.import_module(module_name)
         if len(path) == 1:
             sub = top.add_parser(path[0], help=help_text, description=help_text)
         else:
@@ -61,9 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                               required=True)
             sub = groups[path[0]].add_parser(path[1], help=help_text, description=help_text)
         add_common(sub)
-        if add_arguments is not None:
-            add_arguments(sub)
-        sub.set_defaults(func=run)
+        module.add_arguments(sub)
+        sub.set_defaults(func=module.run)
     return parser
 
 
