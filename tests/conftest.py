@@ -14,6 +14,16 @@ torch.set_num_threads(1)
 from tests.tiny_models import FAMILIES, save_tiny_target  # noqa: E402
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Every module starts on one torch thread, whatever an earlier one left (a server built with `threads`, a
+    capture that split the cores): tiny models run ~10x faster on one thread than on two on a busy 2-core
+    machine, where thread barriers dominate ops this small."""
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def tiny_target_factory(tmp_path_factory):
     """Returns a function family -> folder of a tiny random target (cached per session)."""
@@ -31,6 +41,14 @@ def tiny_target_factory(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_target_dir(tiny_target_factory) -> Path:
     return tiny_target_factory("llama")
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tiny_target_dir):
+    """The tiny llama target, loaded once per module."""
+    from serve.target import load_target
+
+    return load_target(tiny_target_dir)
 
 
 @pytest.fixture(params=sorted(FAMILIES))

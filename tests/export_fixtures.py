@@ -48,16 +48,6 @@ def make_native(target, method: str, folder: str | Path, *, seed: int = 0, **opt
     return save_drafter(head, config, folder)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models run ~10x faster on one torch thread than on two on a busy 2-core machine (thread barriers
-    dominate ops this small); restored after the module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def target(tiny_target_factory):
     """The tiny 4-layer llama target every export test exports for."""

@@ -11,27 +11,7 @@ from data.config import DataBuildConfig, load_section
 from serve.config import ConfigError
 from serve.errors import DraftsmithError
 from serve.target import load_target
-from tests.test_data_prompts import write_jsonl
-
-PROMPTS = [
-    {"id": "a", "domain": "math", "prompt": "1+1?"},
-    {"id": "b", "domain": "code", "prompt": "Write a loop."},
-    {"id": "c", "domain": "math", "question": "2*3?"},
-    {"id": "d", "domain": "chat", "turns": ["Hi", "More?"]},
-    {"id": "e", "domain": "chat", "messages": [{"role": "user", "content": "x"},
-                                               {"role": "assistant", "content": "given answer"},
-                                               {"role": "user", "content": "y"}]},
-]
-
-
-def quiet(_msg: str) -> None:
-    pass
-
-
-@pytest.fixture(scope="module")
-def tiny_target(tiny_target_dir):
-    return load_target(tiny_target_dir)
-
+from tests.data_fixtures import PROMPTS, quiet, write_jsonl
 
 @pytest.fixture()
 def prompts(tmp_path):

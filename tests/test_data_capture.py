@@ -19,15 +19,9 @@ from data.layers import resolve_layers
 from serve.errors import DraftsmithError
 from serve.layers import FINAL
 from serve.target import load_target
-from tests.test_data_build import PROMPTS, quiet
-from tests.test_data_prompts import write_jsonl
+from tests.data_fixtures import PROMPTS, quiet, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tiny_target(tiny_target_dir):
-    return load_target(tiny_target_dir)
 
 
 @pytest.fixture(scope="module")

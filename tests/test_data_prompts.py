@@ -1,18 +1,12 @@
 """Prompt sources: the five forms (plus ShareGPT), domains, built-in sets, HF datasets folders, bad input."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from data.builtin import BUILTIN_DOMAINS
 from data.prompts import PromptRow, load_prompts
 from serve.errors import DraftsmithError
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    return path
+from tests.data_fixtures import write_jsonl
 
 
 def test_five_forms_and_domains(tmp_path):

@@ -27,15 +27,6 @@ RECORD_KEYS = {"id", "domain", "prompt_token_ids", "output_token_ids", "target_f
                "seconds"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run ~100x faster on one thread than on two on a busy 2-core machine (thread contention)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def prompt_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("prompts") / "p.jsonl"

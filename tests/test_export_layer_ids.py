@@ -8,7 +8,6 @@ from serve.errors import DraftsmithError
 from serve.export.eagle import engine_order, fc_in_engine_order
 from serve.export.layer_ids import engine_default_layer_ids, from_engine_layer_ids, to_engine_layer_ids
 from serve.layers import default_eagle3_layers
-from tests.export_fixtures import one_torch_thread  # noqa: F401 (autouse fixture)
 
 
 def test_vllm_and_speculators_ids_are_layer_inputs():

@@ -10,7 +10,7 @@ from serve.errors import DraftsmithError
 from serve.export import export_drafter
 from serve.export.common import default_prompts
 from serve.target import load_target
-from tests.export_fixtures import make_native, one_torch_thread, target  # noqa: F401 (fixtures)
+from tests.export_fixtures import make_native, target  # noqa: F401 (fixture)
 
 COMBOS = [("eagle1", "vllm"), ("eagle1", "sglang"), ("eagle3", "vllm"), ("eagle3", "sglang"),
           ("eagle3", "speculators"), ("medusa", "vllm")]

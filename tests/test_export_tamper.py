@@ -14,7 +14,7 @@ from serve.export.common import ExportError, compare_drafts, default_prompts
 from serve.export.readback import read_export
 from serve.drafters.folder import load_drafter
 from serve.target import load_target
-from tests.export_fixtures import make_native, one_torch_thread, target  # noqa: F401 (fixtures)
+from tests.export_fixtures import make_native, target  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,6 @@ from serve.drafters.folder import build_head, make_drafter
 from serve.layers import FINAL
 from serve.target import load_target
 from serve.tree import TreeSpec
-from tests.train_fixtures import one_thread  # noqa: F401  (fixture)
-
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _features(target, ids):

@@ -12,9 +12,6 @@ from serve.drafters.folder import build_head, load_drafter, load_head, save_draf
 from serve.errors import DraftsmithError
 from serve.layers import FINAL
 from serve.target import load_target
-from tests.train_fixtures import one_thread  # noqa: F401  (fixture)
-
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_folder_round_trip_and_build_drafter(tmp_path, tiny_target_dir):

@@ -1,7 +1,6 @@
 """Medusa-1 heads: separate weights everywhere, zero-initialized ResBlocks, lm_heads from the target's."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from serve.drafters.folder import build_head, make_drafter
@@ -9,9 +8,6 @@ from serve.drafters.medusa import medusa_config
 from serve.layers import FINAL
 from serve.target import load_target
 from serve.tree import TreeSpec
-from tests.train_fixtures import one_thread  # noqa: F401  (fixture)
-
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_medusa_heads_share_no_parameters(tiny_target_dir):

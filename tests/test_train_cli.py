@@ -8,12 +8,11 @@ import pytest
 
 from scripts.cli import main
 from serve.config import ConfigError, load_config
-from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, one_thread, save_rows, sharp_target  # noqa: F401
+from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows, sharp_target
 from train.config import TrainConfig, check
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted([*(ROOT / "configs/smollm2-135m").glob("*.yaml"), *(ROOT / "configs/debug").glob("*.yaml")])
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.parent.name + "/" + p.name)

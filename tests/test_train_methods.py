@@ -16,9 +16,6 @@ from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows, sharp_ta
 from train.config import TrainConfig
 from train.run import train_drafter
 from train.tracking import read_log
-from tests.train_fixtures import one_thread  # noqa: F401  (fixture)
-
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,9 @@ from safetensors.torch import load_file
 
 from serve.config import load_config
 from serve.target import load_target
-from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, one_thread, save_rows, sharp_target  # noqa: F401
+from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows, sharp_target
 from train.config import TrainConfig
 from train.run import train_drafter
-
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,9 @@ import pytest
 from safetensors.torch import load_file
 
 from scripts.cli import main
-from tests.train_fixtures import greedy_rows, one_thread, save_rows, sharp_target  # noqa: F401
+from tests.train_fixtures import greedy_rows, save_rows, sharp_target
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.usefixtures("one_thread")  # the subprocess runs with OMP_NUM_THREADS=1 too
 
 
 def _command(target, dataset, out_dir) -> list[str]:

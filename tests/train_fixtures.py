@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 
 
@@ -50,13 +49,3 @@ def sharp_target(folder: str | Path, *, family: str = "llama", scale: float = 6.
         model.get_output_embeddings().weight.mul_(scale)
     model.save_pretrained(folder)
     return Path(folder)
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP threads waiting for
-    each other make every small matmul ~10x slower: run these modules single-threaded."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
