@@ -22,7 +22,7 @@ import json
 import os
 import time
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -129,7 +129,8 @@ def _plan_batches(target: Any, rows: list[PromptRow], config: DataBuildConfig, m
 
 
 def _fingerprint(target: Any, config: DataBuildConfig, rows: list[PromptRow], max_length: int) -> dict:
-    settings = {k: v for k, v in asdict(config).items() if k not in _NOT_GENERATION}
+    settings = {k: v for k, v in asdict(config).items() if k not in _NOT_GENERATION and k != "target"}
+    settings["dtype"] = config.target.dtype  # the target's compute dtype changes what it writes; its device does not
     settings["max_length"] = max_length
     rows_sha = hashlib.sha256(json.dumps([[r.id, r.domain, r.messages] for r in rows]).encode()).hexdigest()[:16]
     return {"settings": settings, "target_config_hash": target.config_hash,
@@ -294,17 +295,10 @@ def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, 
 
     on_batch(part) runs after each batch is saved as .work/part-<part>.jsonl (tests use it to interrupt a build).
     """
-    from serve.target import load_target
-
     validate(config)
     rows = gather_prompts(config)  # bad prompt files fail before the model loads
     if isinstance(target, (str, Path)):
-        device = config.device
-        if device == "auto":
-            import torch
-
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        target = load_target(target, dtype=config.dtype, device=device, require_chat_template=config.chat)
+        target = replace(config.target, spec=str(target)).load(require_chat_template=config.chat)
     elif config.chat and not getattr(target.tokenizer, "chat_template", None):
         raise DraftsmithError(f"target {target.name!r} has no chat template; set data.chat=false to build plain "
                               f"prompt + completion data for a base model")

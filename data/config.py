@@ -1,17 +1,15 @@
 """Typed configs of the data pipeline: section `data` (build) and `capture` of a recipe (configs/data/*.yaml).
 
-On the command line the overrides carry the section name (`data.max_new_tokens=64`,
-`capture.rows_per_shard=128`), so one recipe file can hold both sections.
+One recipe file can hold both sections; on the command line an override may carry the section's name
+(`data.max_new_tokens=64`, `capture.rows_per_shard=128`). Both embed the target's section (`target.dtype`, ...).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Optional, Sequence, TypeVar
+from typing import ClassVar, Optional
 
-from serve.config import ConfigError, load_config
-
-T = TypeVar("T")
+from serve.errors import ConfigError
+from serve.target_config import TargetConfig
 
 LONG_PROMPT_POLICIES = ("skip", "truncate")
 
@@ -19,6 +17,9 @@ LONG_PROMPT_POLICIES = ("skip", "truncate")
 @dataclass
 class DataBuildConfig:
     """Self-distillation: the target answers every prompt; the answers become the training data."""
+    # the spellings of earlier versions keep working (serve.config.load_config)
+    ALIASES: ClassVar[dict[str, str]] = {"target": "target.spec", "dtype": "target.dtype", "device": "target.device"}
+    target: TargetConfig = field(default_factory=TargetConfig)  # `--target` sets target.spec
     prompts: list[str] = field(default_factory=lambda: ["builtin"])  # sources for data.prompts.load_prompts
     domain_field: str = "domain"
     split: str = "train"  # split of an HF datasets source
@@ -36,40 +37,47 @@ class DataBuildConfig:
     long_prompts: str = "skip"  # a prompt leaving < max_new_tokens of room: skip | truncate (its longest turn)
     drop_unfinished: bool = False  # drop rows whose last answer hit max_new_tokens before EOS
     draft_vocab_size: Optional[int] = None  # report the loss-token coverage of a draft vocabulary of this size
-    dtype: str = "float32"  # the target's compute dtype
-    device: str = "auto"  # auto = cuda when available, else cpu
+
+    def validate(self) -> None:
+        validate(self)
 
 
 @dataclass
 class CaptureConfig:
     """Hidden-state capture for offline training."""
+    # `dtype` was the storage dtype here while it is the compute dtype everywhere else: now `storage_dtype`, with
+    # the compute dtype in target.dtype; the old spellings keep working (serve.config.load_config)
+    ALIASES: ClassVar[dict[str, str]] = {"target": "target.spec", "dtype": "storage_dtype",
+                                         "target_dtype": "target.dtype", "device": "target.device"}
+    target: TargetConfig = field(default_factory=TargetConfig)  # `--target` sets target.spec; device auto = this
+    # rank's device (cuda when available, else cpu)
     layers: str = "eagle3"  # eagle3 | eagle1 | medusa | comma-separated layer ids (-1 = FINAL)
-    dtype: str = "bf16"  # storage dtype: bf16 | fp16 | fp32
-    target_dtype: str = "float32"  # the target's compute dtype
+    storage_dtype: str = "bf16"  # the cache's dtype: bf16 | fp16 | fp32
     batch_tokens: int = 4096  # padded tokens per forward
     rows_per_shard: int = 128  # a shard is built in memory: rows x tokens x stored layers x h x dtype bytes
     max_length: Optional[int] = None  # truncate longer rows (default: the target's context)
     disk_headroom_gib: float = 0.5  # refuse unless this much stays free after the estimated cache
-    device: str = "auto"  # auto = this rank's device (cuda when available, else cpu)
 
+    def validate(self) -> None:
+        validate(self)
 
-def load_section(schema: type[T], section: str, *, config_file: str | Path | None = None,
-                 overrides: Sequence[str] = ()) -> T:
-    """`schema` from its defaults < the recipe's `section` < `section.key=value` overrides."""
-    stripped = []
-    for item in overrides:
-        key = item.split("=", 1)[0]
-        if not key.startswith(f"{section}."):
-            raise ConfigError(f"override {item!r} is not a `{section}.*` key (e.g. {section}.batch_size=4); "
-                              f"this command reads only the `{section}` section")
-        stripped.append(item[len(section) + 1:])
-    config = load_config(schema, config_file=config_file, overrides=stripped, section=section)
-    validate(config)
-    return config
+    # Read by data/capture.py under their earlier names.
+    @property
+    def dtype(self) -> str:
+        return self.storage_dtype
+
+    @property
+    def target_dtype(self) -> str:
+        return self.target.dtype
+
+    @property
+    def device(self) -> str:
+        return self.target.device
 
 
 def validate(config) -> None:
     """Value checks OmegaConf's type checks cannot express; ConfigError names the key."""
+    config.target.validate(key="data.target" if isinstance(config, DataBuildConfig) else "capture.target")
     if isinstance(config, DataBuildConfig):
         positive = ("max_new_tokens", "batch_size", "max_length")
         if config.long_prompts not in LONG_PROMPT_POLICIES:

@@ -232,9 +232,7 @@ def cost_model_block(target: Any, records: Mapping[str, list[dict]], names: Sequ
 
 def _as_target(target: Any, config: EvalConfig) -> Any:
     if isinstance(target, str):
-        from serve.target import load_target
-
-        return load_target(target, dtype=config.dtype, device=config.device)
+        return replace(config.target, spec=target).load()
     return target
 
 
@@ -244,8 +242,9 @@ def _as_rows(prompts: Any, config: EvalConfig) -> tuple[list[Any], list[str]]:
         prompts = [prompts]
     prompts = list(prompts)
     if prompts and all(isinstance(p, str) for p in prompts):
-        return read_prompts(prompts, domain_field=config.domain_field, per_domain_limit=config.limit), prompts
-    return limit_per_domain(prompts, config.limit), ["<rows passed in>"]
+        return read_prompts(prompts, domain_field=config.domain_field,
+                            per_domain_limit=config.per_domain_limit), prompts
+    return limit_per_domain(prompts, config.per_domain_limit), ["<rows passed in>"]
 
 
 def settings_block(config: EvalConfig, sources: Sequence[str], prompts: Sequence[EvalPrompt], target: Any,
@@ -255,7 +254,8 @@ def settings_block(config: EvalConfig, sources: Sequence[str], prompts: Sequence
     device = next(target.model.parameters()).device
     return {
         "k": config.k, "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
-        "max_new_tokens": config.max_new_tokens, "seed": config.seed, "limit": config.limit,
+        "max_new_tokens": config.max_new_tokens, "seed": config.seed,
+        "per_domain_limit": config.per_domain_limit,
         "domain_field": config.domain_field, "prompt_sources": list(sources), "prompts_total": len(prompts),
         "domains": {d: len(idx) for d, idx in group_by_domain(prompts).items()},
         "order": [BASELINE] + [e.name for e in entries] + [p.name for p in peers],
@@ -293,14 +293,12 @@ def evaluate(target: Any, drafters: Mapping[str, Any], prompts: Any, config: Eva
     from eval.sweeps import parse_sweeps, run_sweeps
 
     config = config or EvalConfig()
-    parse_sweeps(config.sweep)  # a bad sweep fails before anything runs
-    if config.threads is not None:
-        if config.threads < 1:
-            raise DraftsmithError(f"threads must be >= 1, got {config.threads}")
+    config.validate()  # a bad sweep or value fails before anything runs, in a config built by hand too
+    if config.target.threads is not None:
         threads = torch.get_num_threads()
-        torch.set_num_threads(config.threads)
+        config.target.apply_threads()
         try:
-            return evaluate(target, drafters, prompts, replace(config, threads=None))
+            return evaluate(target, drafters, prompts, replace(config, target=replace(config.target, threads=None)))
         finally:
             torch.set_num_threads(threads)
     started = time.perf_counter()
@@ -314,7 +312,7 @@ def evaluate(target: Any, drafters: Mapping[str, Any], prompts: Any, config: Eva
     entries = build_entries(target, drafters, max_new_tokens=longest)
     config = replace(config, k=resolve_k([e.drafter for e in entries], config.k))  # what settings.k reports
     peers = build_peers(entries, hf_plain=config.hf_plain, dtype=next(target.model.parameters()).dtype,
-                        device=config.device) if config.peers else []
+                        device=config.target.resolved_device()) if config.peers else []
     decoding = Decoding.from_config(config)
     records = run_methods(target, entries, peers, eval_prompts, decoding, warmup=config.warmup,
                           progress=config.progress)

@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from serve.target_config import TargetConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_PROMPTS = ROOT.parent / "shared" / "data" / "train" / "prompts.jsonl"
 KINDS = {"eagle3": "eagle3", "eagle1": "eagle1", "medusa": "medusa"}
@@ -54,7 +56,8 @@ def stage_build(args, *, batch_size: int, per_domain: int, name: str) -> dict:
 
     target = _load(args)
     config = DataBuildConfig(prompts=[str(args.prompts)], per_domain_limit=per_domain, batch_size=batch_size,
-                             max_new_tokens=args.max_new_tokens, temperature=0.0, device="cpu")
+                             max_new_tokens=args.max_new_tokens, temperature=0.0,
+                             target=TargetConfig(device="cpu"))
     start = time.perf_counter()
     result = build_dataset(target, config, out_dir=Path(args.out) / name, progress=False, log=_quiet)
     return {"batch_size": batch_size, "prompts": result.counts["prompts"], "rows": result.rows,
@@ -74,7 +77,8 @@ def stage_batch_vs_1(args) -> dict:
     for r in range(args.repeats):
         for batch_size in (1, args.batch_size):
             config = DataBuildConfig(prompts=[str(args.prompts)], per_domain_limit=args.batch1_per_domain,
-                                     batch_size=batch_size, max_new_tokens=args.max_new_tokens, device="cpu")
+                                     batch_size=batch_size, max_new_tokens=args.max_new_tokens,
+                                     target=TargetConfig(device="cpu"))
             result = build_dataset(target, config, out_dir=Path(args.out) / f"data-b{batch_size}-{r}",
                                    progress=False, log=_quiet)
             run = {"prompts": result.counts["prompts"], "generated_tokens": result.generated_tokens,
@@ -91,7 +95,8 @@ def stage_capture(args) -> dict:
     from data.config import CaptureConfig
 
     target = _load(args)
-    config = CaptureConfig(layers="eagle3", dtype="bf16", batch_tokens=args.batch_tokens, device="cpu")
+    config = CaptureConfig(layers="eagle3", storage_dtype="bf16", batch_tokens=args.batch_tokens,
+                           target=TargetConfig(device="cpu"))
     result = capture_hidden_states(target, Path(args.out) / "data", Path(args.out) / "cache-rss", config,
                                    progress=False, log=_quiet)
     return {"tokens": result.tokens, "seconds": round(result.seconds, 2),
@@ -110,7 +115,8 @@ def stage_capture_vs_forward(args) -> dict:
     target = _load(args)
     data_dir = Path(args.out) / "data"
     dataset = datasets.load_from_disk(str(data_dir))
-    config = CaptureConfig(layers="eagle3", dtype="bf16", batch_tokens=args.batch_tokens, device="cpu")
+    config = CaptureConfig(layers="eagle3", storage_dtype="bf16", batch_tokens=args.batch_tokens,
+                           target=TargetConfig(device="cpu"))
     sequences = [list(x) for x in dataset["input_ids"]]
     shards = [range(s, min(s + config.rows_per_shard, len(sequences)))
               for s in range(0, len(sequences), config.rows_per_shard)]
@@ -164,7 +170,8 @@ def stage_sizes(args) -> dict:
     for kind in KINDS:
         stored = resolve_layers(kind, target.num_layers).stored
         for dtype in DTYPES:
-            config = CaptureConfig(layers=kind, dtype=dtype, batch_tokens=args.batch_tokens, device="cpu")
+            config = CaptureConfig(layers=kind, storage_dtype=dtype, batch_tokens=args.batch_tokens,
+                                   target=TargetConfig(device="cpu"))
             result = capture_hidden_states(target, small, Path(args.out) / f"cache-{kind}-{dtype}", config,
                                            progress=False, log=_quiet)
             per_token = bytes_per_token(len(stored), hidden, dtype)

@@ -34,7 +34,7 @@ def prepare_data(work: Path, *, per_domain: int, max_new_tokens: int, target: st
                                              max_new_tokens=max_new_tokens, batch_size=8, max_length=1024,
                                              long_prompts="truncate"), out_dir=dataset, progress=False)
     if not (cache / "manifest.json").is_file():
-        capture_hidden_states(model, dataset, cache, CaptureConfig(layers="eagle3", dtype="bf16"), progress=False)
+        capture_hidden_states(model, dataset, cache, CaptureConfig(layers="eagle3", storage_dtype="bf16"), progress=False)
     return dataset, cache
 
 

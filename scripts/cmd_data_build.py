@@ -1,36 +1,30 @@
 """`draftsmith data build`: prompts -> the target's own answers -> tokenized dataset with loss masks."""
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--target", required=True, help="HF folder, .gguf file, hub id, or `demo`")
+    parser.add_argument("--target", required=True, help="HF folder, .gguf file, hub id, or `demo` (= data.target.spec)")
     parser.add_argument("--prompts", action="append", default=None, metavar="SRC",
-                        help="JSONL file, HF datasets folder/name, builtin or builtin:<domain>; repeatable "
-                             "(default: data.prompts of the recipe)")
+                        help="JSONL file (DOMAIN=file sets its rows' domain), HF datasets folder/name, builtin or "
+                             "builtin:<domain>; repeatable (default: data.prompts of the recipe)")
     parser.add_argument("--out", required=True, help="dataset folder (datasets.load_from_disk); resumable")
-    parser.add_argument("--limit", type=int, default=None, help="first N prompts of each source")
+    parser.add_argument("--limit", type=int, default=None, help="first N prompts of each source (= data.limit)")
     parser.add_argument("--domain-field", default=None, help="row field naming the domain (default: domain)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args) -> int:
     from data.build import build_dataset
-    from data.config import DataBuildConfig, load_section, validate
+    from data.config import DataBuildConfig
+    from serve.config import load_config
 
-    config = load_section(DataBuildConfig, "data", config_file=args.config, overrides=args.overrides)
-    changes = {}
-    if args.prompts:
-        changes["prompts"] = list(args.prompts)
-    if args.limit is not None:
-        changes["limit"] = args.limit
-    if args.domain_field:
-        changes["domain_field"] = args.domain_field
-    config = dataclasses.replace(config, **changes)
-    validate(config)
-    result = build_dataset(args.target, config, out_dir=args.out, progress=not args.no_progress,
+    flags = {"target.spec": args.target, "prompts": args.prompts, "limit": args.limit,
+             "domain_field": args.domain_field}
+    config = load_config(DataBuildConfig, config_file=args.config, section="data", overrides=args.overrides,
+                         flags=flags)
+    result = build_dataset(config.target.spec, config, out_dir=args.out, progress=not args.no_progress,
                            log=lambda msg: print(msg, file=sys.stderr))
     if result.draft_vocab_coverage is not None:
         print(f"a draft vocabulary of {config.draft_vocab_size} tokens would cover {result.draft_vocab_coverage:.2%} "

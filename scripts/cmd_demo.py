@@ -16,8 +16,6 @@ def run(args) -> int:
     from serve.config import load_config
 
     recipe = args.config or CONFIGS / ("quick.yaml" if args.quick else "full.yaml")
-    config = load_config(DemoConfig, config_file=recipe, overrides=args.overrides)
-    if args.out:
-        config.out_dir = args.out
+    config = load_config(DemoConfig, config_file=recipe, overrides=args.overrides, flags={"out_dir": args.out})
     run_demo(config)
     return 0

@@ -7,11 +7,10 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--target", default="demo", help="HF folder, .gguf file, hub id, or `demo` (default)")
+    parser.add_argument("--target", default=None, help="HF folder, .gguf file, hub id, or `demo` (default); = target.spec")
     parser.add_argument("--drafter", action="append", default=[], metavar="[NAME=]SPEC",
                         help="ngram | ngram:max_n=3 | model:PATH | oracle | a drafter folder; a folder with @tree "
                              "(or @tree:depth=5,top_k=4,total_tokens=24) drafts EAGLE-2 dynamic trees; NAME= "
@@ -26,14 +25,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
-    parser.add_argument("--limit", type=int, default=None, help="at most N prompts per domain")
+    parser.add_argument("--limit", type=int, default=None, help="at most N prompts per domain (= per_domain_limit)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--sweep", action="append", default=[], metavar="AXIS=V1,V2,...",
                         help="re-run varying one setting: k, temperature, max_new_tokens, top_p, top_k; repeatable")
     parser.add_argument("--no-peers", action="store_true", help="skip transformers' assisted generation")
     parser.add_argument("--no-cost-model", action="store_true", help="skip measuring c and verify ratios")
-    parser.add_argument("--dtype", default=None, help="target dtype (default float32)")
-    parser.add_argument("--device", default=None, help="default cpu")
+    parser.add_argument("--dtype", default=None, help="target compute dtype (default float32; = target.dtype)")
+    parser.add_argument("--device", default=None, help="auto (default: cuda when available), cpu, cuda:N")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 resists a busy machine)")
     parser.add_argument("--json", default=None, metavar="OUT.json", help="write the result here")
     parser.add_argument("--report", default=None, metavar="DIR", help="write report.md, result.json and plots here")
@@ -42,39 +41,18 @@ def add_arguments(parser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _flag_overrides(args) -> list[str]:
-    """CLI flags as config overrides; they win over the YAML recipe and positional overrides."""
-    table = {"k": args.k, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
-             "max_new_tokens": args.max_new_tokens, "limit": args.limit, "seed": args.seed,
-             "domain_field": args.domain_field, "dtype": args.dtype, "device": args.device,
-             "threads": args.threads}
-    out = [f"{key}={value}" for key, value in table.items() if value is not None]
-    if args.sweep:
-        out.append("sweep=[" + ",".join(f"'{s}'" for s in args.sweep) + "]")
-    if args.no_peers:
-        out.append("peers=false")
-    if args.no_cost_model:
-        out.append("cost_model=false")
-    if args.quiet:
-        out.append("progress=false")
-    return out
-
-
-def _section(config_file: str | None) -> str | None:
-    """Read the `eval:` section of a recipe that has one; a flat file is an eval config as a whole."""
-    if config_file is None or not Path(config_file).is_file():
-        return None
-    from omegaconf import OmegaConf
-
-    return "eval" if "eval" in OmegaConf.load(config_file) else None
-
-
 def load_eval_config(args):
+    """EvalConfig from its defaults < the recipe's `eval:` section (or the whole file) < overrides < flags."""
     from eval.config import EvalConfig
     from serve.config import load_config
 
-    return load_config(EvalConfig, config_file=args.config, section=_section(args.config),
-                       overrides=list(args.overrides) + _flag_overrides(args))
+    flags = {"target.spec": args.target, "k": args.k, "temperature": args.temperature, "top_k": args.top_k,
+             "top_p": args.top_p, "max_new_tokens": args.max_new_tokens, "per_domain_limit": args.limit,
+             "seed": args.seed, "domain_field": args.domain_field, "target.dtype": args.dtype,
+             "target.device": args.device, "target.threads": args.threads, "sweep": args.sweep or None,
+             "peers": False if args.no_peers else None, "cost_model": False if args.no_cost_model else None,
+             "progress": False if args.quiet else None}
+    return load_config(EvalConfig, config_file=args.config, section="eval", overrides=args.overrides, flags=flags)
 
 
 def print_summary(result: dict, file=None) -> None:
@@ -96,12 +74,10 @@ def run(args) -> int:
     from serve.drafters.spec import parse_named_specs
     from eval.report import write_json, write_report
     from eval.runner import evaluate
-    from eval.sweeps import parse_sweeps
 
-    config = load_eval_config(args)
-    parse_sweeps(config.sweep)  # fail on a bad sweep before loading anything
+    config = load_eval_config(args)  # a bad key, value or sweep fails here, before anything loads
     drafters = parse_named_specs(args.drafter or ["ngram"])
-    result = evaluate(args.target, drafters, args.prompts or ["builtin"], config)
+    result = evaluate(config.target.spec, drafters, args.prompts or ["builtin"], config)
     print_summary(result)
     plots = []
     if args.json:

@@ -4,26 +4,61 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, Optional
+
+from serve.errors import ConfigError
+from serve.target_config import TargetConfig
+
+
+@dataclass
+class GenerateConfig:
+    """`draftsmith generate`'s settings (`--config FILE.yaml` reads its `generate:` section, or the whole file)."""
+    ALIASES: ClassVar[dict[str, str]] = {"dtype": "target.dtype", "device": "target.device",
+                                         "threads": "target.threads", "target": "target.spec"}
+    target: TargetConfig = field(default_factory=TargetConfig)  # `--target` sets target.spec
+    drafter: str = "ngram"  # a drafter spec (serve/drafters/spec.py)
+    prompt: str = ""
+    chat: bool = False  # wrap the prompt in the target's chat template
+    k: Optional[int] = None  # draft tokens per cycle; default: the K the drafter folder records, else 5
+    tree: Optional[bool] = None  # tree drafting; default: what the drafter folder records
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    seed: Optional[int] = None
+    stop: list[str] = field(default_factory=list)  # stop strings
+
+    def validate(self) -> None:
+        self.target.validate()
+        if not self.prompt:
+            raise ConfigError("generate needs a prompt: --prompt TEXT (or prompt=... in the config)")
+        if (self.k is not None and self.k < 1) or self.max_new_tokens < 1:
+            raise ConfigError(f"k and max_new_tokens must be at least 1, got {self.k} and {self.max_new_tokens}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ConfigError("temperature >= 0, top_p in (0, 1] and top_k >= 0 are required")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--target", default="demo", help="HF folder, .gguf file, hub id, or `demo`")
-    parser.add_argument("--drafter", default="ngram", help="ngram | ngram:max_n=3 | oracle | model:PATH | drafter folder "
-                        "(DIR, DIR:min_confidence=0.3, DIR@tree)")
-    parser.add_argument("--prompt", required=True)
-    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the target's chat template")
+    # Flags left unset keep the value from --config / key=value overrides (section `generate`).
+    parser.add_argument("--target", default=None, help="HF folder, .gguf file, hub id, or `demo` (default)")
+    parser.add_argument("--drafter", default=None, help="ngram | ngram:max_n=3 | oracle | model:PATH | drafter "
+                        "folder (DIR, DIR:min_confidence=0.3, DIR@tree); default ngram")
+    parser.add_argument("--prompt", default=None)
+    parser.add_argument("--chat", action="store_true", default=None,
+                        help="wrap the prompt in the target's chat template")
     parser.add_argument("--k", type=int, default=None,
                         help="draft tokens per cycle (default: the K the drafter folder records, else 5)")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=None, help="default 0 (greedy)")
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     parser.add_argument("--tree", action=argparse.BooleanOptionalAction, default=None,
                         help="tree drafting (EAGLE / Medusa folders; default: what the folder records)")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default=None, help="target compute dtype (default float32; = target.dtype)")
     parser.add_argument("--json", default=None, help="write prompt/output token ids and stats here")
     parser.add_argument("--quiet", action="store_true", help="do not stream the text")
 
@@ -47,32 +82,38 @@ class _Streamer:
 def run(args) -> int:
     import torch
 
+    from serve.config import load_config
     from serve.decoding import speculative_generate
     from serve.drafters import build_drafter
     from serve.drafters.settings import draft_settings
     from serve.prompts import encode_prompt
-    from serve.target import load_target
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    target = load_target(args.target, dtype=args.dtype, require_chat_template=args.chat)
-    drafter = build_drafter(args.drafter, target)
-    settings = draft_settings(drafter, k=args.k, tree=args.tree)
-    input_ids = torch.tensor([encode_prompt(target.tokenizer, args.prompt, chat=args.chat)])  # (1, T)
+    flags = {"target.spec": args.target, "target.dtype": args.dtype, **{name: getattr(args, name) for name in (
+        "drafter", "prompt", "chat", "k", "tree", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "stop")}}
+    config = load_config(GenerateConfig, config_file=args.config, section="generate", overrides=args.overrides,
+                         flags=flags)
+    config.target.apply_threads()
+    target = config.target.load(require_chat_template=config.chat)
+    drafter = build_drafter(config.drafter, target)
+    settings = draft_settings(drafter, k=config.k, tree=config.tree)
+    input_ids = torch.tensor([encode_prompt(target.tokenizer, config.prompt, chat=config.chat)])  # (1, T)
     streamer = None if args.quiet else _Streamer(target.tokenizer, sys.stdout)
-    result = speculative_generate(target, drafter, input_ids, max_new_tokens=args.max_new_tokens, k=settings.k,
-                                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                                  stop_strings=tuple(args.stop), tree=settings.tree, on_tokens=streamer)
+    result = speculative_generate(target, drafter, input_ids, max_new_tokens=config.max_new_tokens, k=settings.k,
+                                  temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
+                                  seed=config.seed, stop_strings=tuple(config.stop), tree=settings.tree,
+                                  on_tokens=streamer)
     stats = result.stats
     accept = " ".join(f"{a:.2f}" for a in stats.acceptance_by_position)
-    print(f"\n[draftsmith] drafter={args.drafter} k={settings.k} mu={stats.mu:.2f} tokens={stats.new_tokens} "
+    print(f"\n[draftsmith] drafter={config.drafter} k={settings.k} mu={stats.mu:.2f} tokens={stats.new_tokens} "
           f"target_forwards={stats.target_forwards} tok/s={stats.new_tokens / stats.seconds:.1f} "
           f"draft={stats.draft_seconds:.2f}s verify={stats.verify_seconds:.2f}s acceptance_by_position=[{accept}]",
           file=sys.stderr)
     if args.json:
         record = {"prompt_token_ids": input_ids[0].tolist(), "output_token_ids": result.output_ids,
                   "text": target.tokenizer.decode(result.output_ids, skip_special_tokens=True),
-                  "settings": {**{k: getattr(args, k) for k in ("target", "drafter", "temperature", "top_k", "top_p",
-                                                                 "max_new_tokens", "seed")},
+                  "settings": {"target": config.target.spec, "drafter": config.drafter,
+                               **{k: getattr(config, k) for k in ("temperature", "top_k", "top_p", "max_new_tokens",
+                                                                  "seed")},
                                **settings.describe(), "min_confidence": getattr(drafter, "min_confidence", None)},
                   **stats.to_dict()}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,6 @@
 """`draftsmith serve`: an OpenAI-compatible HTTP server with speculative decoding."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 
@@ -25,10 +24,10 @@ def run(args) -> int:
     from serve.config import load_config
     from serve.server import ServeConfig, serve_forever
 
-    config = load_config(ServeConfig, config_file=args.config, overrides=args.overrides, section="serve")
-    flags = {name: getattr(args, name) for name in ("target", "drafter", "k", "host", "port", "speculation",
-                                                     "served_model_name")}
-    config = dataclasses.replace(config, **{k: v for k, v in flags.items() if v is not None})
+    flags = {"target.spec": args.target, **{name: getattr(args, name) for name in (
+        "drafter", "k", "host", "port", "speculation", "served_model_name")}}
+    config = load_config(ServeConfig, config_file=args.config, section="serve", overrides=args.overrides,
+                         flags=flags)
     logging.basicConfig(level=getattr(logging, config.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve_forever(config, log=lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -22,6 +22,7 @@ def run(args) -> int:
     if args.print_config:
         print(OmegaConf.to_yaml(OmegaConf.structured(config)), end="")
         return 0
+    config.target.apply_threads()
     path = train_drafter(config)
     if int(os.environ.get("RANK", "0")) == 0:  # one line from a multi-process run, not one per process
         print(path)

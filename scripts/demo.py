@@ -11,11 +11,12 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 from data.config import CaptureConfig, DataBuildConfig
 from eval.config import EvalConfig
 from serve.config import save_config, to_dict
+from serve.target_config import TargetConfig
 from train.config import TrainConfig
 
 
@@ -28,7 +29,8 @@ def _train_defaults(method: str) -> TrainConfig:
 
 @dataclass
 class DemoConfig:
-    target: str = "demo"
+    ALIASES: ClassVar[dict[str, str]] = {"target": "target.spec"}  # `target: demo` (serve.config.load_config)
+    target: TargetConfig = field(default_factory=TargetConfig)
     out_dir: str = "runs/demo"
     domains: list[str] = field(default_factory=list)  # built-in domains; empty = all
     eval_prompts_per_domain: int = 3  # the last N built-in prompts of each domain are held out for eval
@@ -148,7 +150,6 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     from serve.export import check_export, export_drafter
     from serve.export.common import default_prompts
     from serve.prompts import encode_prompt
-    from serve.target import load_target
 
     if config.train_mode not in ("offline", "online"):
         raise ConfigError(f"train_mode must be offline or online, got {config.train_mode!r}")
@@ -162,7 +163,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
         log(f"[demo] {name} done in {stages[-1].seconds:.1f}s {note}")
 
     t0 = time.perf_counter()
-    target = load_target(config.target)
+    target = config.target.load()
     stage("target", t0, f"({target.name}, {target.num_layers} layers)")
 
     t0 = time.perf_counter()
@@ -183,7 +184,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     for method in config.methods:
         t0 = time.perf_counter()
         train_config: TrainConfig = getattr(config, method)
-        train_config.target = config.target
+        train_config.target.spec = config.target.spec
         train_config.out_dir = str(out / method)
         train_config.data.mode = config.train_mode
         train_config.data.dataset, train_config.data.cache = str(out / "data"), str(out / "cache") if offline else ""
@@ -206,7 +207,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
                 continue
             t0 = time.perf_counter()
             report = export_drafter(folder, fmt, out / "exports" / f"{method}-{fmt}", target=target,
-                                    target_spec=config.target,
+                                    target_spec=config.target.spec,
                                     prompts=default_prompts(target, count=config.export_check_prompts),
                                     max_new_tokens=config.export_check_tokens)
             exports[f"{method}-{fmt}"] = report.out_dir

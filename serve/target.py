@@ -9,10 +9,16 @@ import torch
 
 from serve.errors import TargetError
 from serve.identity import config_hash, tokenizer_hash
+from serve.target_config import DTYPE_NAMES
+
+__all__ = ["DTYPES", "SUPPORTED_MODEL_TYPES", "Target", "TargetError", "eos_token_ids", "load_target", "text_config"]
 
 # Families whose decoder layers our drafters are built from and that our tests cover.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
                          "gemma3", "phi3", "olmo2")
+
+_SHORT = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DTYPES = {name: getattr(torch, _SHORT.get(name, name)) for name in DTYPE_NAMES}  # what TargetConfig.dtype accepts
 
 
 @dataclass
@@ -63,11 +69,9 @@ def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
 def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-    if dtype not in table:
-        raise TargetError(f"unknown dtype {dtype!r}; choose one of {', '.join(table)}")
-    return table[dtype]
+    if dtype not in DTYPES:
+        raise TargetError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
 
 
 def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", device: str = "cpu",

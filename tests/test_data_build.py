@@ -7,10 +7,11 @@ from dataclasses import replace
 import pytest
 
 from data.build import build_dataset, unmask_cut_endings
-from data.config import DataBuildConfig, load_section
-from serve.config import ConfigError
+from data.config import DataBuildConfig
+from serve.config import ConfigError, load_config
 from serve.errors import DraftsmithError
 from serve.target import load_target
+from serve.target_config import TargetConfig
 from tests.data_fixtures import PROMPTS, quiet, write_jsonl
 
 @pytest.fixture()
@@ -19,7 +20,8 @@ def prompts(tmp_path):
 
 
 def config_for(prompts, **kw) -> DataBuildConfig:
-    base = dict(prompts=[str(prompts)], max_new_tokens=6, batch_size=2, max_length=256, device="cpu")
+    base = dict(prompts=[str(prompts)], max_new_tokens=6, batch_size=2, max_length=256,
+                target=TargetConfig(device="cpu"))
     base.update(kw)
     return DataBuildConfig(**base)
 
@@ -147,15 +149,15 @@ def test_cut_answers_do_not_train_end_of_turn():
 def test_config_errors(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("data:\n  max_new_tokens: 32\ncapture:\n  dtype: fp16\n")
-    assert load_section(DataBuildConfig, "data", config_file=recipe).max_new_tokens == 32
+    assert load_config(DataBuildConfig, section="data", config_file=recipe).max_new_tokens == 32
     with pytest.raises(ConfigError, match="max_new_tokenz.*valid keys here:.*max_new_tokens"):
-        load_section(DataBuildConfig, "data", overrides=["data.max_new_tokenz=3"])
+        load_config(DataBuildConfig, section="data", overrides=["data.max_new_tokenz=3"])
     with pytest.raises(ConfigError, match="not a `data.\\*` key"):
-        load_section(DataBuildConfig, "data", overrides=["capture.dtype=fp16"])
+        load_config(DataBuildConfig, section="data", overrides=["capture.dtype=fp16"])
     with pytest.raises(ConfigError, match="long_prompts"):
-        load_section(DataBuildConfig, "data", overrides=["data.long_prompts=crash"])
+        load_config(DataBuildConfig, section="data", overrides=["data.long_prompts=crash"])
     with pytest.raises(ConfigError, match="below data.max_length"):
-        load_section(DataBuildConfig, "data", overrides=["data.max_new_tokens=4096"])
+        load_config(DataBuildConfig, section="data", overrides=["data.max_new_tokens=4096"])
 
 
 def test_cli_reports_bad_prompt_file_in_one_line(tmp_path, tiny_target_dir, capsys):
@@ -178,8 +180,8 @@ def test_recipes_load():
     recipes = sorted((Path(__file__).resolve().parents[1] / "configs" / "data").glob("*.yaml"))
     assert recipes
     for recipe in recipes:
-        data = load_section(DataBuildConfig, "data", config_file=recipe)
-        capture = load_section(CaptureConfig, "capture", config_file=recipe)
+        data = load_config(DataBuildConfig, section="data", config_file=recipe)
+        capture = load_config(CaptureConfig, section="capture", config_file=recipe)
         assert data.prompts and capture.layers in ("eagle3", "eagle1", "medusa")
 
 

@@ -19,6 +19,7 @@ from data.layers import resolve_layers
 from serve.errors import DraftsmithError
 from serve.layers import FINAL
 from serve.target import load_target
+from serve.target_config import TargetConfig
 from tests.data_fixtures import PROMPTS, quiet, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def dataset_dir(tmp_path_factory, tiny_target):
     folder = tmp_path_factory.mktemp("capture-data")
     src = write_jsonl(folder / "p.jsonl", PROMPTS + [{"id": "f", "prompt": "Tell me more about it"}])
-    config = DataBuildConfig(prompts=[str(src)], max_new_tokens=8, batch_size=3, max_length=256, device="cpu")
+    config = DataBuildConfig(prompts=[str(src)], max_new_tokens=8, batch_size=3, max_length=256,
+                             target=TargetConfig(device="cpu"))
     build_dataset(tiny_target, config, out_dir=folder / "ds", progress=False, log=quiet)
     return folder / "ds"
 
@@ -39,7 +41,8 @@ LAYERS = "1,0,0"
 
 
 def capture_config(**kw) -> CaptureConfig:
-    base = dict(layers=LAYERS, dtype="fp32", rows_per_shard=2, batch_tokens=64, device="cpu")
+    base = dict(layers=LAYERS, storage_dtype="fp32", rows_per_shard=2, batch_tokens=64,
+                target=TargetConfig(device="cpu"))
     base.update(kw)
     return CaptureConfig(**base)
 
@@ -112,7 +115,7 @@ def test_capture_content_matches_the_target(tmp_path, tiny_target, dataset_dir):
 def test_reader_works_with_a_distributed_sampler(tmp_path, tiny_target, dataset_dir):
     from torch.utils.data import DataLoader, DistributedSampler
 
-    capture(tiny_target, dataset_dir, tmp_path / "cache", dtype="bf16", layers="eagle1")
+    capture(tiny_target, dataset_dir, tmp_path / "cache", storage_dtype="bf16", layers="eagle1")
     reader = CacheReader(tmp_path / "cache")
     assert reader.dtype == torch.bfloat16 and reader.layer_ids == [FINAL]
     seen = []
@@ -183,7 +186,7 @@ def test_refusals(tmp_path, tiny_target, tiny_target_factory, dataset_dir, monke
     with pytest.raises(CacheError, match="differs in layers.*refusing to mix"):
         capture(tiny_target, dataset_dir, out, layers="eagle1")
     with pytest.raises(CacheError, match="differs in dtype"):
-        capture(tiny_target, dataset_dir, out, dtype="bf16")
+        capture(tiny_target, dataset_dir, out, storage_dtype="bf16")
     deeper = load_target(tiny_target_factory("llama", num_hidden_layers=3))  # same tokenizer, same stored layers
     with pytest.raises(CacheError, match="differs in target_config_hash.*refusing to mix"):
         capture(deeper, dataset_dir, out)

@@ -12,6 +12,7 @@ from serve.drafters.settings import DEFAULT_K, draft_settings, resolve_k
 from serve.drafters.spec import DrafterSpecError, parse_drafter_spec
 from serve.errors import DraftsmithError
 from serve.target import load_target
+from serve.target_config import TargetConfig
 from serve.tree import TreeSpec
 
 
@@ -95,7 +96,7 @@ def test_generate_and_eval_report_the_recorded_k(target, tiny_target_dir, tmp_pa
     from eval.config import EvalConfig
     from eval.runner import evaluate
 
-    fast = EvalConfig(max_new_tokens=6, limit=1, peers=False, hf_plain=False, cost_model=False, warmup=False,
+    fast = EvalConfig(max_new_tokens=6, per_domain_limit=1, peers=False, hf_plain=False, cost_model=False, warmup=False,
                       bootstrap_samples=10, progress=False)
     result = evaluate(target, {"mine": str(folder), "ngram": "ngram"}, ["builtin:code"], fast)
     assert result["settings"]["k"] == 3
@@ -109,7 +110,7 @@ def test_server_uses_and_reports_the_recorded_k(tiny_target_dir, target, tmp_pat
     from serve.server import ServeConfig, build_app
 
     folder = save_folder(target, tmp_path / "d", num_speculative_tokens=3)
-    app = build_app(ServeConfig(target=str(tiny_target_dir), drafter=str(folder)))
+    app = build_app(ServeConfig(target=TargetConfig(spec=str(tiny_target_dir)), drafter=str(folder)))
     with TestClient(app) as client:
         assert client.get("/v1/models").json()["data"][0]["num_speculative_tokens"] == 3
         out = client.post("/v1/completions", json={"model": target.name, "prompt": "abcabc", "max_tokens": 6})

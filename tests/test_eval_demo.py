@@ -6,12 +6,13 @@ from transformers import AutoTokenizer
 
 from eval.config import EvalConfig
 from eval.runner import evaluate
+from serve.target_config import TargetConfig
 
 
 @pytest.mark.slow
 def test_demo_target_ngram_against_prompt_lookup(demo_target_dir):
-    config = EvalConfig(max_new_tokens=12, k=4, limit=1, hf_plain=False, cost_model=False, progress=False,
-                        bootstrap_samples=20, threads=1)
+    config = EvalConfig(max_new_tokens=12, k=4, per_domain_limit=1, hf_plain=False, cost_model=False,
+                        progress=False, bootstrap_samples=20, target=TargetConfig(threads=1))
     result = evaluate(str(demo_target_dir), {"ngram": "ngram"}, ["builtin:edit"], config)
     assert result["target"]["chat_template"] and result["settings"]["domains"] == {"edit": 1}
     tokenizer = AutoTokenizer.from_pretrained(demo_target_dir)

@@ -22,7 +22,7 @@ def cached(tmp_path_factory):
     target_dir = sharp_target(root / "target", num_hidden_layers=EAGLE3_LAYERS)
     dataset = save_rows(greedy_rows(target_dir, rows=8, new_tokens=16), root / "data")
     target = load_target(target_dir)
-    capture_hidden_states(target, dataset, root / "cache", CaptureConfig(layers="eagle3", dtype="fp32"),
+    capture_hidden_states(target, dataset, root / "cache", CaptureConfig(layers="eagle3", storage_dtype="fp32"),
                           progress=False, log=lambda *_: None)
     return target_dir, dataset, root
 

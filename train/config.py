@@ -5,9 +5,11 @@ Every hyper-parameter lives here once; the DeepSpeed JSON and the accelerate plu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from serve.errors import DraftsmithError
 from serve.layers import check_eagle3_layers
+from serve.target_config import TargetConfig
 
 METHODS = ("eagle1", "eagle3", "medusa")
 STRATEGIES = ("ddp", "deepspeed", "fsdp")
@@ -87,10 +89,12 @@ class CheckpointConfig:
 
 @dataclass
 class TrainConfig:
-    target: str = "demo"
+    # `target=PATH` and `device=cpu` of earlier versions keep working (serve.config.load_config)
+    ALIASES: ClassVar[dict[str, str]] = {"target": "target.spec", "device": "target.device"}
+    # device auto = cuda if available, else cpu; dtype auto = distributed.precision
+    target: TargetConfig = field(default_factory=lambda: TargetConfig(dtype="auto"))
     out_dir: str = "runs/drafter"
     seed: int = 0
-    device: str = "auto"                   # auto = cuda if available, else cpu
     tracking: str = "wandb"                # wandb (offline without an API key) | none
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -100,14 +104,23 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
+    def validate(self) -> None:
+        """Value checks, when the config is built; `check` also wants the data named (before training)."""
+        check(self, data=False)
+
 
 def _choice(name: str, value: str, allowed) -> None:
     if value not in allowed:
         raise DraftsmithError(f"{name}={value!r} is not one of {', '.join(allowed)}")
 
 
-def check(config: TrainConfig) -> TrainConfig:
-    """Values the type system cannot check; raises DraftsmithError naming the key."""
+def check(config: TrainConfig, *, data: bool = True) -> TrainConfig:
+    """Values the type system cannot check (and, with `data`, that the data to train on is named); raises
+    DraftsmithError naming the key."""
+    config.target.validate()
+    if config.target.dtype != "auto":
+        raise DraftsmithError(f"target.dtype={config.target.dtype}: training runs the target in "
+                              f"distributed.precision; set that (fp32 | bf16) and leave target.dtype=auto")
     _choice("model.method", config.model.method, METHODS)
     _choice("data.mode", config.data.mode, ("online", "offline"))
     _choice("distributed.strategy", config.distributed.strategy, STRATEGIES)
@@ -118,9 +131,9 @@ def check(config: TrainConfig) -> TrainConfig:
     _choice("model.attn_implementation", config.model.attn_implementation, ("sdpa", "eager"))
     if config.distributed.zero_stage not in (2, 3):
         raise DraftsmithError(f"distributed.zero_stage={config.distributed.zero_stage} must be 2 or 3")
-    if config.data.mode == "online" and not config.data.dataset:
+    if data and config.data.mode == "online" and not config.data.dataset:
         raise DraftsmithError("data.mode=online needs data.dataset (a `draftsmith data build` folder)")
-    if config.data.mode == "offline" and not config.data.cache:
+    if data and config.data.mode == "offline" and not config.data.cache:
         raise DraftsmithError("data.mode=offline needs data.cache (a `draftsmith data capture` folder)")
     if config.model.method == "eagle3" and config.model.aux_layer_ids:
         check_eagle3_layers(config.model.aux_layer_ids)  # what export would refuse; the depth is checked at load

@@ -39,9 +39,7 @@ class LoopResult:
 # ------------------------------------------------------------------------------------------ accelerate
 
 def resolve_device(config: TrainConfig) -> str:
-    if config.device != "auto":
-        return config.device
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return config.target.resolved_device()
 
 
 def resolve_precision(config: TrainConfig) -> str:

@@ -100,7 +100,7 @@ def train_drafter(config: TrainConfig) -> Path:
         import os
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     dtype = "bfloat16" if resolve_precision(config) == "bf16" else "float32"
-    target = load_target(config.target, dtype=dtype, device=device)
+    target = load_target(config.target.spec, dtype=dtype, device=device)
     cfg = head_config(config, target)
     layers = needed_layers(cfg)
     online = config.data.mode == "online"

@@ -1,6 +1,7 @@
 """`draftsmith export` options as a typed config: defaults < YAML (`--config`) < `key=value` < command-line flags."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,8 @@ def trained_target(drafter_dir: str | Path) -> str:
     resolved = Path(drafter_dir) / "config.resolved.yaml"
     if resolved.is_file():
         spec = OmegaConf.load(resolved).get("target")
+        if isinstance(spec, Mapping):  # the `target:` section of a TrainConfig (earlier: the spec string)
+            spec = spec.get("spec")
         if spec:
             return str(spec)
     name = read_config(drafter_dir).target_name

@@ -12,22 +12,14 @@ def build_app(config: ServeConfig, *, log=None) -> Any:
     """Load the target and drafter named in `config` and return the ASGI app."""
     from serve.drafters import build_drafter
     from serve.drafters.settings import draft_settings
-    from serve.errors import DraftsmithError
     from serve.server.app import create_app
     from serve.server.engine import Engine
-    from serve.target import load_target
 
-    if config.k is not None and config.k < 1:
-        raise DraftsmithError(f"k must be at least 1, got {config.k}")
-    if config.threads is not None:
-        import torch
-
-        if config.threads < 1:
-            raise DraftsmithError(f"threads must be at least 1, got {config.threads}")
-        torch.set_num_threads(config.threads)
+    config.validate()  # a config built by hand is checked too
+    config.target.apply_threads()
     if log:
-        log(f"loading target {config.target} ({config.dtype}, {config.device})")
-    target = load_target(config.target, dtype=config.dtype, device=config.device)
+        log(f"loading target {config.target.spec} ({config.target.dtype}, {config.target.device})")
+    target = config.target.load()
     drafter = None
     if config.speculation:
         if log:

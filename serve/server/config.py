@@ -1,8 +1,11 @@
-"""The server's typed config (`draftsmith serve --config FILE.yaml` reads its `serve:` section)."""
+"""The server's typed config (`draftsmith serve --config FILE.yaml` reads its `serve:` section, or the whole file)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Optional
+
+from serve.errors import ConfigError
+from serve.target_config import TargetConfig
 
 
 @dataclass
@@ -17,7 +20,10 @@ class TreeOptions:
 
 @dataclass
 class ServeConfig:
-    target: str = "demo"  # HF folder, .gguf file, hub id, or `demo`
+    # the flat spellings of earlier versions keep working (serve.config.load_config)
+    ALIASES: ClassVar[dict[str, str]] = {"dtype": "target.dtype", "device": "target.device",
+                                         "threads": "target.threads", "target": "target.spec"}
+    target: TargetConfig = field(default_factory=TargetConfig)  # `--target` sets target.spec
     drafter: str = "ngram"  # ngram[:max_n=3], model:PATH, oracle, or a trained drafter folder
     k: Optional[int] = None  # draft tokens per cycle; default: the K the drafter folder records, else 5
     tree: TreeOptions = field(default_factory=TreeOptions)
@@ -26,10 +32,18 @@ class ServeConfig:
     port: int = 8000
     served_model_name: Optional[str] = None  # the `model` clients send; default: the target's name
     context_length: Optional[int] = None  # default: the target's max_position_embeddings
-    dtype: str = "float32"
-    device: str = "cpu"
-    # torch intra-op threads (default: torch's own choice). On a CPU shared with other work, 1 avoids
-    # oversubscribed OpenMP threads that slow multi-token verify forwards far more than 1-token steps.
-    threads: Optional[int] = None
     max_queue: int = 64  # requests waiting beyond this get a 503
     log_level: str = "info"
+
+    def validate(self) -> None:
+        self.target.validate()
+        if self.k is not None and self.k < 1:
+            raise ConfigError(f"k must be at least 1, got {self.k}")
+        for key in ("depth", "top_k", "total_tokens"):
+            value = getattr(self.tree, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"tree.{key} must be at least 1, got {value}")
+        if not 0 <= self.port <= 65535 or self.max_queue < 1:
+            raise ConfigError(f"port must be in 0..65535 and max_queue >= 1 (got {self.port}, {self.max_queue})")
+        if self.context_length is not None and self.context_length < 2:
+            raise ConfigError(f"context_length must be at least 2, got {self.context_length}")

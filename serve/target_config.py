@@ -1,0 +1,51 @@
+"""The target a command runs, as a config section: embedded as `target` in every command's config (`--target`
+sets its spec). Kept free of torch, so the command line can build its parser without importing it."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from serve.errors import TargetError
+
+DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
+
+
+@dataclass
+class TargetConfig:
+    spec: str = "demo"  # HF folder, .gguf file, hub id, or `demo` / `demo:<name>` (the embedded defaults)
+    dtype: str = "float32"  # compute dtype: float32 | bfloat16 | float16 (or fp32 | bf16 | fp16); training: auto
+    device: str = "auto"  # auto = cuda when available, else cpu; or cpu | cuda | cuda:N
+    threads: Optional[int] = None  # torch CPU threads (None: torch's choice); 1 resists a busy shared machine
+
+    def validate(self, *, key: str = "target") -> None:
+        if self.dtype not in DTYPE_NAMES and self.dtype != "auto":
+            raise TargetError(f"{key}.dtype={self.dtype!r}: choose one of {', '.join(DTYPE_NAMES)}")
+        if not _DEVICE.match(self.device):
+            raise TargetError(f"{key}.device={self.device!r}: choose auto, cpu, cuda or cuda:N")
+        if self.threads is not None and self.threads < 1:
+            raise TargetError(f"{key}.threads must be >= 1, got {self.threads}")
+
+    def resolved_device(self) -> str:
+        import torch
+
+        if self.device != "auto":
+            return self.device
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def apply_threads(self) -> None:
+        """Set torch's CPU thread count when `threads` says so (process-wide)."""
+        if self.threads is not None:
+            import torch
+
+            torch.set_num_threads(self.threads)
+
+    def load(self, **kwargs: Any):
+        """The serve.target.Target: load_target(spec) in this dtype (auto: float32) on this device; `kwargs` go
+        to load_target."""
+        from serve.target import load_target
+
+        self.validate()
+        dtype = "float32" if self.dtype == "auto" else self.dtype
+        return load_target(self.spec, dtype=dtype, device=self.resolved_device(), **kwargs)
