@@ -5,14 +5,15 @@ Output folder (`out_dir`):
                                                   id (str), domain (str), input_ids (list[int]), loss_mask (list[int])
     build_info.json                               target identity, config hash, counts, throughput
     config.resolved.yaml                          the DataBuildConfig used
-    .work/state.json, .work/part-NNNNN.jsonl      finished batches (the resume point)
+    .work/state.json, .work/part-NNNNN.jsonl      finished rows, batch_size per part (the resume point)
 
-Resuming: each finished batch is written atomically to its own part file; a new run reads every part,
-keeps those rows and batches only the rest. Batches are cut deterministically (longest prompts first) and
-seeded from their content, so with the same batch size a resumed build equals an uninterrupted one; the
-batch size (or device) may also change between runs, e.g. to resume with a smaller batch after running out
-of memory. The prompt set may change too (more prompts, another per_domain_limit): a finished row is reused
-when its id and its non-assistant turns are unchanged, so a dataset grows without redoing what it has.
+Generation (data.generate): batch_size rows decode together, longest prompts first, and a row that ends hands
+its slot to the next prompt at once. Resuming: every batch_size finished rows are written atomically to their
+own part file; a new run reads every part, keeps those rows and answers only the rest. Each answer is sampled
+from its own seed (row id and turn), so a resumed build equals an uninterrupted one, whatever rows shared a
+batch; the batch size (or device) may also change between runs, e.g. to resume with a smaller batch after
+running out of memory. The prompt set may change too (more prompts, another per_domain_limit): a finished row
+is reused when its id and its non-assistant turns are unchanged, so a dataset grows without redoing what it has.
 Settings that change what the target writes may not: the work folder remembers them and refuses a mismatch.
 """
 from __future__ import annotations
@@ -22,12 +23,12 @@ import json
 import os
 import time
 import zlib
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from data.config import DataBuildConfig, validate
-from data.generate import generate_batch
+from data.generate import Answer, ContinuousBatcher, Request
 from data.masks import render_prompt, render_with_mask
 from data.plan import Conversation, fit_prompt, plan_conversation
 from data.prompts import PromptRow, read_prompts
@@ -63,14 +64,20 @@ class BuildResult:
 
 
 @dataclass
-class _Batch:
-    conversations: list[Conversation]
-    first_prompts: list[list[int]]
+class _Planned:
+    """A row to answer: its conversation and the prompt of its first empty slot (None: nothing to write)."""
+    conversation: Conversation
+    first_prompt: list[int] | None
 
-    @property
-    def seed_offset(self) -> int:
-        """Sampling seed offset from the batch's content, so a batch redone after a kill draws the same tokens."""
-        return zlib.crc32(self.conversations[0].id.encode()) % 1_000_000
+
+@dataclass
+class _InFlight:
+    """What a conversation collects while the target answers its turns (see _record)."""
+    conversation: Conversation
+    finished: bool = True
+    unfinished: list[int] = field(default_factory=list)  # message indices cut short at max_new_tokens
+    last_turn: dict | None = None  # the latest answer's message index and exact token ids
+    dropped: int = 0
 
 
 @dataclass
@@ -97,17 +104,17 @@ def context_length(target: Any) -> int | None:
     return getattr(text_config(target.config), "max_position_embeddings", None)
 
 
-def _plan_batches(target: Any, rows: list[PromptRow], config: DataBuildConfig, max_length: int,
-                  counts: _Counts, done: set[str]) -> list[_Batch]:
-    """Batches of the rows not in `done`; long prompts skipped or truncated (and counted, done or not)."""
-    planned: list[tuple[int, int, Conversation, list[int]]] = []
+def _plan_rows(target: Any, rows: list[PromptRow], config: DataBuildConfig, max_length: int,
+               counts: _Counts, done: set[str]) -> list[_Planned]:
+    """The rows not in `done`, longest prompt first; long prompts skipped or truncated (and counted, done or not)."""
+    planned: list[tuple[int, int, Conversation, list[int] | None]] = []
     max_prompt = max_length - config.max_new_tokens
     for order, row in enumerate(rows):
         conversation = plan_conversation(row, regenerate=config.regenerate)
         slot = conversation.next_slot()
         if slot is None:  # every answer given and kept (regenerate=false): nothing to write
             if row.id not in done:
-                planned.append((0, order, conversation, []))
+                planned.append((0, order, conversation, None))
             continue
         prompt = render_prompt(target.tokenizer, conversation.messages[:slot], chat=config.chat)
         if len(prompt) > max_prompt:
@@ -123,9 +130,7 @@ def _plan_batches(target: Any, rows: list[PromptRow], config: DataBuildConfig, m
         if row.id not in done:
             planned.append((len(prompt), order, conversation, prompt))
     planned.sort(key=lambda item: (-item[0], item[1]))  # longest first: memory trouble shows up at once
-    size = config.batch_size
-    return [_Batch(conversations=[p[2] for p in planned[s:s + size]], first_prompts=[p[3] for p in planned[s:s + size]])
-            for s in range(0, len(planned), size)]
+    return [_Planned(conversation=p[2], first_prompt=p[3]) for p in planned]
 
 
 def _fingerprint(target: Any, config: DataBuildConfig, rows: list[PromptRow], max_length: int) -> dict:
@@ -198,48 +203,43 @@ def _next_part(work: Path) -> int:
     return max(indices, default=-1) + 1
 
 
-def _generate(target: Any, batch: _Batch, config: DataBuildConfig, max_length: int) -> tuple[list[dict], int]:
-    """Fill every slot of the batch's conversations, round by round; returns records and new tokens."""
-    tokens = 0
-    finished = {c.id: True for c in batch.conversations}
-    unfinished: dict[str, list[int]] = {c.id: [] for c in batch.conversations}  # message indices cut short
-    last_turn: dict[str, dict] = {}  # the latest answer's message index and exact token ids
-    dropped = {c.id: 0 for c in batch.conversations}
-    prompts = {c.id: p for c, p in zip(batch.conversations, batch.first_prompts)}
-    max_prompt = max_length - config.max_new_tokens
-    for round_index in range(max(len(c.messages) for c in batch.conversations)):
-        todo: list[tuple[Conversation, int, list[int]]] = []
-        for conversation in batch.conversations:
-            slot = conversation.next_slot()
-            if slot is None:
-                continue
-            prompt = prompts.pop(conversation.id, None) if round_index == 0 else None
-            if prompt is None:
-                prompt = render_prompt(target.tokenizer, conversation.messages[:slot], chat=config.chat)
-            if len(prompt) > max_prompt:  # a later turn no longer fits: the conversation ends before it
-                dropped[conversation.id] += conversation.drop_from(slot - 1)
-                continue
-            todo.append((conversation, slot, prompt))
-        if not todo:
-            break
-        answers = generate_batch(target, [t[2] for t in todo], max_new_tokens=config.max_new_tokens,
-                                 temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
-                                 seed=config.seed + batch.seed_offset + round_index)
-        for (conversation, slot, _), answer in zip(todo, answers):
-            # Kept as text for the conversation (later turns are prompted with it); the last answer's exact
-            # ids are kept too (see row_tokens).
-            text = target.tokenizer.decode(answer.token_ids, skip_special_tokens=True)
-            conversation.messages[slot]["content"] = text
-            finished[conversation.id] = answer.finished
-            last_turn[conversation.id] = {"index": slot, "token_ids": answer.token_ids}
-            if not answer.finished:
-                unfinished[conversation.id].append(slot)
-            tokens += len(answer.token_ids)
-    records = [{"id": c.id, "domain": c.domain, "messages": c.messages, "finished": finished[c.id],
-                "unfinished_turns": [i for i in unfinished[c.id] if i < len(c.messages)],
-                "last_turn": last_turn.get(c.id), "dropped_turns": dropped[c.id]}
-               for c in batch.conversations]
-    return records, tokens
+def _seed(config: DataBuildConfig, row_id: str, slot: int) -> int:
+    """The sampling seed of one answer: from the row and the turn, so any schedule draws the same tokens."""
+    return zlib.crc32(f"{config.seed}:{row_id}:{slot}".encode())
+
+
+def _next_request(target: Any, state: _InFlight, config: DataBuildConfig, max_length: int,
+                  prompt: list[int] | None = None) -> Request | None:
+    """The request for the conversation's next empty slot; None when it is complete (or the turn no longer fits)."""
+    conversation = state.conversation
+    slot = conversation.next_slot()
+    if slot is None:
+        return None
+    if prompt is None:
+        prompt = render_prompt(target.tokenizer, conversation.messages[:slot], chat=config.chat)
+    if len(prompt) > max_length - config.max_new_tokens:  # a later turn no longer fits: the conversation ends
+        state.dropped += conversation.drop_from(slot - 1)
+        return None
+    return Request(key=(conversation.id, slot), prompt=prompt, seed=_seed(config, conversation.id, slot))
+
+
+def _answered(target: Any, state: _InFlight, slot: int, answer: Answer) -> int:
+    """Write an answer into its slot; returns its token count."""
+    # Kept as text for the conversation (later turns are prompted with it); the last answer's exact ids are
+    # kept too (see row_tokens).
+    state.conversation.messages[slot]["content"] = target.tokenizer.decode(answer.token_ids, skip_special_tokens=True)
+    state.finished = answer.finished
+    state.last_turn = {"index": slot, "token_ids": answer.token_ids}
+    if not answer.finished:
+        state.unfinished.append(slot)
+    return len(answer.token_ids)
+
+
+def _record(state: _InFlight) -> dict:
+    c = state.conversation
+    return {"id": c.id, "domain": c.domain, "messages": c.messages, "finished": state.finished,
+            "unfinished_turns": [i for i in state.unfinished if i < len(c.messages)],
+            "last_turn": state.last_turn, "dropped_turns": state.dropped}
 
 
 def unmask_cut_endings(input_ids: list[int], loss_mask: list[int], messages: list[dict],
@@ -312,13 +312,13 @@ def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, 
     work = out / WORK
     _open_work(work, _fingerprint(target, config, rows, max_length))
     records = _reusable(read_parts(work), rows)
-    batches = _plan_batches(target, rows, config, max_length, counts, set(records))
+    planned = _plan_rows(target, rows, config, max_length, counts, set(records))
     log(f"data build: {len(rows)} prompts from {', '.join(config.prompts)} -> {out}: {len(records)} answered "
-        f"by an earlier run, {len(batches)} batches of {config.batch_size} to generate (max_new_tokens "
+        f"by an earlier run, {len(planned)} to generate, {config.batch_size} at a time (max_new_tokens "
         f"{config.max_new_tokens}, temperature {config.temperature}); skipped {counts.skipped_long_prompts} and "
         f"truncated {counts.truncated_prompts} prompts longer than {max_length - config.max_new_tokens} tokens")
     reused = {"reused_rows": len(records), "reused_batches": len(list(work.glob("part-*.jsonl")))}
-    stats = _run_batches(target, batches, config, max_length, work, records, progress, on_batch)
+    stats = _run_rows(target, planned, config, max_length, work, records, progress, on_batch)
     stats.update(reused)
     result = _write_dataset(target, config, rows, records, counts, out, max_length, stats)
     log(f"data build: {result.rows} rows, {result.tokens} tokens ({result.loss_tokens} in the loss), "
@@ -327,31 +327,64 @@ def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, 
     return result
 
 
-def _run_batches(target, batches: list[_Batch], config: DataBuildConfig, max_length: int, work: Path,
-                 records: dict[str, dict], progress: bool, on_batch) -> dict:
-    """Generate every batch, saving each as its own part file as soon as it is done; fills `records`."""
+def _run_rows(target, planned: list[_Planned], config: DataBuildConfig, max_length: int, work: Path,
+              records: dict[str, dict], progress: bool, on_batch) -> dict:
+    """Answer every planned row, data.batch_size rows decoding at a time; every batch_size finished rows are
+    saved as their own part file at once (the resume point). Fills `records`."""
     from tqdm.auto import tqdm
 
     stats = {"generated_tokens": 0, "seconds": 0.0, "generated_batches": 0}
-    total = len(records) + sum(len(b.conversations) for b in batches)
-    bar = tqdm(total=total, initial=len(records), unit="row", desc="self-distillation", disable=not progress,
-               dynamic_ncols=True)
+    bar = tqdm(total=len(records) + len(planned), initial=len(records), unit="row", desc="self-distillation",
+               disable=not progress, dynamic_ncols=True)
     part = _next_part(work)
-    for batch in batches:
-        start = time.perf_counter()
-        batch_records, tokens = _generate(target, batch, config, max_length)
-        stats["seconds"] += time.perf_counter() - start
-        stats["generated_tokens"] += tokens
-        stats["generated_batches"] += 1
+    ready: list[dict] = []
+
+    def save() -> None:
+        nonlocal part
         _write_atomic(work / f"part-{part:05d}.jsonl",
-                      "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in batch_records))
-        for record in batch_records:
+                      "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ready))
+        for record in ready:
             records[record["id"]] = record
-        bar.update(len(batch.conversations))
+        bar.update(len(ready))
         bar.set_postfix(tok_s=f"{stats['generated_tokens'] / max(stats['seconds'], 1e-9):.1f}")
+        ready.clear()
+        stats["generated_batches"] += 1
         if on_batch is not None:
             on_batch(part)
         part += 1
+
+    def finish(state: _InFlight) -> None:
+        ready.append(_record(state))
+        if len(ready) == config.batch_size:
+            save()
+
+    batcher = ContinuousBatcher(target, slots=config.batch_size, max_new_tokens=config.max_new_tokens,
+                                temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
+    states = {item.conversation.id: _InFlight(item.conversation) for item in planned}
+    for item in planned:
+        state = states[item.conversation.id]
+        request = None if item.first_prompt is None else _next_request(target, state, config, max_length,
+                                                                         item.first_prompt)
+        if request is None:  # nothing to write (every answer given and kept)
+            finish(state)
+        else:
+            batcher.add(request)
+    while batcher.busy:
+        start = time.perf_counter()
+        complete = []
+        for request, answer in batcher.step():
+            state = states[request.key[0]]
+            stats["generated_tokens"] += _answered(target, state, request.key[1], answer)
+            follow_up = _next_request(target, state, config, max_length)
+            if follow_up is None:
+                complete.append(state)
+            else:
+                batcher.add(follow_up, first=True)  # the conversation goes on before new rows start
+        stats["seconds"] += time.perf_counter() - start
+        for state in complete:
+            finish(state)
+    if ready:
+        save()
     bar.close()
     return stats
 

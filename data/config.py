@@ -31,8 +31,8 @@ class DataBuildConfig:
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
-    seed: int = 0  # sampling seed; batch b uses seed + b, so a resumed build draws the same tokens
-    batch_size: int = 32  # prompts per generate call (left-padded, longest first)
+    seed: int = 0  # sampling seed; each answer draws from (seed, row id, turn): a resumed build draws the same tokens
+    batch_size: int = 32  # rows decoding at once (longest prompts first; a finished row hands its slot on)
     max_length: int = 2048  # tokens per conversation, capped by the target's context
     long_prompts: str = "skip"  # a prompt leaving < max_new_tokens of room: skip | truncate (its longest turn)
     drop_unfinished: bool = False  # drop rows whose last answer hit max_new_tokens before EOS

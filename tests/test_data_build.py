@@ -203,3 +203,14 @@ def test_a_growing_prompt_set_reuses_finished_rows(tmp_path, tiny_target):
     assert a_new != a_old
     with pytest.raises(DraftsmithError, match=r"other inputs \(changed: settings, data.max_new_tokens\)"):
         build_dataset(tiny_target, config_for(first, max_new_tokens=5), out_dir=out, progress=False, log=quiet)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_rows_do_not_depend_on_the_batch_size(tmp_path, tiny_target, prompts, temperature):
+    # continuous batching: a row's answer is the same whichever rows decode beside it (greedy, or sampled
+    # from its own seed)
+    config = config_for(prompts, temperature=temperature, seed=3, max_new_tokens=12)
+    for batch_size in (1, 5):
+        build_dataset(tiny_target, replace(config, batch_size=batch_size), out_dir=tmp_path / f"b{batch_size}",
+                      progress=False, log=quiet)
+    assert read(tmp_path / "b1") == read(tmp_path / "b5")
