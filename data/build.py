@@ -38,7 +38,8 @@ WORK = ".work"
 BUILD_INFO = "build_info.json"
 # Settings that do not change what the target writes: a build may resume with other values (a smaller batch
 # after running out of memory, another device). With the same values a resumed build equals an uninterrupted one.
-_NOT_GENERATION = ("draft_vocab_size", "drop_unfinished", "device", "batch_size")
+# A server (data.server) answers as the target does: its identity is checked before the first request.
+_NOT_GENERATION = ("draft_vocab_size", "drop_unfinished", "device", "batch_size", "server")
 # Settings that choose which prompts are answered, not how: rows are reused one by one (see _reusable).
 _PROMPT_SET = ("prompts", "domain_field", "split", "limit", "per_domain_limit")
 
@@ -298,7 +299,9 @@ def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, 
     validate(config)
     rows = gather_prompts(config)  # bad prompt files fail before the model loads
     if isinstance(target, (str, Path)):
-        target = replace(config.target, spec=str(target)).load(require_chat_template=config.chat)
+        # a server generates: the tokenizer and config suffice
+        target = replace(config.target, spec=str(target)).load(require_chat_template=config.chat,
+                                                               weights=not config.server.url)
     elif config.chat and not getattr(target.tokenizer, "chat_template", None):
         raise DraftsmithError(f"target {target.name!r} has no chat template; set data.chat=false to build plain "
                               f"prompt + completion data for a base model")
@@ -318,7 +321,7 @@ def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, 
         f"{config.max_new_tokens}, temperature {config.temperature}); skipped {counts.skipped_long_prompts} and "
         f"truncated {counts.truncated_prompts} prompts longer than {max_length - config.max_new_tokens} tokens")
     reused = {"reused_rows": len(records), "reused_batches": len(list(work.glob("part-*.jsonl")))}
-    stats = _run_rows(target, planned, config, max_length, work, records, progress, on_batch)
+    stats = _run_rows(target, planned, config, max_length, work, records, progress, on_batch, log)
     stats.update(reused)
     result = _write_dataset(target, config, rows, records, counts, out, max_length, stats)
     log(f"data build: {result.rows} rows, {result.tokens} tokens ({result.loss_tokens} in the loss), "
@@ -327,13 +330,36 @@ def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, 
     return result
 
 
+def _batcher(target, config: DataBuildConfig, stats: dict, log: Callable[[str], None]):
+    """What writes the answers: the target in process (continuous batching), or the server of data.server."""
+    if not config.server.url:
+        stats["engine"] = {"kind": "in-process"}
+        return ContinuousBatcher(target, slots=config.batch_size, max_new_tokens=config.max_new_tokens,
+                                 temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
+    from data.endpoint import Endpoint, EndpointBatcher, check_identity
+
+    endpoint = Endpoint(config.server)
+    model = check_identity(endpoint, target)
+    log(f"data build: answers from {endpoint.url} ({model}, token ids checked), {config.server.concurrency} "
+        f"requests in flight")
+    stats["engine"] = {"kind": "server", "url": endpoint.url, "model": model,
+                       "concurrency": config.server.concurrency, "endpoint": endpoint}
+    return EndpointBatcher(endpoint, model=model, concurrency=config.server.concurrency,
+                           max_new_tokens=config.max_new_tokens, eos_token_ids=target.eos_token_ids,
+                           temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
+
+
 def _run_rows(target, planned: list[_Planned], config: DataBuildConfig, max_length: int, work: Path,
-              records: dict[str, dict], progress: bool, on_batch) -> dict:
-    """Answer every planned row, data.batch_size rows decoding at a time; every batch_size finished rows are
-    saved as their own part file at once (the resume point). Fills `records`."""
+              records: dict[str, dict], progress: bool, on_batch, log: Callable[[str], None]) -> dict:
+    """Answer every planned row, data.batch_size rows decoding at a time (or data.server.concurrency requests in
+    flight); every batch_size finished rows are saved as their own part file at once (the resume point).
+    Fills `records`."""
     from tqdm.auto import tqdm
 
-    stats = {"generated_tokens": 0, "seconds": 0.0, "generated_batches": 0}
+    engine = {"kind": "server", "url": config.server.url} if config.server.url else {"kind": "in-process"}
+    stats: dict[str, Any] = {"generated_tokens": 0, "seconds": 0.0, "generated_batches": 0, "engine": engine}
+    if not planned:
+        return stats
     bar = tqdm(total=len(records) + len(planned), initial=len(records), unit="row", desc="self-distillation",
                disable=not progress, dynamic_ncols=True)
     part = _next_part(work)
@@ -358,8 +384,7 @@ def _run_rows(target, planned: list[_Planned], config: DataBuildConfig, max_leng
         if len(ready) == config.batch_size:
             save()
 
-    batcher = ContinuousBatcher(target, slots=config.batch_size, max_new_tokens=config.max_new_tokens,
-                                temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
+    batcher = _batcher(target, config, stats, log)
     states = {item.conversation.id: _InFlight(item.conversation) for item in planned}
     for item in planned:
         state = states[item.conversation.id]
@@ -386,6 +411,10 @@ def _run_rows(target, planned: list[_Planned], config: DataBuildConfig, max_leng
     if ready:
         save()
     bar.close()
+    endpoint = stats["engine"].pop("endpoint", None)
+    if endpoint is not None:
+        stats["engine"]["retried_requests"] = endpoint.retried
+        endpoint.close()
     return stats
 
 
@@ -450,7 +479,11 @@ def _write_dataset(target, config: DataBuildConfig, rows: list[PromptRow], recor
             "data_config_hash": hashlib.sha256(json.dumps(to_dict(config), sort_keys=True).encode()).hexdigest()[:16],
             "prompts": list(config.prompts), "max_length": max_length, "rows": result.rows, "tokens": result.tokens,
             "loss_tokens": result.loss_tokens, "domains": domains, "counts": count_dict,
-            "generation": {"tokens": result.generated_tokens, "seconds": round(result.generation_seconds, 3),
+            "generation": {"engine": stats["engine"],
+                           "sampling": {"temperature": config.temperature, "top_k": config.top_k,
+                                        "top_p": config.top_p, "seed": config.seed,
+                                        "max_new_tokens": config.max_new_tokens},
+                           "tokens": result.generated_tokens, "seconds": round(result.generation_seconds, 3),
                            "tokens_per_second": round(result.tokens_per_second, 2),
                            "generated_batches": result.generated_batches, "reused_batches": result.reused_batches,
                            "reused_rows": result.reused_rows},

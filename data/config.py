@@ -15,6 +15,19 @@ LONG_PROMPT_POLICIES = ("skip", "truncate")
 
 
 @dataclass
+class EndpointConfig:
+    """An OpenAI-compatible server that writes the answers instead of an in-process target (data.endpoint)."""
+    url: Optional[str] = None  # e.g. http://127.0.0.1:8000 (vLLM, SGLang, draftsmith serve); None: in process
+    model: Optional[str] = None  # the served model id to use (default: the one named like the target)
+    concurrency: int = 8  # requests in flight
+    timeout: float = 600.0  # seconds per request before it is retried
+    retries: int = 6  # per request, on 429 / 5xx / lost connections / timeouts, with exponential back-off
+    backoff: float = 1.0  # seconds before the first retry; doubled each time up to max_backoff
+    max_backoff: float = 60.0
+    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the server's API key, if it needs one
+
+
+@dataclass
 class DataBuildConfig:
     """Self-distillation: the target answers every prompt; the answers become the training data."""
     # the spellings of earlier versions keep working (serve.config.load_config)
@@ -37,6 +50,7 @@ class DataBuildConfig:
     long_prompts: str = "skip"  # a prompt leaving < max_new_tokens of room: skip | truncate (its longest turn)
     drop_unfinished: bool = False  # drop rows whose last answer hit max_new_tokens before EOS
     draft_vocab_size: Optional[int] = None  # report the loss-token coverage of a draft vocabulary of this size
+    server: EndpointConfig = field(default_factory=EndpointConfig)  # `--server URL`: generate through a server
 
     def validate(self) -> None:
         validate(self)
@@ -93,6 +107,10 @@ def validate(config) -> None:
                 raise ConfigError(f"data.{name} must be positive when set, got {getattr(config, name)}")
         if not config.prompts:
             raise ConfigError("data.prompts is empty: name at least one prompt source (e.g. builtin)")
+        server = config.server
+        if server.concurrency < 1 or server.retries < 0 or server.timeout <= 0 or server.backoff < 0:
+            raise ConfigError("data.server.concurrency must be >= 1, data.server.retries >= 0, "
+                              "data.server.timeout > 0 and data.server.backoff >= 0")
         section = "data"
     else:
         positive = ("batch_tokens", "rows_per_shard")

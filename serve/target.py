@@ -49,6 +49,19 @@ class Target:
         return eos_token_ids(self.model, self.tokenizer)
 
 
+class WeightlessModel:
+    """What a Target without weights keeps of its model: the config and the generation config."""
+
+    def __init__(self, config: Any, path: str, kwargs: dict[str, Any]):
+        from transformers import GenerationConfig
+
+        self.config = config
+        try:
+            self.generation_config = GenerationConfig.from_pretrained(path, **kwargs)
+        except OSError:  # no generation_config.json: the model config's defaults, as from_pretrained does
+            self.generation_config = GenerationConfig.from_model_config(config)
+
+
 def text_config(config: Any) -> Any:
     """The decoder's config (multimodal configs keep it under `text_config`)."""
     return getattr(config, "text_config", None) or config
@@ -75,11 +88,12 @@ def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", device: str = "cpu",
-                require_chat_template: bool = False, cache_dir: str | None = None) -> Target:
+                require_chat_template: bool = False, cache_dir: str | None = None, weights: bool = True) -> Target:
     """Load a frozen target and its tokenizer from `spec`.
 
     `spec` is `demo` / `demo:<name>` (the embedded default targets, built on first use), a folder
-    written by `save_pretrained`, a `.gguf` file, or a hub id (needs the network).
+    written by `save_pretrained`, a `.gguf` file, or a hub id (needs the network). `weights=False` loads
+    the config, generation config and tokenizer only (a server generates; the identity hashes still work).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -120,10 +134,12 @@ def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", devic
     if require_chat_template and not getattr(tokenizer, "chat_template", None):
         raise TargetError(f"{spec!r} has no chat template but a chat dataset/--chat was asked for; use "
                           f"plain prompts (no --chat) or a tokenizer that has one")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if not weights:
+        return Target(model=WeightlessModel(config, path, kwargs), tokenizer=tokenizer, name=display, path=path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
     if getattr(model, "hf_quantizer", None) is not None and "gguf_file" in kwargs:
         model.hf_quantizer.remove_quantization_config(model)
     model.to(device).eval().requires_grad_(False)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
     return Target(model=model, tokenizer=tokenizer, name=display, path=path)

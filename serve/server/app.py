@@ -191,6 +191,9 @@ class Server:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
             body = self._envelope(call, "text_completion")
+        if call.body.return_token_ids:
+            choice["prompt_token_ids"] = list(call.prompt_ids)
+            choice["token_ids"] = [int(t) for t in result.output_ids]
         return {**body, "choices": [choice], "usage": usage.model_dump()}
 
     def chunk(self, call: Call, text: str | None, *, finish_reason: str | None = None, role: bool = False,

@@ -1,7 +1,7 @@
 """Request and response bodies of the OpenAI-compatible API, and its error body.
 
 Field names and defaults follow the OpenAI API reference (chat completions, legacy completions);
-`top_k` and `ignore_eos` are the extensions vLLM also accepts. Unknown request fields are ignored,
+`top_k`, `ignore_eos` and `return_token_ids` are the extensions vLLM also accepts. Unknown request fields are ignored,
 as vLLM does, so clients that send newer fields keep working.
 """
 from __future__ import annotations
@@ -54,6 +54,8 @@ class SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1)
     ignore_eos: bool = False  # extension: keep generating past end-of-sequence tokens
+    # extension (as in vLLM and SGLang): the choice also carries the prompt's and the answer's token ids
+    return_token_ids: bool = False
 
     @field_validator("stop")
     @classmethod
