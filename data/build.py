@@ -33,13 +33,14 @@ from data.masks import render_prompt, render_with_mask
 from data.plan import Conversation, fit_prompt, plan_conversation
 from data.prompts import PromptRow, read_prompts
 from serve.errors import DraftsmithError
+from serve.server.record import read_manifest, traffic_rows
 
 WORK = ".work"
 BUILD_INFO = "build_info.json"
 # Settings that do not change what the target writes: a build may resume with other values (a smaller batch
 # after running out of memory, another device). With the same values a resumed build equals an uninterrupted one.
 # A server (data.server) answers as the target does: its identity is checked before the first request.
-_NOT_GENERATION = ("draft_vocab_size", "drop_unfinished", "device", "batch_size", "server")
+_NOT_GENERATION = ("draft_vocab_size", "drop_unfinished", "device", "batch_size", "server", "traffic")
 # Settings that choose which prompts are answered, not how: rows are reused one by one (see _reusable).
 _PROMPT_SET = ("prompts", "domain_field", "split", "limit", "per_domain_limit")
 
@@ -91,6 +92,7 @@ class _Counts:
     truncated_rows: int = 0
     empty_rows: int = 0
     dropped_unfinished_rows: int = 0
+    traffic_rows: int = 0  # rows of data.traffic folders, added as served
 
 
 def gather_prompts(config: DataBuildConfig) -> list[PromptRow]:
@@ -298,6 +300,8 @@ def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, 
     """
     validate(config)
     rows = gather_prompts(config)  # bad prompt files fail before the model loads
+    for folder in config.traffic:
+        read_manifest(folder)  # not a traffic folder: refused before any work
     if isinstance(target, (str, Path)):
         # a server generates: the tokenizer and config suffice
         target = replace(config.target, spec=str(target)).load(require_chat_template=config.chat,
@@ -418,6 +422,17 @@ def _run_rows(target, planned: list[_Planned], config: DataBuildConfig, max_leng
     return stats
 
 
+def _add_traffic(columns: dict[str, list], target, config: DataBuildConfig, counts: _Counts, max_length: int) -> None:
+    """Rows of data.traffic folders (`serve --record`), as served: the target's own answers, not regenerated."""
+    for folder in config.traffic:
+        served = traffic_rows(folder, tokenizer_hash=target.tokenizer_hash)
+        for name in columns:
+            for value in served[name]:
+                columns[name].append(value[:max_length] if name in ("input_ids", "loss_mask") else value)
+        counts.traffic_rows += len(served["id"])
+        counts.truncated_rows += sum(len(ids) > max_length for ids in served["input_ids"])
+
+
 def _write_dataset(target, config: DataBuildConfig, rows: list[PromptRow], records: dict[str, dict],
                    counts: _Counts, out: Path, max_length: int, stats: dict) -> BuildResult:
     import datasets
@@ -446,6 +461,7 @@ def _write_dataset(target, config: DataBuildConfig, rows: list[PromptRow], recor
         columns["domain"].append(record["domain"])
         columns["input_ids"].append(input_ids)
         columns["loss_mask"].append(loss_mask)
+    _add_traffic(columns, target, config, counts, max_length)
     if not columns["id"]:
         raise DraftsmithError(f"no rows left to write ({counts.prompts} prompts, {counts.skipped_long_prompts} "
                               f"skipped as too long, {counts.empty_rows} without assistant tokens)")

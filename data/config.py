@@ -51,6 +51,7 @@ class DataBuildConfig:
     drop_unfinished: bool = False  # drop rows whose last answer hit max_new_tokens before EOS
     draft_vocab_size: Optional[int] = None  # report the loss-token coverage of a draft vocabulary of this size
     server: EndpointConfig = field(default_factory=EndpointConfig)  # `--server URL`: generate through a server
+    traffic: list[str] = field(default_factory=list)  # `serve --record` folders: their answers join as served
 
     def validate(self) -> None:
         validate(self)

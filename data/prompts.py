@@ -6,7 +6,8 @@ Accepted sources (DESIGN.md, "Prompt files"):
   (+ optional `input`); an optional `system` string becomes a system message;
 - an HF `datasets` folder (`save_to_disk` or a folder of data files) or a dataset name already in the
   local cache, with `split`;
-- `builtin` / `builtin:<domain>`: the project's own prompt sets (data/builtin/).
+- `builtin` / `builtin:<domain>`: the project's own prompt sets (data/builtin/);
+- a traffic folder of `draftsmith serve --record`: the recorded chat conversations, without their answers.
 
 The domain comes from the field named by `domain_field`, falling back to `category`, else `default`; a
 source written `DOMAIN=source` (e.g. `code=humaneval.jsonl`) sets the domain of all its rows.
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from serve.errors import DraftsmithError
+from serve.server.record import is_traffic_folder, traffic_prompt_records
 
 FORMS = ("messages", "conversations", "turns", "prompt", "question", "instruction")
 ROLES = ("system", "user", "assistant")
@@ -190,6 +192,8 @@ def load_prompts(source: str | Path, *, domain_field: str = "domain", split: str
     path = Path(text).expanduser()
     if path.is_file():
         records, stem = _file_records(path), path.stem
+    elif is_traffic_folder(path):
+        records, stem = traffic_prompt_records(path), path.name
     elif path.exists():
         records, stem = _dataset_records(str(path), split)
     elif text.startswith((".", "/", "~")) or text.endswith((".jsonl", ".json")):

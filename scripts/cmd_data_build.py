@@ -15,6 +15,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--server", default=None, metavar="URL",
                         help="generate through this OpenAI-compatible server (vLLM, SGLang, draftsmith serve) "
                              "instead of in process (= data.server.url; see data.server.* for the rest)")
+    parser.add_argument("--traffic", action="append", default=None, metavar="DIR",
+                        help="a `serve --record` folder: its served answers join the dataset as they are; "
+                             "repeatable (= data.traffic)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -24,7 +27,7 @@ def run(args) -> int:
     from serve.config import load_config
 
     flags = {"target.spec": args.target, "prompts": args.prompts, "limit": args.limit,
-             "domain_field": args.domain_field, "server.url": args.server}
+             "domain_field": args.domain_field, "traffic": args.traffic, "server.url": args.server}
     config = load_config(DataBuildConfig, config_file=args.config, section="data", overrides=args.overrides,
                          flags=flags)
     result = build_dataset(config.target.spec, config, out_dir=args.out, progress=not args.no_progress,

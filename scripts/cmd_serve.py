@@ -18,6 +18,9 @@ def add_arguments(parser) -> None:
                         help="plain decoding, for comparison")
     parser.add_argument("--served-model-name", default=None,
                         help="the `model` name clients send (default: the target's name)")
+    parser.add_argument("--record", default=None, metavar="DIR",
+                        help="keep every answered request in DIR as training data (serve/server/record.py; a request "
+                             "sent with \"store\": false is not kept; metadata.domain files it by domain)")
 
 
 def run(args) -> int:
@@ -25,7 +28,7 @@ def run(args) -> int:
     from serve.server import ServeConfig, serve_forever
 
     flags = {"target.spec": args.target, **{name: getattr(args, name) for name in (
-        "drafter", "k", "host", "port", "speculation", "served_model_name")}}
+        "drafter", "k", "host", "port", "speculation", "served_model_name", "record")}}
     config = load_config(ServeConfig, config_file=args.config, section="serve", overrides=args.overrides,
                          flags=flags)
     logging.basicConfig(level=getattr(logging, config.log_level.upper(), logging.INFO),

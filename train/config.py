@@ -25,6 +25,8 @@ class ModelConfig:
     fc_bias: bool = False                  # EAGLE-1
     medusa_num_layers: int = 1             # ResBlocks per Medusa head
     attn_implementation: str = "sdpa"      # sdpa | eager
+    init_from: str = ""                    # a drafter folder to continue from (e.g. refreshed on served traffic):
+                                           # its architecture, draft vocabulary and weights; "" = a fresh head
 
 
 @dataclass

@@ -20,14 +20,20 @@ REQUIRED_COLUMNS = ("input_ids", "loss_mask")
 
 
 class DatasetRows:
-    """Row access to a `draftsmith data build` dataset (HF datasets, save_to_disk)."""
+    """Row access to a `draftsmith data build` dataset (HF datasets, save_to_disk), or to the traffic a
+    `draftsmith serve --record` folder holds (its answers as served; `tokenizer_hash` must be the recording's)."""
 
-    def __init__(self, path: str | Path):
-        from datasets import load_from_disk
+    def __init__(self, path: str | Path, *, tokenizer_hash: str | None = None):
+        from datasets import Dataset, load_from_disk
+
+        from serve.server.record import is_traffic_folder, traffic_rows
 
         if not Path(path).exists():
             raise DraftsmithError(f"training dataset not found: {path} (make one with `draftsmith data build`)")
-        self.dataset = load_from_disk(str(path))
+        if is_traffic_folder(path):
+            self.dataset = Dataset.from_dict(traffic_rows(path, tokenizer_hash=tokenizer_hash))
+        else:
+            self.dataset = load_from_disk(str(path))
         missing = [c for c in REQUIRED_COLUMNS if c not in self.dataset.column_names]
         if missing:
             raise DraftsmithError(f"dataset {path} lacks columns {missing}; it has {self.dataset.column_names}")
@@ -42,7 +48,7 @@ class DatasetRows:
 
 def open_rows(mode: str, *, dataset: str = "", cache: str = "", target=None, layers: Sequence[int] = ()):
     if mode == "online":
-        return DatasetRows(dataset)
+        return DatasetRows(dataset, tokenizer_hash=target.tokenizer_hash if target is not None else None)
     from data.capture import CacheReader
 
     reader = CacheReader(cache, layers=list(layers))  # CacheError names layers the cache lacks

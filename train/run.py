@@ -17,8 +17,9 @@ import torch
 
 from serve.config import save_config, to_dict
 from serve.drafters.base import FINAL
-from serve.drafters.folder import build_head, save_drafter
+from serve.drafters.folder import build_head, load_head, read_config, save_drafter
 from serve.drafters.head_config import HeadConfig
+from serve.drafters.identity import check_target_identity
 from serve.errors import DraftsmithError
 from serve.layers import check_eagle3_layers
 from train.config import TrainConfig, check
@@ -44,6 +45,16 @@ def head_config(config: TrainConfig, target) -> HeadConfig:
     from serve.drafters.medusa import medusa_config
     return medusa_config(target, num_heads=m.num_speculative_tokens, num_layers=m.medusa_num_layers,
                          draft_vocab_size=m.draft_vocab_size or None)
+
+
+def continued_config(config: TrainConfig, target) -> HeadConfig:
+    """The HeadConfig of model.init_from, a drafter of `target` trained with the same method."""
+    cfg = read_config(config.model.init_from)
+    check_target_identity(cfg, target)
+    if cfg.method != config.model.method:
+        raise DraftsmithError(f"model.init_from={config.model.init_from} is an {cfg.method} drafter but "
+                              f"model.method={config.model.method}; set model.method={cfg.method}")
+    return cfg
 
 
 def needed_layers(cfg: HeadConfig) -> tuple[int, ...]:
@@ -101,14 +112,17 @@ def train_drafter(config: TrainConfig) -> Path:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     dtype = "bfloat16" if resolve_precision(config) == "bf16" else "float32"
     target = load_target(config.target.spec, dtype=dtype, device=device)
-    cfg = head_config(config, target)
+    cfg = continued_config(config, target) if config.model.init_from else head_config(config, target)
     layers = needed_layers(cfg)
     online = config.data.mode == "online"
     rows = open_rows(config.data.mode, dataset=config.data.dataset, cache=config.data.cache, target=target,
                      layers=layers)
     train_idx, eval_idx = split_rows(len(rows), eval_rows=config.data.eval_rows, seed=config.seed,
                                      max_rows=config.data.max_rows)
-    head, coverage = init_head(cfg, target, rows, train_idx, vocab_rows=config.data.vocab_rows, seed=config.seed)
+    if config.model.init_from:  # a refresh: the drafter's own weights and draft vocabulary are the start
+        head, coverage = load_head(config.model.init_from), None
+    else:
+        head, coverage = init_head(cfg, target, rows, train_idx, vocab_rows=config.data.vocab_rows, seed=config.seed)
     head.to(device)
     loss = config.loss
     objective = build_objective(head, TargetParts.of(target), ttt_steps=config.model.ttt_steps, decay=loss.decay,

@@ -31,8 +31,16 @@ def build_app(config: ServeConfig, *, log=None) -> Any:
     if log and drafter is not None:
         log(f"drafting {settings.describe()}")
     engine = Engine(target, drafter, k=settings.k, tree=settings.tree, max_queue=config.max_queue)
+    recorder = None
+    if config.record:
+        from serve.server.record import TrafficRecorder
+
+        recorder = TrafficRecorder(config.record, target=target,
+                                   max_segment_bytes=int(config.record_segment_mb * (1 << 20)))
+        if log:
+            log(f"recording answered requests into {config.record} (a request with \"store\": false is not kept)")
     return create_app(engine, model_name=config.served_model_name or target.name,
-                      context_length=config.context_length)
+                      context_length=config.context_length, recorder=recorder)
 
 
 def serve_forever(config: ServeConfig, *, log=None) -> None:

@@ -27,6 +27,7 @@ from serve.server.engine import (Cancelled, Engine, Event, Failed, Finished, Gen
                                  Started, Tokens)
 from serve.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from serve.server.prompts import encode_completion_prompt, render_chat, resolve_max_tokens
+from serve.server.record import TrafficRecorder
 from serve.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList,
                                   SamplingFields, Usage, error_body)
 from serve.server.text import TextAssembler
@@ -102,9 +103,11 @@ def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
 class Server:
     """Holds what the routes share: engine, tokenizer copy, metrics, names and limits."""
 
-    def __init__(self, engine: Engine, *, model_name: str, context_length: int | None = None):
+    def __init__(self, engine: Engine, *, model_name: str, context_length: int | None = None,
+                 recorder: TrafficRecorder | None = None):
         self.engine = engine
         self.model_name = model_name
+        self.recorder = recorder
         target = engine.target
         # The worker thread uses target.tokenizer (stop strings); the event loop gets its own copy,
         # since a Rust tokenizer borrowed from two threads at once can raise "Already borrowed".
@@ -166,6 +169,25 @@ class Server:
         log.info("%s %s: %d+%d tokens, mu %.2f, ttft %s, %s", call.endpoint, call.id[:8], usage.prompt_tokens,
                  usage.completion_tokens, usage.mu, _seconds(t.ttft()), _seconds(t.tpot(usage.completion_tokens),
                                                                                "/token"))
+
+    def keep(self, call: Call, result: Any) -> None:
+        """Hand the answered request to the traffic recorder (`serve --record`), if there is one."""
+        if self.recorder is None:
+            return
+        body = call.body
+        messages = prompt = None
+        if isinstance(body, ChatCompletionRequest):
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        elif isinstance(body.prompt, str):
+            prompt = body.prompt
+        self.recorder.record(endpoint=call.endpoint, domain=str((body.metadata or {}).get("domain", "default")),
+                             store=body.store is not False, prompt_token_ids=call.prompt_ids,
+                             output_token_ids=[int(t) for t in result.output_ids],
+                             finish_reason=self.finish_reason(call, result.output_ids),
+                             sampling={"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
+                                       "seed": body.seed, "max_tokens": call.max_tokens,
+                                       "stop": list(body.stop_strings)},
+                             messages=messages, prompt=prompt, mu=round(float(result.stats.mu), 4))
 
     def handle(self, call: Call, event: Event) -> str:
         """Apply a progress event; returns the text that became safe to send."""
@@ -233,6 +255,7 @@ class Server:
                     call.assembler.finish()
                     usage = self.usage(call, event.result)
                     self.record(call, usage)
+                    self.keep(call, event.result)
                     done = True
                     return JSONResponse(self.whole_body(call, event.result, usage))
                 if isinstance(event, Failed):
@@ -269,6 +292,7 @@ class Server:
                         yield self.chunk(call, tail)
                     usage = self.usage(call, event.result)
                     self.record(call, usage)
+                    self.keep(call, event.result)
                     done = True
                     reason = self.finish_reason(call, event.result.output_ids)
                     # μ per request rides on the last choice chunk; OpenAI's usage-only chunk follows on request.
@@ -304,9 +328,11 @@ class Server:
                          if self.engine.speculation else 0)
 
 
-def create_app(engine: Engine, *, model_name: str, context_length: int | None = None) -> FastAPI:
-    """The ASGI app; it starts the engine's worker on startup and stops it on shutdown."""
-    server = Server(engine, model_name=model_name, context_length=context_length)
+def create_app(engine: Engine, *, model_name: str, context_length: int | None = None,
+               recorder: TrafficRecorder | None = None) -> FastAPI:
+    """The ASGI app; it starts the engine's worker on startup and stops it on shutdown. `recorder` keeps every
+    answered request (serve.server.record)."""
+    server = Server(engine, model_name=model_name, context_length=context_length, recorder=recorder)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -33,6 +33,8 @@ class ServeConfig:
     served_model_name: Optional[str] = None  # the `model` clients send; default: the target's name
     context_length: Optional[int] = None  # default: the target's max_position_embeddings
     max_queue: int = 64  # requests waiting beyond this get a 503
+    record: Optional[str] = None  # folder that keeps every answered request (serve.server.record); None: off
+    record_segment_mb: float = 64.0  # a new traffic-NNNNN.jsonl segment starts beyond this size
     log_level: str = "info"
 
     def validate(self) -> None:

@@ -56,6 +56,8 @@ class SamplingFields(_Request):
     ignore_eos: bool = False  # extension: keep generating past end-of-sequence tokens
     # extension (as in vLLM and SGLang): the choice also carries the prompt's and the answer's token ids
     return_token_ids: bool = False
+    store: bool | None = None  # false: a recording server (`serve --record`) keeps nothing of this request
+    metadata: dict[str, str] | None = None  # `domain` files the request under that domain in the recording
 
     @field_validator("stop")
     @classmethod
