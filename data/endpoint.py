@@ -17,13 +17,12 @@ import os
 import random
 import threading
 import time
-from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable
 
 from data.config import EndpointConfig
-from data.generate import Answer, Request
+from data.generate import Answer, Request, RequestQueue
 from serve.errors import DraftsmithError
 
 # Unusual characters, digits, code and whitespace runs: two different tokenizers almost never agree on all of it.
@@ -132,34 +131,24 @@ def check_identity(endpoint: Endpoint, target: Any) -> str:
     return model
 
 
-class EndpointBatcher:
-    """ContinuousBatcher's interface (add / busy / step), answered by the server, `concurrency` in flight."""
+class EndpointBatcher(RequestQueue):
+    """Queued prompts answered by the server, `concurrency` requests in flight."""
 
     def __init__(self, endpoint: Endpoint, *, model: str, concurrency: int, max_new_tokens: int,
                  eos_token_ids: list[int], temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0):
+        super().__init__()
         self.endpoint = endpoint
         self.model = model
         self.concurrency = concurrency
         self.max_new_tokens = max_new_tokens
         self.eos = list(eos_token_ids)
         self.sampling = {"temperature": temperature, "top_p": top_p, **({"top_k": top_k} if top_k > 0 else {})}
-        self.queue: deque[Request] = deque()
         self.pending: dict[Future, Request] = {}
         self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="draftsmith-endpoint")
-
-    def add(self, request: Request, *, first: bool = False) -> None:
-        if first:
-            self.queue.appendleft(request)
-        else:
-            self.queue.append(request)
 
     @property
     def running(self) -> int:
         return len(self.pending)
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.queue) or bool(self.pending)
 
     def step(self) -> list[tuple[Request, Answer]]:
         """Send queued requests up to `concurrency` in flight; wait for at least one answer; return the answers."""

@@ -127,28 +127,12 @@ class _Row:
     generator: torch.Generator | None = None
 
 
-class ContinuousBatcher:
-    """Answers queued prompts, `slots` at a time; `step()` advances every running row by one token.
+class RequestQueue:
+    """What answers queued prompts: `add` requests, then `step` until not `busy`; each step returns the answers
+    that ended. Subclasses run the requests (ContinuousBatcher in process, data.endpoint.EndpointBatcher)."""
 
-        batcher = ContinuousBatcher(target, slots=32, max_new_tokens=256)
-        batcher.add(Request("a", prompt_ids))
-        while batcher.busy:
-            for request, answer in batcher.step(): ...   # may add follow-up requests
-    """
-
-    def __init__(self, target: Any, *, slots: int, max_new_tokens: int, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0):
-        self.model = target.model
-        self.eos = set(target.eos_token_ids)
-        tokenizer = target.tokenizer
-        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else target.eos_token_ids[0]
-        self.slots = slots
-        self.max_new_tokens = max_new_tokens
-        self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-        self.device = next(self.model.parameters()).device
+    def __init__(self):
         self.queue: deque[Request] = deque()
-        self.rows: list[_Row | None] = [None] * slots
-        self.cache: SlotCache | None = None
 
     def add(self, request: Request, *, first: bool = False) -> None:
         """Queue a prompt (first=True: ahead of the others, e.g. the next turn of a conversation in flight)."""
@@ -159,11 +143,42 @@ class ContinuousBatcher:
 
     @property
     def running(self) -> int:
-        return sum(row is not None for row in self.rows)
+        raise NotImplementedError
 
     @property
     def busy(self) -> bool:
         return bool(self.queue) or self.running > 0
+
+    def step(self) -> list[tuple[Request, Answer]]:
+        raise NotImplementedError
+
+
+class ContinuousBatcher(RequestQueue):
+    """Answers queued prompts, `slots` at a time; `step()` advances every running row by one token.
+
+        batcher = ContinuousBatcher(target, slots=32, max_new_tokens=256)
+        batcher.add(Request("a", prompt_ids))
+        while batcher.busy:
+            for request, answer in batcher.step(): ...   # may add follow-up requests
+    """
+
+    def __init__(self, target: Any, *, slots: int, max_new_tokens: int, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0):
+        super().__init__()
+        self.model = target.model
+        self.eos = set(target.eos_token_ids)
+        tokenizer = target.tokenizer
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else target.eos_token_ids[0]
+        self.slots = slots
+        self.max_new_tokens = max_new_tokens
+        self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        self.device = next(self.model.parameters()).device
+        self.rows: list[_Row | None] = [None] * slots
+        self.cache: SlotCache | None = None
+
+    @property
+    def running(self) -> int:
+        return sum(row is not None for row in self.rows)
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Request, Answer]]:
