@@ -1,7 +1,6 @@
 """Continuous batching for self-distillation: every answer equals plain decoding of its prompt alone."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from data.generate import Answer, ContinuousBatcher, Request, attention_masks
@@ -105,3 +104,14 @@ def test_attention_masks_per_layer_type(tiny_target_factory):
     gemma.sliding_window = 4
     masks = attention_masks(gemma, allowed, q, k)
     assert masks["full_attention"].all() and masks["sliding_attention"][0, 0, 0].tolist() == [False] * 6 + [True] * 4
+
+
+def test_greedy_rows_equal_the_former_generate_batches(tiny_target_dir):
+    # the path `data build` took before continuous batching: transformers' generate over left-padded batches
+    from scripts.bench_generate import continuous_generate, former_generate
+
+    target = load_target(tiny_target_dir)
+    prompts = random_prompts(10, seed=4)
+    former = former_generate(target, prompts, batch_size=4, max_new_tokens=MAX_NEW)
+    assert continuous_generate(target, prompts, slots=4, max_new_tokens=MAX_NEW) == former
+    assert continuous_generate(target, prompts, slots=3, max_new_tokens=MAX_NEW) == former
