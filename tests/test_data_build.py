@@ -11,26 +11,7 @@ from data.config import DataBuildConfig
 from serve.config import ConfigError, load_config
 from serve.errors import DraftsmithError
 from serve.target import load_target
-from serve.target_config import TargetConfig
-from tests.data_fixtures import PROMPTS, quiet, write_jsonl
-
-@pytest.fixture()
-def prompts(tmp_path):
-    return write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
-
-
-def config_for(prompts, **kw) -> DataBuildConfig:
-    base = dict(prompts=[str(prompts)], max_new_tokens=6, batch_size=2, max_length=256,
-                target=TargetConfig(device="cpu"))
-    base.update(kw)
-    return DataBuildConfig(**base)
-
-
-def read(out):
-    import datasets
-
-    return datasets.load_from_disk(str(out)).to_dict()
-
+from tests.data_fixtures import PROMPTS, config_for, prompts, quiet, read, write_jsonl  # noqa: F401  (prompts is a fixture)
 
 def runs(mask):
     return sum(1 for k in range(len(mask)) if mask[k] and (k == 0 or not mask[k - 1]))

@@ -15,8 +15,8 @@ from data.generate import Answer
 from serve.server.app import create_app
 from serve.server.engine import Engine
 from serve.target import load_target
-from tests.test_data_build import config_for, prompts, quiet, read  # noqa: F401  (prompts is a fixture)
-from tests.test_server_api import running_server
+from tests.data_fixtures import config_for, prompts, quiet, read  # noqa: F401  (prompts is a fixture)
+from tests.server_fixtures import running_server
 from tests.tiny_models import save_tiny_target
 
 

@@ -2,9 +2,7 @@
 the n-gram drafter, the official `openai` client; bad inputs, concurrency and disconnects."""
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
 import threading
 import time
 
@@ -12,7 +10,6 @@ import httpx
 import openai
 import pytest
 import torch
-import uvicorn
 
 from serve.decoding import speculative_generate
 from serve.drafters import build_drafter
@@ -20,31 +17,11 @@ from serve.drafters.ngram import NgramDrafter
 from serve.server.app import create_app
 from serve.server.engine import Engine
 from serve.target import load_target
+from tests.server_fixtures import running_server
 from tests.tiny_models import save_tiny_target
 
 MODEL = "tiny"
 K = 4
-
-
-@contextlib.contextmanager
-def running_server(app):
-    """uvicorn on a free 127.0.0.1 port in a thread; yields the base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(15)
-        sock.close()
 
 
 def eventually(condition, timeout: float = 5.0, every: float = 0.02) -> bool:

@@ -13,11 +13,11 @@ from scripts.cli import main
 from serve.server import ServeConfig, build_app
 from serve.server.record import TrafficError, TrafficRecorder, read_traffic, traffic_rows
 from serve.target import load_target
-from tests.test_server_api import running_server
-from tests.train_fixtures import EAGLE3_LAYERS, one_thread, sharp_target  # noqa: F401
+from serve.target_config import TargetConfig
+from tests.server_fixtures import running_server
+from tests.train_fixtures import EAGLE3_LAYERS, sharp_target
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.usefixtures("one_thread")
 QUESTIONS = {"code": ["def add(a, b):", "for i in range(3):", "print('hi')"], "math": ["2+2=", "7*6="]}
 
 
@@ -30,7 +30,7 @@ def target_dir(tmp_path_factory):
 def recorded(target_dir, tmp_path_factory):
     """A recording server answered 5 chat requests in two domains, one completion, and one opted-out request."""
     folder = tmp_path_factory.mktemp("traffic") / "rec"
-    config = ServeConfig(target=str(target_dir), drafter="ngram", record=str(folder), record_segment_mb=0.001)
+    config = ServeConfig(target=TargetConfig(spec=str(target_dir)), drafter="ngram", record=str(folder), record_segment_mb=0.001)
     with running_server(build_app(config)) as url:
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         for domain, questions in QUESTIONS.items():
