@@ -6,6 +6,7 @@ Layout of a cache folder:
         input_ids              (N,) int32     the shard's rows concatenated (N tokens in all)
         loss_mask              (N,) uint8
         offsets                (R+1,) int64   row r is tokens offsets[r]:offsets[r+1]
+        target_top1            (N,) int32     the target's argmax after each token (absent in older caches)
         hidden_states.<id>     (N, h)         per stored layer id, in the cache dtype
         hidden_states.final    (N, h)         the final normed state (id -1), always stored
         metadata["draftsmith"]: JSON {format, row_start, ids, domains}
@@ -85,6 +86,7 @@ class PackedShard:
     loss_mask: torch.Tensor  # (N,) uint8
     offsets: torch.Tensor  # (R+1,) int64
     hidden_states: dict[int, torch.Tensor]  # layer id -> (N, h) in the cache dtype
+    target_top1: torch.Tensor | None = None  # (N,) int32
 
     @classmethod
     def allocate(cls, ids: list[str], domains: list[str], lengths: Sequence[int], layer_ids: Sequence[int],
@@ -94,13 +96,16 @@ class PackedShard:
         n = int(offsets[-1])
         return cls(ids=list(ids), domains=list(domains), input_ids=torch.zeros(n, dtype=torch.int32),
                    loss_mask=torch.zeros(n, dtype=torch.uint8), offsets=offsets,
-                   hidden_states={i: torch.empty(n, hidden_size, dtype=dtype) for i in layer_ids})
+                   hidden_states={i: torch.empty(n, hidden_size, dtype=dtype) for i in layer_ids},
+                   target_top1=torch.zeros(n, dtype=torch.int32))
 
     def put(self, row: int, input_ids: Sequence[int], loss_mask: Sequence[int],
-            hidden_states: dict[int, torch.Tensor]) -> None:
+            hidden_states: dict[int, torch.Tensor], *, target_top1: torch.Tensor | None = None) -> None:
         start, end = int(self.offsets[row]), int(self.offsets[row + 1])
         self.input_ids[start:end] = torch.as_tensor(input_ids, dtype=torch.int32)
         self.loss_mask[start:end] = torch.as_tensor(loss_mask, dtype=torch.uint8)
+        if target_top1 is not None and self.target_top1 is not None:
+            self.target_top1[start:end] = target_top1.to(torch.int32)
         for layer_id, states in hidden_states.items():
             self.hidden_states[layer_id][start:end] = states  # (T, h), cast to the cache dtype on copy
 
@@ -110,6 +115,8 @@ def write_shard(folder: Path, index: int, shard: PackedShard, *, row_start: int)
     from safetensors.torch import save_file
 
     tensors = {"input_ids": shard.input_ids, "loss_mask": shard.loss_mask, "offsets": shard.offsets}
+    if shard.target_top1 is not None:
+        tensors["target_top1"] = shard.target_top1
     tensors.update({tensor_key(i): h for i, h in shard.hidden_states.items()})
     # One metadata key: safetensors writes several in hash order, and equal shards should be equal files.
     metadata = {"draftsmith": json.dumps({"format": FORMAT, "row_start": row_start, "ids": shard.ids,
@@ -148,7 +155,7 @@ class CacheReader:
     """Rows of a finished cache as dicts; len() and indexing, so a DataLoader + DistributedSampler can use it.
 
     row = {"id": str, "domain": str, "input_ids": (T,) long, "loss_mask": (T,) long,
-           "hidden_states": {layer_id: (T, h) in the cache dtype}}
+           "hidden_states": {layer_id: (T, h) in the cache dtype}, "target_top1": (T,) long (when captured)}
     verify: check every shard's sha256 now (sizes are always checked).
     layers: read only these stored layer ids (default: all).
     """
@@ -237,10 +244,13 @@ class CacheReader:
         handle, ids, domains, offsets = self._open(shard)
         local = index - self.shards[shard].row_start
         start, end = int(offsets[local]), int(offsets[local + 1])
-        return {"id": ids[local], "domain": domains[local],
-                "input_ids": handle.get_slice("input_ids")[start:end].long(),  # (T,)
-                "loss_mask": handle.get_slice("loss_mask")[start:end].long(),  # (T,)
-                "hidden_states": {i: handle.get_slice(tensor_key(i))[start:end] for i in self.layer_ids}}
+        row = {"id": ids[local], "domain": domains[local],
+               "input_ids": handle.get_slice("input_ids")[start:end].long(),  # (T,)
+               "loss_mask": handle.get_slice("loss_mask")[start:end].long(),  # (T,)
+               "hidden_states": {i: handle.get_slice(tensor_key(i))[start:end] for i in self.layer_ids}}
+        if "target_top1" in handle.keys():
+            row["target_top1"] = handle.get_slice("target_top1")[start:end].long()  # (T,)
+        return row
 
     def __iter__(self) -> Iterator[dict]:
         for index in range(len(self)):

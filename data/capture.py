@@ -263,11 +263,19 @@ def _capture_shard(target: Any, block: Any, layer_ids: tuple[int, ...], max_leng
     masks = [list(x)[:max_length] for x in block["loss_mask"]]
     shard = PackedShard.allocate(block["id"], block["domain"], [len(x) for x in ids], layer_ids,
                                  text_config(target.config).hidden_size, dtype)
+    head = target.model.get_output_embeddings()
     for batch in plan_batches([len(x) for x in ids], batch_tokens):
         states = forward_hidden_states(target, [ids[i] for i in batch], layer_ids)
         for i, hidden in zip(batch, states):
-            shard.put(i, ids[i], masks[i], hidden)
+            shard.put(i, ids[i], masks[i], hidden, target_top1=target_argmax(head, hidden[FINAL]))
     return shard
+
+
+@torch.inference_mode()
+def target_argmax(lm_head: torch.nn.Module, final: torch.Tensor, *, chunk: int = 1024) -> torch.Tensor:
+    """(T, h) final normed states -> (T,) the target's top-1 after each position, in the capture's compute
+    dtype (stored once, so training never runs the full-vocabulary lm_head again). Chunked: (chunk, V) logits."""
+    return torch.cat([lm_head(final[s:s + chunk]).argmax(-1) for s in range(0, final.shape[0], chunk)])
 
 
 def _merge_manifest(out: Path, shards: list[tuple[int, int, int]], target: Any, layers: LayerSpec, dtype: str,
@@ -291,7 +299,8 @@ def _merge_manifest(out: Path, shards: list[tuple[int, int, int]], target: Any, 
                    "final": FINAL, "convention": CONVENTION},
         "dtype": dtype,
         "layout": "packed per shard: input_ids (N,) int32, loss_mask (N,) uint8, offsets (R+1,) int64, "
-                  "hidden_states.<id> / hidden_states.final (N, h); ids and domains in the safetensors metadata",
+                  "target_top1 (N,) int32, hidden_states.<id> / hidden_states.final (N, h); ids and domains in the "
+                  "safetensors metadata",
         "dataset": {"path": str(dataset_path), "digest": identity["dataset_digest"], "rows": len(lengths)},
         "rows": sum(e["rows"] for e in entries),
         "tokens": sum(e["tokens"] for e in entries),

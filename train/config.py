@@ -22,6 +22,8 @@ class ModelConfig:
     draft_vocab_size: int = 0              # 0 = the target's whole vocabulary (EAGLE-1 always uses it)
     aux_layer_ids: list[int] = field(default_factory=list)  # EAGLE-3; empty = serve.layers.default_eagle3_layers
     ttt_steps: int = 7                     # EAGLE-3 training-time-test unroll
+    fc_norm: bool = False                  # EAGLE-3: an RMSNorm per aux feature before fc (EAGLE-3.1)
+    norm_before_fc: bool = False           # EAGLE-3: one RMSNorm over the concatenated aux features before fc
     fc_bias: bool = False                  # EAGLE-1
     medusa_num_layers: int = 1             # ResBlocks per Medusa head
     attn_implementation: str = "sdpa"      # sdpa | eager
@@ -37,6 +39,8 @@ class DataConfig:
     max_length: int = 2048                 # longer rows are cut
     max_rows: int = 0                      # 0 = all rows
     eval_rows: int = 32                    # held out from training, for top-1 agreement
+    eval_dataset: str = ""                 # a held-out set of its own (online: a `data build` folder) instead
+    eval_cache: str = ""                   # ... (offline: a `data capture` folder); all its rows are evaluated
     vocab_rows: int = 0                    # rows counted to pick the draft vocabulary; 0 = all training rows
 
 
@@ -53,6 +57,8 @@ class OptimConfig:
     max_steps: int = 0                     # optimizer steps; 0 = epochs over the training rows
     warmup_steps: int = 0
     schedule: str = "cosine"               # cosine | linear | constant (after warmup)
+    keep_best: bool = True                 # with log.eval_every: save the head of the best held-out evaluation
+    early_stop_patience: int = 0           # with log.eval_every: stop after N evaluations without progress; 0 = off
 
 
 @dataclass
@@ -61,6 +67,7 @@ class LossConfig:
     feature_weight: float = 1.0            # EAGLE-1 SmoothL1 on the next feature
     ce_weight: float = 0.1                 # EAGLE-1 cross-entropy vs the target's distribution
     feature_noise: float = 0.1             # EAGLE-1: U(-a, a) added to input features; 0 = off
+    aux_noise: float = 0.0                 # EAGLE-3: U(-a, a) x the feature's RMS added to each aux feature
 
 
 @dataclass
@@ -77,6 +84,7 @@ class LogConfig:
     every: int = 10                        # steps between JSONL / wandb records
     eval_every: int = 0                    # steps between held-out evaluations; 0 = at the end only
     eval_positions: int = 0                # drafted positions evaluated; 0 = K
+    train_eval_rows: int = 16              # training rows evaluated beside the held-out ones (over-fitting shows)
     progress: bool = True                  # tqdm bar on the console
     wandb_project: str = "draftsmith"
     run_name: str = ""
@@ -145,4 +153,12 @@ def check(config: TrainConfig, *, data: bool = True) -> TrainConfig:
         section = config.optim if hasattr(config.optim, key) else config.model
         if getattr(section, key) < 1:
             raise DraftsmithError(f"{key} must be >= 1")
+    if config.model.method != "eagle3" and (config.model.fc_norm or config.model.norm_before_fc):
+        raise DraftsmithError("model.fc_norm / model.norm_before_fc are EAGLE-3 options (model.method=eagle3)")
+    if config.data.eval_cache and config.data.mode != "offline":
+        raise DraftsmithError("data.eval_cache is read in offline mode; online training takes data.eval_dataset")
+    if config.data.eval_dataset and config.data.mode != "online":
+        raise DraftsmithError("data.eval_dataset is read in online mode; offline training takes data.eval_cache")
+    if config.optim.early_stop_patience < 0 or config.log.train_eval_rows < 0 or config.loss.aux_noise < 0:
+        raise DraftsmithError("optim.early_stop_patience, log.train_eval_rows and loss.aux_noise must be >= 0")
     return config

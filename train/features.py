@@ -83,17 +83,20 @@ def collate(rows: list[dict], *, max_length: int, layers: Sequence[int] = (), pa
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     loss_mask = torch.zeros(B, T, dtype=torch.long)
     attention_mask = torch.zeros(B, T, dtype=torch.long)
+    top1 = torch.zeros(B, T, dtype=torch.long) if all("target_top1" in r for r in rows) else None
     hidden: dict[int, torch.Tensor] = {}
     for b, (row, n) in enumerate(zip(rows, lengths)):
         input_ids[b, :n] = _as_tensor(row["input_ids"], torch.long)[:n]
         loss_mask[b, :n] = _as_tensor(row["loss_mask"], torch.long)[:n]
         attention_mask[b, :n] = 1
+        if top1 is not None:
+            top1[b, :n] = _as_tensor(row["target_top1"], torch.long)[:n]
         for layer in layers if "hidden_states" in row else ():
             h = _as_tensor(row["hidden_states"][layer], torch.float32)
             if layer not in hidden:
                 hidden[layer] = torch.zeros(B, T, h.shape[-1], dtype=torch.float32)
             hidden[layer][b, :n] = h[:n]
-    return FeatureBatch(input_ids, loss_mask, hidden, attention_mask)
+    return FeatureBatch(input_ids, loss_mask, hidden, attention_mask, top1)
 
 
 @torch.no_grad()  # no autograd graph through the frozen target (inference_mode tensors could not enter backward)

@@ -22,10 +22,12 @@ import torch
 
 from train import losses
 from train.config import TrainConfig
-from train.objectives import FeatureBatch, Objective
+from train.evaluate import BestTracker, agreement_over, sample_rows
+from train.objectives import Agreement, FeatureBatch, Objective
 
 CHECKPOINTS = "checkpoints"
 STATE_NAME = "trainer_state.json"
+BEST_NAME = "best_head.safetensors"  # in a checkpoint: the best head so far, so a resumed run keeps it
 
 
 @dataclass
@@ -161,9 +163,10 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def save_checkpoint(accelerator, out_dir: Path, step: int, keep: int, extra: dict) -> None:
+def save_checkpoint(accelerator, out_dir: Path, step: int, keep: int, extra: dict,
+                    files: dict[str, dict] | None = None) -> None:
     """accelerate's save_state (model, optimizer, scheduler, RNG) into a temp folder, renamed when complete,
-    so a kill -9 mid-save leaves the previous checkpoint intact."""
+    so a kill -9 mid-save leaves the previous checkpoint intact. files: name -> tensors saved beside it."""
     root = out_dir / CHECKPOINTS
     final, tmp = root / f"step_{step:08d}", root / f"step_{step:08d}.tmp"
     if accelerator.is_main_process:
@@ -172,6 +175,10 @@ def save_checkpoint(accelerator, out_dir: Path, step: int, keep: int, extra: dic
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        from safetensors.torch import save_file
+
+        for name, tensors in (files or {}).items():
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / name))
         (tmp / STATE_NAME).write_text(json.dumps({"step": step, **extra}))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -186,11 +193,30 @@ def peak_rss_gib() -> float:
 
 # ------------------------------------------------------------------------------------------------ loop
 
+def _head_state(accelerator, model) -> dict:
+    """The head's tensors (CPU) gathered from every shard; call on every process, use on the main one."""
+    state = accelerator.get_state_dict(model)
+    if not accelerator.is_main_process:
+        return {}
+    return {k[len("head."):]: v.detach().cpu() for k, v in state.items() if k.startswith("head.")}
+
+
+def _reduced(accelerator, agreement: Agreement) -> Agreement:
+    return Agreement.from_tensor(accelerator.reduce(agreement.as_tensor().to(accelerator.device),
+                                                    reduction="sum").cpu())
+
+
 def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: list[int], eval_idx: list[int],
                make_batch: Callable[[list[dict]], tuple[FeatureBatch, float]], out_dir: Path,
-               tracker_factory: Callable[..., object], eval_positions: int) -> LoopResult:
-    """Train `objective.head`. make_batch(rows) -> (FeatureBatch on the device, seconds spent in the target)."""
+               tracker_factory: Callable[..., object], eval_positions: int, eval_rows=None) -> LoopResult:
+    """Train `objective.head`. make_batch(rows) -> (FeatureBatch on the device, seconds spent in the target).
+
+    eval_rows: where `eval_idx` points (a held-out dataset or cache of its own); default the training rows.
+    With log.eval_every, every evaluation logs held-out and train agreement; optim.keep_best returns the head of
+    the best held-out evaluation, optim.early_stop_patience stops after that many evaluations without progress.
+    """
     from accelerate.utils import set_seed
+    from safetensors.torch import load_file
 
     accelerator = make_accelerator(config)
     set_seed(config.seed)
@@ -213,11 +239,18 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
     model, optimizer = accelerator.prepare(objective, optimizer)
     accelerator.register_for_checkpointing(scheduler)
 
+    periodic = bool(eval_idx) and config.log.eval_every > 0
+    best = BestTracker(patience=optim.early_stop_patience if periodic else 0)
     start_step = 0
     ckpt = latest_checkpoint(out_dir) if config.checkpoint.resume else None
     if ckpt is not None:
         accelerator.load_state(str(ckpt))
-        start_step = json.loads((ckpt / STATE_NAME).read_text())["step"]
+        saved = json.loads((ckpt / STATE_NAME).read_text())
+        start_step = saved["step"]
+        if "best" in saved and (ckpt / BEST_NAME).is_file():
+            best.best_score, best.best_step, best.stale = (saved["best"][k] for k in ("best_score", "best_step",
+                                                                                      "stale"))
+            best.best_state = load_file(str(ckpt / BEST_NAME))
     tracker = tracker_factory(enabled=accelerator.is_main_process, total_steps=total_steps, start_step=start_step)
     tracker.log({"event": "start", "processes": world, "distributed_type": str(accelerator.distributed_type),
                  "precision": resolve_precision(config), "total_steps": total_steps, "global_batch": global_batch},
@@ -226,21 +259,27 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
         tracker.log({"event": "resumed", "checkpoint": str(ckpt)}, step=start_step)
 
     unwrapped = accelerator.unwrap_model(model)
+    held_out_rows = rows if eval_rows is None else eval_rows
+    train_probe = sample_rows(train_idx, min(len(eval_idx), config.log.train_eval_rows), seed=config.seed)
 
     def evaluate() -> dict:
-        hits = torch.zeros(eval_positions)
-        rows_seen = torch.zeros(eval_positions)
         model.eval()
         with _gathered(accelerator, model):
-            for i in eval_idx[rank::world]:
-                batch, _ = make_batch([rows[i]])
-                h, r = unwrapped.agreement(batch, eval_positions)
-                hits[: len(h)] += h
-                rows_seen[: len(r)] += r
+            held = agreement_over(unwrapped, held_out_rows, eval_idx[rank::world], make_batch, eval_positions)
+            seen = agreement_over(unwrapped, rows, train_probe[rank::world], make_batch, eval_positions)
         model.train()
-        total = accelerator.reduce(torch.stack([hits, rows_seen]).to(accelerator.device), reduction="sum").cpu()
-        agree = (total[0] / total[1].clamp(min=1)).tolist()
-        return {"agreement": [round(a, 5) for a in agree], "eval_rows": int(total[1][0])}
+        record = _reduced(accelerator, held).summary()
+        if train_probe:
+            train = _reduced(accelerator, seen).summary()
+            record.update({"train_agreement": train["agreement"], "train_mu_tf": train["mu_tf"]})
+        return record
+
+    def checkpoint(done: int) -> None:
+        extra = {"total_steps": total_steps}
+        if best.best_state is not None:
+            extra["best"] = best.to_json()
+        save_checkpoint(accelerator, out_dir, done, config.checkpoint.keep, extra,
+                        files={BEST_NAME: best.best_state} if best.best_state is not None else {})
 
     if start_step == 0 and eval_idx:
         tracker.log({"event": "eval", **evaluate(), "trained": False}, step=0)
@@ -251,6 +290,7 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
     term_counts: dict[str, float] = {}
     run_start, steps_done = time.time(), 0
     last_eval: dict = {}
+    stopped_at = total_steps
     for step in range(start_step, total_steps):
         t0, cpu0 = time.time(), time.process_time()
         stream = order.batch(step)
@@ -272,7 +312,8 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
         global_counts = dict(zip(names, reduced.tolist()))
         for batch, seeds in batches:
             with accelerator.accumulate(model):
-                sums = model(batch.input_ids, batch.loss_mask, batch.hidden_states, batch.attention_mask, seeds)
+                sums = model(batch.input_ids, batch.loss_mask, batch.hidden_states, batch.attention_mask, seeds,
+                             batch.target_top1)
                 # accelerate / DeepSpeed divide by grad_accum and DDP averages over processes: undo both so
                 # the gradient is that of the global per-token mean
                 loss = losses.normalize(sums, global_counts, weights, scale=world * optim.grad_accum)
@@ -300,7 +341,8 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
             terms = {n: term_sums.get(n, 0.0) / max(term_counts.get(n, 0.0), 1.0) for n in names}
             per_step = (time.time() - run_start) / steps_done
             record = {"loss": sum(weights[n] * terms[n] for n in names), **{f"loss/{n}": v for n, v in terms.items()},
-                      "lr": scheduler.get_last_lr()[0], "tokens_per_s": window["tokens"] / max(window["seconds"], 1e-9),
+                      "lr": scheduler.get_last_lr()[0], "tokens": window["tokens"],
+                      "tokens_per_s": window["tokens"] / max(window["seconds"], 1e-9),
                       "step_seconds": window["seconds"] / window["steps"],
                       # CPU time of this process: a throughput that a busy shared machine does not distort
                       "tokens_per_cpu_s": window["tokens"] / world / max(window["cpu_seconds"], 1e-9),
@@ -310,20 +352,30 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
             tracker.log(record, step=done)
             window = {"tokens": 0, "seconds": 0.0, "target_seconds": 0.0, "steps": 0, "cpu_seconds": 0.0}
             term_sums, term_counts = {}, {}
-        if eval_idx and config.log.eval_every and done % config.log.eval_every == 0 and done != total_steps:
-            tracker.log({"event": "eval", **evaluate(), "trained": True}, step=done)
+        if periodic and (done % config.log.eval_every == 0 or done == total_steps):
+            last_eval = evaluate()
+            improved = best.update(last_eval["mu_tf"], done, lambda: _head_state(accelerator, model))
+            tracker.log({"event": "eval", **last_eval, "trained": True, "best": improved,
+                         "final": done == total_steps}, step=done)
+            if best.should_stop:
+                tracker.log({"event": "early_stop", **best.to_json()}, step=done)
+                stopped_at = done
+                break
         if config.checkpoint.every and done % config.checkpoint.every == 0 and done != total_steps:
-            save_checkpoint(accelerator, out_dir, done, config.checkpoint.keep, {"total_steps": total_steps})
+            checkpoint(done)
 
-    if eval_idx:
+    if eval_idx and not periodic:
         last_eval = evaluate()
         tracker.log({"event": "eval", **last_eval, "trained": True, "final": True}, step=total_steps)
     accelerator.wait_for_everyone()
-    state = accelerator.get_state_dict(model)
-    head_state = {}
-    if accelerator.is_main_process:
-        head_state = {k[len("head."):]: v.detach().cpu() for k, v in state.items() if k.startswith("head.")}
+    head_state = _head_state(accelerator, model)
+    result_eval = last_eval
+    if optim.keep_best and best.best_state is not None:
+        head_state = best.best_state if accelerator.is_main_process else {}
+        result_eval = {**last_eval, "best": best.to_json()}
+        tracker.log({"event": "kept_best", **best.to_json()}, step=stopped_at)
     tracker.close()
     accelerator.wait_for_everyone()
     accelerator.end_training()
-    return LoopResult(state_dict=head_state, steps=total_steps, eval=last_eval, is_main=accelerator.is_main_process)
+    return LoopResult(state_dict=head_state, steps=stopped_at, eval=result_eval,
+                      is_main=accelerator.is_main_process)

@@ -1,6 +1,10 @@
 """One nn.Module per method that turns a batch of target features into loss sums: the unit that DDP /
 DeepSpeed / FSDP wrap (one forward, one backward per micro-batch). The frozen target parts it reads
 (embeddings, lm_head) are held outside the module tree, so they are neither trained, sharded nor saved.
+
+The methods share the EAGLE unroll (`UnrolledObjective`) and say what differs, as transformers' modular files do:
+EAGLE-1 regresses the next feature, EAGLE-3 unrolls training-time test over its own draft vocabulary, Medusa
+reads one feature with independent heads.
 """
 from __future__ import annotations
 
@@ -23,11 +27,13 @@ class FeatureBatch:
     loss_mask: torch.Tensor                       # (B, T) 0/1
     hidden_states: dict[int, torch.Tensor]        # layer id -> (B, T, h)
     attention_mask: torch.Tensor | None = None    # (B, T) 1 on real tokens
+    target_top1: torch.Tensor | None = None       # (B, T) long: the target's argmax after each position, if cached
 
     def to(self, device, dtype=None) -> "FeatureBatch":
         return FeatureBatch(self.input_ids.to(device), self.loss_mask.to(device),
                             {k: v.to(device=device, dtype=dtype or v.dtype) for k, v in self.hidden_states.items()},
-                            None if self.attention_mask is None else self.attention_mask.to(device))
+                            None if self.attention_mask is None else self.attention_mask.to(device),
+                            None if self.target_top1 is None else self.target_top1.to(device))
 
     @property
     def num_tokens(self) -> int:
@@ -50,9 +56,79 @@ class TargetParts:
         weight = self.lm_head_weight if rows is None else self.lm_head_weight[rows]
         return F.linear(final.to(weight.dtype), weight).float()
 
+    @torch.no_grad()
+    def top1(self, batch: FeatureBatch) -> torch.Tensor:
+        """(B, T) the target's argmax after each position: from the cache when it carries it, else recomputed
+        through the full lm_head (the most expensive single product of a training step on a large vocabulary)."""
+        if batch.target_top1 is not None:
+            return batch.target_top1
+        return self.logits(batch.hidden_states[FINAL]).argmax(-1)
+
+
+@dataclass
+class Agreement:
+    """Held-out (or train) agreement sums, reduced over processes before they are turned into rates.
+
+    hits[j], rows[j]: drafted position j+1 whose top-1 equals the target's, over rows where it is a loss token.
+    run_sum / starts: mean number of leading draft positions that all agree, over every loss position a chain
+    could start from: at temperature 0 on the target's own greedy text this is the chain's accepted length,
+    so 1 + run_sum / starts estimates μ of a K-token chain without running the decoder.
+    """
+    hits: torch.Tensor     # (K,)
+    rows: torch.Tensor     # (K,)
+    run_sum: float = 0.0
+    starts: float = 0.0
+
+    @classmethod
+    def zeros(cls, positions: int) -> "Agreement":
+        return cls(torch.zeros(positions), torch.zeros(positions))
+
+    def add(self, other: "Agreement") -> None:
+        n = len(other.hits)
+        self.hits[:n] += other.hits
+        self.rows[:n] += other.rows
+        self.run_sum += other.run_sum
+        self.starts += other.starts
+
+    def as_tensor(self) -> torch.Tensor:
+        return torch.cat([self.hits, self.rows, torch.tensor([self.run_sum, self.starts])])
+
+    @classmethod
+    def from_tensor(cls, flat: torch.Tensor) -> "Agreement":
+        k = (flat.numel() - 2) // 2
+        return cls(flat[:k].clone(), flat[k:2 * k].clone(), float(flat[-2]), float(flat[-1]))
+
+    def summary(self) -> dict:
+        rates = (self.hits / self.rows.clamp(min=1)).tolist()
+        return {"agreement": [round(a, 5) for a in rates], "eval_rows": int(self.rows[0]),
+                "mu_tf": round(1.0 + self.run_sum / max(self.starts, 1.0), 5)}
+
+
+def agreement_of(draft_ids: list[torch.Tensor], target_top1: torch.Tensor, loss_mask: torch.Tensor) -> Agreement:
+    """draft_ids[j]: (B, T) target ids drafted at position j+1 from row t (predicting x_{t+2+j});
+    target_top1: (B, T) the target's argmax after each position; loss_mask: (B, T)."""
+    k = len(draft_ids)
+    out = Agreement.zeros(k)
+    runs = torch.zeros_like(target_top1, dtype=torch.float32)  # (B, T) leading agreeing positions per row
+    running = torch.ones_like(target_top1, dtype=torch.bool)
+    for j, draft in enumerate(draft_ids):
+        rows = losses.row_mask(loss_mask, j) > 0
+        hit = draft.eq(losses.shift_left(target_top1, 1 + j, fill=-1)) & rows
+        out.hits[j], out.rows[j] = float(hit.sum()), float(rows.sum())
+        running = running & hit
+        runs += running.float()
+    starts = losses.row_mask(loss_mask, 0) > 0
+    out.run_sum, out.starts = float(runs[starts].sum()), float(starts.sum())
+    return out
+
+
+def _positions(batch_size: int, seq_len: int, offset: int, device) -> torch.Tensor:
+    return (torch.arange(seq_len, device=device) + offset).expand(batch_size, seq_len)
+
 
 class Objective(nn.Module):
     method: str
+    needs_top1 = False  # whether the loss reads the target's argmax (the batch maker fills it in once per batch)
 
     def __init__(self, head: nn.Module, parts: TargetParts):
         super().__init__()
@@ -66,125 +142,149 @@ class Objective(nn.Module):
         """Loss rows per term: a function of the data alone, summed over processes before the loss is formed."""
         raise NotImplementedError
 
+    def draft_ids(self, batch: FeatureBatch, steps: int) -> list[torch.Tensor]:
+        """The head's top-1 (as target ids) at drafted positions 1..steps from every row: [(B, T)] * steps."""
+        raise NotImplementedError
 
-def _positions(batch_size: int, seq_len: int, offset: int, device) -> torch.Tensor:
-    return (torch.arange(seq_len, device=device) + offset).expand(batch_size, seq_len)
+    @torch.no_grad()
+    def agreement(self, batch: FeatureBatch, steps: int) -> Agreement:
+        return agreement_of(self.draft_ids(batch, steps), self.parts.top1(batch), batch.loss_mask)
 
 
-class EagleObjective(Objective):
-    """EAGLE-1 (feature SmoothL1 + 0.1 x soft CE, feature noise) and EAGLE-3 (training-time test, soft CE
-    over the draft vocabulary, step weights decay^j). Unrolled steps attend like drafting does (ttt_allowed)."""
+class UnrolledObjective(Objective):
+    """What EAGLE-1 and EAGLE-3 share: the head drafts from the target's features, then from its own outputs;
+    unrolled steps attend exactly as drafting does (ttt_allowed). Feature noise (U(-a, a), from per-row seeds
+    over the real length, so 1 and N processes see the same noise) regularizes the target features it reads."""
 
-    def __init__(self, head, parts, *, ttt_steps: int = 7, decay: float = 0.8, feature_noise: float = 0.1,
-                 feature_weight: float = 1.0, ce_weight: float = 0.1):
+    def __init__(self, head, parts, *, feature_noise: float = 0.0, relative_noise: bool = False):
         super().__init__(head, parts)
         self.method = head.config.method
-        self.steps = ttt_steps if self.method == "eagle3" else 1
-        self.decay, self.feature_noise = decay, feature_noise
-        self.feature_weight, self.ce_weight = feature_weight, ce_weight
+        self.feature_noise, self.relative_noise = feature_noise, relative_noise
 
-    # ------------------------------------------------------------------------------------- bookkeeping
-    def term_weights(self) -> dict[str, float]:
-        if self.method == "eagle1":
-            return {"feature": self.feature_weight, "ce": self.ce_weight}
-        return {f"ttt{j}": w for j, w in enumerate(losses.step_weights(self.steps, self.decay))}
-
-    def _row_masks(self, loss_mask: torch.Tensor, final: torch.Tensor | None, steps: int) -> list[torch.Tensor]:
-        masks = [losses.row_mask(loss_mask, j) for j in range(steps)]
-        if self.method == "eagle3" and self.head.config.uses_draft_vocab and final is not None:
-            # rows whose target top-1 lies outside the draft vocabulary cannot be matched (as SpecForge)
-            inside = self._inside_draft_vocab(final)
-            masks = [m * losses.shift_left(inside, 1 + j, fill=0.0) for j, m in enumerate(masks)]
-        return masks
-
-    def _inside_draft_vocab(self, final: torch.Tensor) -> torch.Tensor:
-        """(B, T) 1.0 where the target's top-1 is in the draft vocabulary; the full-vocabulary logits are
-        computed once per batch (term_counts and forward both ask)."""
-        cached = getattr(self, "_inside_cache", None)
-        if cached is not None and cached[0] is final:
-            return cached[1]
-        with torch.no_grad():
-            inside = self.head.t2d[self.parts.logits(final).argmax(-1)].float()
-        object.__setattr__(self, "_inside_cache", (final, inside))  # holds `final`, so identity is safe
-        return inside
-
-    def term_counts(self, batch: FeatureBatch) -> dict[str, torch.Tensor]:
-        masks = self._row_masks(batch.loss_mask, batch.hidden_states[FINAL], self.steps)
-        if self.method == "eagle1":
-            return {"feature": masks[0].sum(), "ce": masks[0].sum()}
-        return {f"ttt{j}": m.sum() for j, m in enumerate(masks)}
-
-    # --------------------------------------------------------------------------------------- the unroll
-    def _noise(self, hidden: torch.Tensor, noise_seeds: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Per-row noise from per-row seeds over the real length only: independent of padding and of how
-        rows are spread over processes, so 1 and N processes see the same noise."""
-        noise = torch.zeros_like(hidden)
+    def _noise(self, features: torch.Tensor, noise_seeds: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """features + U(-a, a) (times each row's RMS when relative), seeded per row. (B, T, h) -> (B, T, h)."""
+        noise = torch.zeros_like(features)
         for b, (seed, n) in enumerate(zip(noise_seeds.tolist(), lengths.tolist())):
             gen = torch.Generator().manual_seed(int(seed))
-            noise[b, :n] = losses.uniform_noise((n, hidden.shape[-1]), half_width=self.feature_noise, generator=gen,
-                                                device=hidden.device, dtype=hidden.dtype)
-        return hidden + noise
+            noise[b, :n] = losses.uniform_noise((n, features.shape[-1]), half_width=self.feature_noise,
+                                                generator=gen, device=features.device, dtype=features.dtype)
+        if self.relative_noise:
+            noise = noise * features.float().pow(2).mean(-1, keepdim=True).sqrt().to(features.dtype)
+        return features + noise
 
-    def _unroll(self, input_ids, hidden_states, steps: int, noise_seeds=None, lengths=None):
+    def _input_hidden(self, hidden_states, noise_seeds, lengths) -> torch.Tensor:
+        """(B, T, h) what the first unroll step reads; noise (training only) on the target features it reads,
+        each layer from its own seeds."""
+        param = next(self.head.parameters())
+        features = {k: hidden_states[k].to(param.dtype) for k in self.head.config.aux_layer_ids}
+        if noise_seeds is not None and lengths is not None and self.feature_noise > 0:
+            features = {k: self._noise(v, noise_seeds + 7919 * n, lengths) for n, (k, v) in enumerate(features.items())}
+        return self.head.input_hidden(features)
+
+    def _unroll(self, input_ids, hidden: torch.Tensor, steps: int):
         """Yield (step j, head output (B, T, h)) for j = 0..steps-1; row t of step j reads token x_{t+1+j}."""
-        head = self.head
-        param = next(head.parameters())
-        hidden = head.input_hidden({k: v.to(param.dtype) for k, v in hidden_states.items()})  # (B, T, h)
-        if self.method == "eagle1" and noise_seeds is not None and self.feature_noise > 0:
-            hidden = self._noise(hidden, noise_seeds, lengths)
         from transformers import DynamicCache
 
+        param = next(self.head.parameters())
         cache = DynamicCache()
         B, T = input_ids.shape
         for j in range(steps):
             tokens = losses.shift_left(input_ids, 1 + j, fill=0)  # (B, T)
             embeds = self.parts.embed(tokens).to(param.dtype)
             mask = additive(ttt_allowed(T, j, device=input_ids.device), param.dtype)[None]  # (1, 1, T, (j+1)T)
-            out = head(hidden, embeds, position_ids=_positions(B, T, j, input_ids.device), attention_mask=mask,
-                       cache=cache)
+            out = self.head(hidden, embeds, position_ids=_positions(B, T, j, input_ids.device), attention_mask=mask,
+                            cache=cache)
             yield j, out
             hidden = out  # the next step drafts from the head's own output
 
-    def _draft_logits(self, out: torch.Tensor) -> torch.Tensor:
-        if self.method == "eagle1":
-            return self.parts.logits(out)
-        return self.head.logits(out).float()
+    def _draft_top1(self, out: torch.Tensor) -> torch.Tensor:
+        """(B, T, h) head output -> (B, T) target id of its top-1."""
+        raise NotImplementedError
+
+    def draft_ids(self, batch: FeatureBatch, steps: int) -> list[torch.Tensor]:
+        hidden = self._input_hidden(batch.hidden_states, None, None)
+        return [self._draft_top1(out) for _, out in self._unroll(batch.input_ids, hidden, steps)]
+
+
+class Eagle1Objective(UnrolledObjective):
+    """EAGLE-1: SmoothL1 on the next feature + ce_weight x soft CE through the target's lm_head, one step."""
+
+    def __init__(self, head, parts, *, feature_noise: float = 0.1, feature_weight: float = 1.0,
+                 ce_weight: float = 0.1):
+        super().__init__(head, parts, feature_noise=feature_noise)
+        self.feature_weight, self.ce_weight = feature_weight, ce_weight
+
+    def term_weights(self) -> dict[str, float]:
+        return {"feature": self.feature_weight, "ce": self.ce_weight}
+
+    def term_counts(self, batch: FeatureBatch) -> dict[str, torch.Tensor]:
+        count = losses.row_mask(batch.loss_mask, 0).sum()
+        return {"feature": count, "ce": count}
+
+    def _draft_top1(self, out: torch.Tensor) -> torch.Tensor:
+        return self.parts.logits(out).argmax(-1)
 
     def forward(self, input_ids, loss_mask, hidden_states: dict[int, torch.Tensor], attention_mask=None,
-                noise_seeds=None):
-        """Loss sums per term (see term_weights). noise_seeds: (B,) per-row seeds of EAGLE-1's feature noise."""
+                noise_seeds=None, target_top1=None):
+        """Loss sums per term. noise_seeds: (B,) per-row seeds of the feature noise."""
         final = hidden_states[FINAL]
-        masks = self._row_masks(loss_mask, final, self.steps)
-        sums = {}
-        if self.method == "eagle1":
-            target_logits = self.parts.logits(final)  # (B, T, V)
-            lengths = attention_mask.sum(1) if attention_mask is not None else None
-            for _, out in self._unroll(input_ids, hidden_states, 1, noise_seeds, lengths):
-                sums["feature"] = losses.feature_smooth_l1(out, losses.shift_left(final, 1), masks[0])
-                sums["ce"] = losses.soft_cross_entropy(self.parts.logits(out), losses.shift_left(target_logits, 1),
-                                                       masks[0])
-            return sums
-        rows = draft_token_ids(self.head.d2t)
-        target_logits = self.parts.logits(final, rows)  # (B, T, Vd): the target restricted to the draft vocab
-        for j, out in self._unroll(input_ids, hidden_states, self.steps):
-            sums[f"ttt{j}"] = losses.soft_cross_entropy(self.head.logits(out),
-                                                        losses.shift_left(target_logits, 1 + j), masks[j])
-        return sums
+        mask = losses.row_mask(loss_mask, 0)
+        lengths = attention_mask.sum(1) if attention_mask is not None else None
+        hidden = self._input_hidden(hidden_states, noise_seeds, lengths)
+        (_, out), = self._unroll(input_ids, hidden, 1)
+        return {"feature": losses.feature_smooth_l1(out, losses.shift_left(final, 1), mask),
+                "ce": losses.soft_cross_entropy(self.parts.logits(out), losses.shift_left(self.parts.logits(final), 1),
+                                                mask)}
 
-    @torch.no_grad()
-    def agreement(self, batch: FeatureBatch, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(hits, rows) per drafted position 1..steps: draft top-1 (own features) == target top-1."""
-        final = batch.hidden_states[FINAL]
-        target_top1 = self.parts.logits(final).argmax(-1)  # (B, T)
-        masks = [losses.row_mask(batch.loss_mask, j) for j in range(steps)]
-        hits, rows = torch.zeros(steps), torch.zeros(steps)
-        for j, out in self._unroll(batch.input_ids, batch.hidden_states, steps):
-            draft = self._draft_logits(out).argmax(-1)
-            if self.method == "eagle3":
-                draft = draft + self.head.d2t[draft]
-            h, r = losses.top1_hits(draft, losses.shift_left(target_top1, 1 + j, fill=-1), masks[j])
-            hits[j], rows[j] = float(h), float(r)
-        return hits, rows
+
+class Eagle3Objective(UnrolledObjective):
+    """EAGLE-3: training-time test over `ttt_steps`, soft CE against the target restricted to the draft
+    vocabulary, step weights decay^j; rows whose target top-1 lies outside the draft vocabulary cannot be matched
+    and are masked (as SpecForge). Noise, when on, is relative to each aux feature's scale (their RMS differs
+    by an order of magnitude between low and high layers)."""
+
+    def __init__(self, head, parts, *, ttt_steps: int = 7, decay: float = 0.8, feature_noise: float = 0.0):
+        super().__init__(head, parts, feature_noise=feature_noise, relative_noise=True)
+        self.steps, self.decay = ttt_steps, decay
+
+    def term_weights(self) -> dict[str, float]:
+        return {f"ttt{j}": w for j, w in enumerate(losses.step_weights(self.steps, self.decay))}
+
+    def _masks(self, loss_mask: torch.Tensor, top1: torch.Tensor | None) -> list[torch.Tensor]:
+        masks = [losses.row_mask(loss_mask, j) for j in range(self.steps)]
+        if self.head.config.uses_draft_vocab and top1 is not None:
+            inside = self.head.t2d[top1].float()  # (B, T) 1.0 where the target's top-1 is in the draft vocabulary
+            masks = [m * losses.shift_left(inside, 1 + j, fill=0.0) for j, m in enumerate(masks)]
+        return masks
+
+    @property
+    def needs_top1(self) -> bool:
+        return self.head.config.uses_draft_vocab
+
+    def _top1_if_needed(self, top1: torch.Tensor | None, final: torch.Tensor) -> torch.Tensor | None:
+        if not self.needs_top1 or top1 is not None:
+            return top1
+        with torch.no_grad():
+            return self.parts.logits(final).argmax(-1)
+
+    def term_counts(self, batch: FeatureBatch) -> dict[str, torch.Tensor]:
+        top1 = self._top1_if_needed(batch.target_top1, batch.hidden_states[FINAL])
+        return {f"ttt{j}": m.sum() for j, m in enumerate(self._masks(batch.loss_mask, top1))}
+
+    def _draft_top1(self, out: torch.Tensor) -> torch.Tensor:
+        draft = self.head.logits(out).argmax(-1)
+        return draft + self.head.d2t[draft]
+
+    def forward(self, input_ids, loss_mask, hidden_states: dict[int, torch.Tensor], attention_mask=None,
+                noise_seeds=None, target_top1=None):
+        final = hidden_states[FINAL]
+        masks = self._masks(loss_mask, self._top1_if_needed(target_top1, final))
+        target_logits = self.parts.logits(final, draft_token_ids(self.head.d2t))  # (B, T, Vd)
+        lengths = attention_mask.sum(1) if attention_mask is not None else None
+        hidden = self._input_hidden(hidden_states, noise_seeds, lengths)
+        return {f"ttt{j}": losses.soft_cross_entropy(self.head.logits(out), losses.shift_left(target_logits, 1 + j),
+                                                     masks[j])
+                for j, out in self._unroll(input_ids, hidden, self.steps)}
 
 
 class MedusaObjective(Objective):
@@ -214,32 +314,25 @@ class MedusaObjective(Objective):
         return {f"head{i}": m.sum() for i, (_, m) in enumerate(pairs)}
 
     def forward(self, input_ids, loss_mask, hidden_states: dict[int, torch.Tensor], attention_mask=None,
-                noise_seeds=None):
+                noise_seeds=None, target_top1=None):
         param = next(self.head.parameters())
         logits = self.head(hidden_states[FINAL].to(param.dtype))  # (n, B, T, Vd)
         return {f"head{i}": losses.hard_cross_entropy(logits[i], labels, mask)
                 for i, (labels, mask) in enumerate(self._labels_and_masks(input_ids, loss_mask))}
 
-    @torch.no_grad()
-    def agreement(self, batch: FeatureBatch, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
-        final = batch.hidden_states[FINAL]
-        target_top1 = self.parts.logits(final).argmax(-1)  # (B, T)
+    def draft_ids(self, batch: FeatureBatch, steps: int) -> list[torch.Tensor]:
         param = next(self.head.parameters())
-        logits = self.head(final.to(param.dtype))
-        n = min(steps, self.head.num_heads)
-        hits, rows = torch.zeros(n), torch.zeros(n)
-        for i in range(n):
-            draft = logits[i].argmax(-1)
-            draft = draft + self.head.d2t[draft]
-            h, r = losses.top1_hits(draft, losses.shift_left(target_top1, 1 + i, fill=-1),
-                                    losses.row_mask(batch.loss_mask, i))
-            hits[i], rows[i] = float(h), float(r)
-        return hits, rows
+        logits = self.head(batch.hidden_states[FINAL].to(param.dtype))  # (n, B, T, Vd)
+        drafts = [logits[i].argmax(-1) for i in range(min(steps, self.head.num_heads))]
+        return [d + self.head.d2t[d] for d in drafts]
 
 
 def build_objective(head, parts: TargetParts, *, ttt_steps: int, decay: float, feature_noise: float,
-                    feature_weight: float, ce_weight: float) -> Objective:
-    if head.config.method == "medusa":
+                    feature_weight: float, ce_weight: float, aux_noise: float = 0.0) -> Objective:
+    method = head.config.method
+    if method == "medusa":
         return MedusaObjective(head, parts, decay=decay)
-    return EagleObjective(head, parts, ttt_steps=ttt_steps, decay=decay, feature_noise=feature_noise,
-                          feature_weight=feature_weight, ce_weight=ce_weight)
+    if method == "eagle1":
+        return Eagle1Objective(head, parts, feature_noise=feature_noise, feature_weight=feature_weight,
+                               ce_weight=ce_weight)
+    return Eagle3Objective(head, parts, ttt_steps=ttt_steps, decay=decay, feature_noise=aux_noise)

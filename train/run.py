@@ -39,6 +39,7 @@ def head_config(config: TrainConfig, target) -> HeadConfig:
         from serve.drafters.eagle3 import eagle3_config
         cfg = eagle3_config(target, draft_vocab_size=m.draft_vocab_size or None, aux_layer_ids=m.aux_layer_ids or None,
                             num_speculative_tokens=m.num_speculative_tokens, ttt_steps=m.ttt_steps,
+                            fc_norm=m.fc_norm, norm_before_fc=m.norm_before_fc,
                             attn_implementation=m.attn_implementation)
         check_eagle3_layers(cfg.aux_layer_ids, target.num_layers)  # refused now rather than at export
         return cfg
@@ -84,7 +85,9 @@ def init_head(cfg: HeadConfig, target, rows, train_idx: list[int], *, vocab_rows
     return head, coverage
 
 
-def _batch_maker(config: TrainConfig, target, layers, device, *, online: bool):
+def _batch_maker(config: TrainConfig, target, layers, device, *, online: bool, top1_from=None):
+    """rows -> (FeatureBatch on the device, seconds in the target). top1_from: TargetParts that fill in the
+    target's argmax once per batch when the cache does not carry it and the loss needs it."""
     def make(batch_rows):
         batch = collate(batch_rows, max_length=config.data.max_length, layers=() if online else layers)
         batch = batch.to(device)
@@ -93,6 +96,8 @@ def _batch_maker(config: TrainConfig, target, layers, device, *, online: bool):
             t0 = time.time()
             batch.hidden_states = target_features(target.model, batch.input_ids, batch.attention_mask, layers)
             seconds = time.time() - t0
+        if top1_from is not None and batch.target_top1 is None:
+            batch.target_top1 = top1_from.top1(batch)
         return batch, seconds
     return make
 
@@ -117,17 +122,23 @@ def train_drafter(config: TrainConfig) -> Path:
     online = config.data.mode == "online"
     rows = open_rows(config.data.mode, dataset=config.data.dataset, cache=config.data.cache, target=target,
                      layers=layers)
-    train_idx, eval_idx = split_rows(len(rows), eval_rows=config.data.eval_rows, seed=config.seed,
+    held_out = config.data.eval_cache or config.data.eval_dataset
+    eval_rows = open_rows(config.data.mode, dataset=config.data.eval_dataset, cache=config.data.eval_cache,
+                          target=target, layers=layers) if held_out else None
+    train_idx, eval_idx = split_rows(len(rows), eval_rows=0 if held_out else config.data.eval_rows, seed=config.seed,
                                      max_rows=config.data.max_rows)
+    if eval_rows is not None:
+        eval_idx = list(range(len(eval_rows)))
     if config.model.init_from:  # a refresh: the drafter's own weights and draft vocabulary are the start
         head, coverage = load_head(config.model.init_from), None
     else:
         head, coverage = init_head(cfg, target, rows, train_idx, vocab_rows=config.data.vocab_rows, seed=config.seed)
     head.to(device)
     loss = config.loss
-    objective = build_objective(head, TargetParts.of(target), ttt_steps=config.model.ttt_steps, decay=loss.decay,
+    parts = TargetParts.of(target)
+    objective = build_objective(head, parts, ttt_steps=config.model.ttt_steps, decay=loss.decay,
                                 feature_noise=loss.feature_noise, feature_weight=loss.feature_weight,
-                                ce_weight=loss.ce_weight)
+                                ce_weight=loss.ce_weight, aux_noise=loss.aux_noise)
     if config.distributed.strategy == "deepspeed":
         (out_dir / "deepspeed_config.json").write_text(json.dumps(deepspeed_config(config), indent=2))
     resolved = to_dict(config)
@@ -136,8 +147,10 @@ def train_drafter(config: TrainConfig) -> Path:
                               run_name=config.log.run_name)
     eval_positions = config.log.eval_positions or cfg.num_speculative_tokens
     result = train_loop(config, objective=objective, rows=rows, train_idx=train_idx, eval_idx=eval_idx,
-                        make_batch=_batch_maker(config, target, layers, device, online=online), out_dir=out_dir,
-                        tracker_factory=tracker_factory, eval_positions=eval_positions)
+                        make_batch=_batch_maker(config, target, layers, device, online=online,
+                                                top1_from=parts if objective.needs_top1 else None),
+                        out_dir=out_dir, tracker_factory=tracker_factory, eval_positions=eval_positions,
+                        eval_rows=eval_rows)
     drafter_dir = out_dir / DRAFTER_DIR
     if result.is_main:
         final = build_head(cfg)

@@ -1,6 +1,8 @@
 """EAGLE-3 head (Li et al. 2025, https://arxiv.org/abs/2503.01840): fuses low, middle and high target layers.
 
     fused = fc(cat(aux features))                      (h, 3h), once per real position
+            optionally fc_norm.{i}(aux i) before the cat    (EAGLE-3.1: the aux layers' scales differ by 10x)
+            and/or input_norm(cat(...)) after it           (`norm_before_fc`, as speculators / gpt-oss)
     a     = cat([input_layernorm(embed(token t+1)), hidden_norm(fused)])     (2h): q/k/v take width 2h
     out   = midlayer(a) with residual = fused          one decoder layer of the target's family
     logits = lm_head(norm(out))                        own lm_head over a reduced draft vocabulary
@@ -40,7 +42,8 @@ def widen_attention_inputs(attn: nn.Module, hidden_size: int) -> None:
 
 
 class Eagle3Head(nn.Module):
-    """Stored tensors: fc.weight (h, 3h), midlayer.*, norm.weight, lm_head.weight (Vd, h), d2t (Vd,), t2d (V,)."""
+    """Stored tensors: fc.weight (h, 3h), midlayer.*, norm.weight, lm_head.weight (Vd, h), d2t (Vd,), t2d (V,);
+    fc_norm.{i}.weight (h,) when config.fc_norm, input_norm.weight (3h,) when config.norm_before_fc."""
 
     def __init__(self, config: HeadConfig):
         super().__init__()
@@ -53,6 +56,8 @@ class Eagle3Head(nn.Module):
         if not hasattr(layer, "input_layernorm") or not hasattr(layer, "mlp"):
             raise DraftsmithError(f"EAGLE-3 needs a pre-norm decoder layer; {type(layer).__name__} has no "
                                   f"input_layernorm (model_type {config.model_type!r}): train eagle1 or medusa")
+        self.fc_norm = nn.ModuleList(norm_like(layer, h, eps) for _ in range(n_aux)) if config.fc_norm else None
+        self.input_norm = norm_like(layer, n_aux * h, eps) if config.norm_before_fc else None
         widen_attention_inputs(layer.self_attn, h)
         layer.hidden_norm = norm_like(layer, h, eps) if config.hidden_norm else nn.Identity()
         self.midlayer = layer
@@ -71,8 +76,14 @@ class Eagle3Head(nn.Module):
 
     def input_hidden(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
         """cat of the aux layers in config order (..., 3h) -> fused (..., h)."""
-        aux = [hidden_states[i] for i in self.config.aux_layer_ids]
-        return self.fc(torch.cat(aux, dim=-1).to(self.fc.weight.dtype))
+        dtype = self.fc.weight.dtype
+        aux = [hidden_states[i].to(dtype) for i in self.config.aux_layer_ids]
+        if self.fc_norm is not None:
+            aux = [norm(x) for norm, x in zip(self.fc_norm, aux)]
+        x = torch.cat(aux, dim=-1)  # (..., n_aux * h)
+        if self.input_norm is not None:
+            x = self.input_norm(x)
+        return self.fc(x)
 
     def forward(self, hidden_states: torch.Tensor, inputs_embeds: torch.Tensor, *, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor, cache: Any = None) -> torch.Tensor:
@@ -101,8 +112,8 @@ class Eagle3Head(nn.Module):
 
 
 def eagle3_config(target, *, draft_vocab_size: int | None = None, aux_layer_ids: list[int] | None = None,
-                  num_speculative_tokens: int = 5, ttt_steps: int = 7,
-                  attn_implementation: str = "sdpa") -> HeadConfig:
+                  num_speculative_tokens: int = 5, ttt_steps: int = 7, fc_norm: bool = False,
+                  norm_before_fc: bool = False, attn_implementation: str = "sdpa") -> HeadConfig:
     text = text_config(target.config)
     n = text.num_hidden_layers
     aux = list(aux_layer_ids) if aux_layer_ids else default_eagle3_layers(n)
@@ -116,6 +127,7 @@ def eagle3_config(target, *, draft_vocab_size: int | None = None, aux_layer_ids:
     return HeadConfig(method="eagle3", model_type=text.model_type, hidden_size=text.hidden_size,
                       vocab_size=text.vocab_size, draft_vocab_size=vd, num_speculative_tokens=num_speculative_tokens,
                       aux_layer_ids=aux, input_layernorm=True, hidden_norm=True, ttt_steps=ttt_steps,
+                      fc_norm=fc_norm, norm_before_fc=norm_before_fc,
                       layer_config=drafter_layer_config(target.config, attn_implementation=attn_implementation),
                       target_name=target.name, target_config_hash=target.config_hash,
                       target_tokenizer_hash=target.tokenizer_hash)

@@ -27,6 +27,8 @@ class HeadConfig:
     layer_convention: str = CONVENTION
     input_layernorm: bool = True         # EAGLE-1: False = the decoder layer's input norm is an identity
     hidden_norm: bool = True             # EAGLE-3: the fused hidden state is normed before attention
+    fc_norm: bool = False                # EAGLE-3: an RMSNorm per aux feature before `fc` (EAGLE-3.1)
+    norm_before_fc: bool = False         # EAGLE-3: one RMSNorm over the concatenated aux features before `fc`
     fc_bias: bool = False                # EAGLE-1 fc bias
     medusa_num_layers: int = 1           # ResBlocks per Medusa head
     ttt_steps: int = 1                   # EAGLE-3 training-time-test unroll it was trained with

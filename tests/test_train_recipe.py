@@ -1,0 +1,161 @@
+"""The recipe options of issue 15: EAGLE-3 feature norms and noise, held-out agreement beside train agreement,
+the teacher-forced μ estimate, a held-out set of its own, the best head kept, early stopping, the target's top-1
+stored in the cache."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from serve.config import load_config
+from serve.decoding import plain_generate, speculative_generate
+from serve.drafters import build_drafter
+from serve.target import load_target
+from tests.train_fixtures import greedy_rows, one_thread, save_rows, sharp_target  # noqa: F401
+from train.config import TrainConfig
+from train.objectives import agreement_of
+from train.run import train_drafter
+from train.tracking import read_log
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    from data.capture import capture_hidden_states
+    from data.config import CaptureConfig
+
+    root = tmp_path_factory.mktemp("recipe")
+    target_dir = sharp_target(root / "target")
+    rows = greedy_rows(target_dir, rows=40, new_tokens=24)
+    train, held = save_rows(rows[:32], root / "train"), save_rows(rows[32:], root / "held")
+    target = load_target(target_dir)
+    for name, data in (("train", train), ("held", held)):
+        capture_hidden_states(target, data, root / f"cache-{name}", CaptureConfig(layers="eagle3", dtype="fp32"),
+                              progress=False, log=lambda *_: None)
+    return target_dir, root
+
+
+def _config(target, root, out, *extra: str) -> TrainConfig:
+    return load_config(TrainConfig, overrides=[
+        f"target={target}", "data.mode=offline", f"data.cache={root / 'cache-train'}", f"out_dir={root / out}",
+        "model.method=eagle3", "model.num_speculative_tokens=3", "model.ttt_steps=2", "model.draft_vocab_size=200",
+        "optim.batch_size=4", "optim.max_steps=24", "optim.lr=1e-2", "data.eval_rows=4", "tracking=none",
+        "log.progress=false", "log.every=8", "checkpoint.every=0", *extra])
+
+
+def test_agreement_counts_leading_runs():
+    # two rows of 6 tokens; every position is a loss token
+    top1 = torch.tensor([[10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24, 25]])
+    mask = torch.ones(2, 6, dtype=torch.long)
+    # position 1 drafts for x_{t+2}: right everywhere on row 0, right only at t=0 on row 1
+    d1 = torch.tensor([[11, 12, 13, 14, 15, 0], [21, 0, 0, 0, 0, 0]])
+    d2 = torch.tensor([[12, 0, 14, 15, 0, 0], [22, 0, 0, 0, 0, 0]])  # position 2: x_{t+3}
+    got = agreement_of([d1, d2], top1, mask)
+    # loss rows for position 1 are t = 0..3 (x_{t+2} must be a loss token), for position 2 t = 0..2
+    assert got.rows.tolist() == [8.0, 6.0]
+    assert got.hits.tolist() == [5.0, 3.0]  # row 0: t=0..3 and row 1: t=0; position 2: row 0 t=0, 2, row 1 t=0
+    # leading runs from the 8 starts: row 0: 2, 1, 2, 1 (t=3 has no position-2 row); row 1: 2, 0, 0, 0
+    assert got.starts == 8.0 and got.run_sum == 8.0
+    assert got.summary()["mu_tf"] == pytest.approx(2.0)
+
+
+def test_cache_stores_the_targets_top1(job):
+    from data.capture import CacheReader
+
+    target_dir, root = job
+    target = load_target(target_dir)
+    row = CacheReader(root / "cache-held")[0]
+    with torch.no_grad():
+        logits = target.model(row["input_ids"][None]).logits[0]
+    assert torch.equal(row["target_top1"], logits.argmax(-1))
+
+
+@pytest.mark.parametrize("norm", ["model.fc_norm=true", "model.norm_before_fc=true"])
+def test_feature_norms_train_and_draft_losslessly(job, norm):
+    target_dir, root = job
+    name = norm.split(".")[1].split("=")[0]
+    folder = train_drafter(_config(target_dir, root, name, norm, "loss.aux_noise=0.05"))
+    config = json.loads((folder / "config.json").read_text())
+    weights = load_file(str(folder / "model.safetensors"))
+    if name == "fc_norm":
+        assert config["fc_norm"] and [k for k in weights if k.startswith("fc_norm.")] == \
+            ["fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"]
+    else:
+        assert config["norm_before_fc"] and weights["input_norm.weight"].shape == (3 * 32,)
+    target = load_target(target_dir)
+    drafter = build_drafter(str(folder), target)
+    prompt = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(3))
+    plain = plain_generate(target, prompt, max_new_tokens=20).output_ids
+    assert speculative_generate(target, drafter, prompt, max_new_tokens=20, k=3).output_ids == plain
+
+
+def test_aux_noise_is_seeded_and_changes_the_loss(job):
+    from serve.drafters.folder import build_head
+    from train.features import open_rows
+    from train.objectives import TargetParts, build_objective
+    from train.run import _batch_maker, head_config, needed_layers
+
+    target_dir, root = job
+    target = load_target(target_dir)
+    config = _config(target_dir, root, "noise")
+    cfg = head_config(config, target)
+    rows = open_rows("offline", cache=str(root / "cache-train"), target=target, layers=needed_layers(cfg))
+    batch, _ = _batch_maker(config, target, needed_layers(cfg), "cpu", online=False)([rows[0], rows[1]])
+    torch.manual_seed(0)
+    head = build_head(cfg)
+    seeds = torch.tensor([5, 6])
+    losses = []
+    for noise in (0.0, 0.1, 0.1):
+        objective = build_objective(head, TargetParts.of(target), ttt_steps=2, decay=0.8, feature_noise=0.1,
+                                    feature_weight=1.0, ce_weight=0.1, aux_noise=noise)
+        losses.append(float(objective(batch.input_ids, batch.loss_mask, batch.hidden_states, batch.attention_mask,
+                                      seeds, batch.target_top1)["ttt0"].detach()))
+    assert losses[1] == losses[2] != losses[0]
+
+
+def test_held_out_set_curves_and_best_head(job):
+    """A held-out cache of its own: every evaluation logs held-out and train agreement and mu_tf; the drafter
+    written is the best evaluation's head (its mu_tf recomputed from the saved weights)."""
+    from serve.drafters.folder import load_head
+    from train.evaluate import agreement_over
+    from train.features import open_rows
+    from train.objectives import TargetParts, build_objective
+    from train.run import _batch_maker, head_config, needed_layers
+
+    target_dir, root = job
+    config = _config(target_dir, root, "best", f"data.eval_cache={root / 'cache-held'}", "log.eval_every=6",
+                     "log.train_eval_rows=4")
+    folder = train_drafter(config)
+    evals = [r for r in read_log(root / "best") if r.get("event") == "eval"]
+    assert [r["trained"] for r in evals] == [False, True, True, True, True]
+    for record in evals:
+        assert len(record["agreement"]) == 3 and len(record["train_agreement"]) == 3
+        assert 1.0 <= record["mu_tf"] <= 4.0
+    assert evals[-1]["train_agreement"][0] > evals[0]["train_agreement"][0]
+    best = max(evals[1:], key=lambda r: r["mu_tf"])
+    summary = json.loads((folder / "training_summary.json").read_text())
+    assert summary["eval"]["best"]["best_step"] == [r for r in read_log(root / "best")
+                                                    if r.get("event") == "eval" and r.get("best")][-1]["step"]
+
+    target = load_target(target_dir)
+    cfg = head_config(config, target)
+    held = open_rows("offline", cache=str(root / "cache-held"), target=target, layers=needed_layers(cfg))
+    objective = build_objective(load_head(folder), TargetParts.of(target), ttt_steps=2, decay=0.8,
+                                feature_noise=0.0, feature_weight=1.0, ce_weight=0.1)
+    make = _batch_maker(config, target, needed_layers(cfg), "cpu", online=False)
+    again = agreement_over(objective, held, list(range(len(held))), make, 3).summary()
+    assert again["mu_tf"] == pytest.approx(best["mu_tf"], abs=1e-4)
+    assert again["eval_rows"] == best["eval_rows"]
+
+
+def test_early_stopping_after_patience(job):
+    target_dir, root = job
+    folder = train_drafter(_config(target_dir, root, "stop", "optim.lr=0", "log.eval_every=4",
+                                   "optim.early_stop_patience=2"))
+    log = read_log(root / "stop")
+    stop = [r for r in log if r.get("event") == "early_stop"]
+    assert stop and stop[0]["best_step"] == 4 and stop[0]["step"] == 12  # nothing improves with lr 0
+    assert json.loads((folder / "training_summary.json").read_text())["steps"] == 12
