@@ -85,7 +85,9 @@ def summarize(out_dir: Path) -> dict:
     start = next(r for r in log if r.get("event") == "start")
     tokens = sum(r["tokens"] for r in steps)
     seconds = sum(r["step_seconds"] * (r["step"] - prev) for prev, r in zip([0] + [s["step"] for s in steps], steps))
+    summary = json.loads((out_dir / "drafter" / "training_summary.json").read_text())
     return {"best_step": best["step"], "steps": max((r["step"] for r in log), default=0),
+            "train_tokens": summary["train_tokens"], "token_epochs": summary["token_epochs"],
             "total_steps": start["total_steps"], "tokens": int(tokens), "train_seconds": round(seconds, 1),
             "tokens_per_cpu_s": round(sum(r["tokens_per_cpu_s"] for r in steps) / max(len(steps), 1), 1),
             "agreement": best["agreement"], "train_agreement": best.get("train_agreement", []),
@@ -113,9 +115,38 @@ def decode(plan: dict, drafters: dict[str, Path], argv: list[str]) -> dict:
     return evaluate(target, {name: str(path) for name, path in drafters.items()}, args.decode, config)
 
 
+def plot(rows: dict[str, dict], decoded: dict | None, path: Path) -> None:
+    """Held-out μ against the unique training tokens and against token-epochs (what more data, or more passes
+    over the same data, buy)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, key, label in ((axes[0], "train_tokens", "unique training tokens"),
+                           (axes[1], "token_epochs", "training tokens x epochs")):
+        for name, r in rows.items():
+            ax.scatter(r[key], r["mu_tf"], color="C0")
+            if decoded and name in decoded["overall"]:
+                ax.scatter(r[key], decoded["overall"][name]["mu"], color="C1", marker="s")
+            ax.annotate(name, (r[key], r["mu_tf"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("held-out μ (K-chain, T=0)")
+    handles = [plt.Line2D([], [], color="C0", marker="o", ls="", label="teacher-forced estimate (mu_tf)")]
+    if decoded:
+        handles.append(plt.Line2D([], [], color="C1", marker="s", ls="", label="decoded"))
+    axes[0].legend(handles=handles, fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
 def table(plan: dict, rows: dict[str, dict], decoded: dict | None) -> str:
     k = max(len(r["agreement"]) for r in rows.values())
-    head = ["row", "change", "steps", "tokens", "train s", "tok/cpu-s", *[f"agree@{i + 1}" for i in range(k)],
+    head = ["row", "change", "steps", "tokens seen", "train s", "tok/cpu-s", *[f"agree@{i + 1}" for i in range(k)],
             "train@1", "mu_tf"]
     if decoded:
         head += ["mu", "speedup"]
@@ -139,6 +170,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("plan", type=Path)
     parser.add_argument("--only", default="", help="comma-separated rows to run (default: all)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--plot", type=Path, default=None, help="PNG of held-out μ against tokens and token-epochs")
     args, rest = parser.parse_known_args(argv)
     overrides = [a for a in rest if "=" in a and not a.startswith("--")]
     plan = load_plan(args.plan)
@@ -158,6 +190,8 @@ def main(argv: list[str]) -> int:
     if decoded:
         print(f"exactness at T=0: {decoded['exactness']['identical']}/{decoded['exactness']['total']} outputs "
               f"identical to plain greedy decoding")
+    if args.plot:
+        plot(results, decoded, args.plot)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"plan": plan, "rows": results, "table": text,

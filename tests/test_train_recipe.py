@@ -159,3 +159,33 @@ def test_early_stopping_after_patience(job):
     stop = [r for r in log if r.get("event") == "early_stop"]
     assert stop and stop[0]["best_step"] == 4 and stop[0]["step"] == 12  # nothing improves with lr 0
     assert json.loads((folder / "training_summary.json").read_text())["steps"] == 12
+
+
+def test_ablation_script_trains_rows_side_by_side(job, tmp_path):
+    """scripts/ablate.py: one row per change, reused when rerun, a table and a plot of μ against tokens."""
+    import yaml
+
+    from scripts.ablate import main
+
+    target_dir, root = job
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"target": str(target_dir), "model": {"method": "eagle3"}}))
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({
+        "recipe": str(recipe), "out_dir": str(tmp_path / "rows"),
+        "overrides": ["data.mode=offline", f"data.cache={root / 'cache-train'}",
+                      f"data.eval_cache={root / 'cache-held'}", "model.num_speculative_tokens=3",
+                      "model.ttt_steps=2", "model.draft_vocab_size=200", "optim.batch_size=4", "optim.max_steps=8",
+                      "optim.lr=1e-2", "log.eval_every=4", "tracking=none", "checkpoint.every=0"],
+        "rows": {"base": [], "fc-norm": ["model.fc_norm=true"]}}))
+    out = tmp_path / "result.json"
+    assert main([str(plan), "--json", str(out), "--plot", str(tmp_path / "curve.png")]) == 0
+    result = json.loads(out.read_text())
+    assert list(result["rows"]) == ["base", "fc-norm"]
+    for row in result["rows"].values():
+        assert len(row["agreement"]) == 3 and row["tokens"] > 0 and row["train_tokens"] > 0
+    assert "| fc-norm | model.fc_norm=true |" in result["table"]
+    assert (tmp_path / "curve.png").stat().st_size > 1000
+    first = (tmp_path / "rows" / "base" / "drafter" / "model.safetensors").stat().st_mtime
+    assert main([str(plan), "--only", "base"]) == 0  # the finished row is reused, not retrained
+    assert (tmp_path / "rows" / "base" / "drafter" / "model.safetensors").stat().st_mtime == first

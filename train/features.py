@@ -41,6 +41,10 @@ class DatasetRows:
     def __len__(self) -> int:
         return len(self.dataset)
 
+    def row_lengths(self) -> list[int]:
+        """Tokens per row, in row order."""
+        return [len(ids) for ids in self.dataset["input_ids"]]
+
     def __getitem__(self, i: int) -> dict:
         row = self.dataset[int(i)]
         return {"input_ids": row["input_ids"], "loss_mask": row["loss_mask"], "domain": row.get("domain")}

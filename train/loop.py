@@ -36,6 +36,7 @@ class LoopResult:
     steps: int
     eval: dict                    # final held-out agreement per position
     is_main: bool
+    epochs: float = 0.0           # passes over the training rows (fractional)
 
 
 # ------------------------------------------------------------------------------------------ accelerate
@@ -378,4 +379,4 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return LoopResult(state_dict=head_state, steps=stopped_at, eval=result_eval,
-                      is_main=accelerator.is_main_process)
+                      is_main=accelerator.is_main_process, epochs=stopped_at / order.steps_per_epoch)

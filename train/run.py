@@ -160,7 +160,10 @@ def train_drafter(config: TrainConfig) -> Path:
                                   f"unexpected {unexpected[:5]}")
         save_drafter(final, cfg, drafter_dir)
         save_config(config, drafter_dir)
+        lengths = rows.row_lengths()
+        train_tokens = sum(min(lengths[i], config.data.max_length) for i in train_idx)
         (drafter_dir / "training_summary.json").write_text(json.dumps(
             {"steps": result.steps, "eval": result.eval, "draft_vocab_coverage": coverage,
-             "train_rows": len(train_idx), "eval_rows": len(eval_idx)}, indent=2))
+             "train_rows": len(train_idx), "eval_rows": len(eval_idx), "train_tokens": train_tokens,
+             "epochs": round(result.epochs, 4), "token_epochs": round(train_tokens * result.epochs)}, indent=2))
     return drafter_dir
