@@ -189,3 +189,31 @@ def test_ablation_script_trains_rows_side_by_side(job, tmp_path):
     first = (tmp_path / "rows" / "base" / "drafter" / "model.safetensors").stat().st_mtime
     assert main([str(plan), "--only", "base"]) == 0  # the finished row is reused, not retrained
     assert (tmp_path / "rows" / "base" / "drafter" / "model.safetensors").stat().st_mtime == first
+
+
+def test_prompt_positions_train_with_their_weight(job):
+    """loss.prompt_weight: prompt positions become loss rows with that weight (soft targets of the target's own
+    distribution); 0 keeps the assistant-only rows."""
+    from serve.drafters.folder import build_head
+    from train.features import open_rows
+    from train.objectives import TargetParts, build_objective
+    from train.run import _batch_maker, head_config, needed_layers
+
+    target_dir, root = job
+    target = load_target(target_dir)
+    config = _config(target_dir, root, "prompt", "model.draft_vocab_size=0")
+    cfg = head_config(config, target)
+    rows = open_rows("offline", cache=str(root / "cache-train"), target=target, layers=needed_layers(cfg))
+    batch, _ = _batch_maker(config, target, needed_layers(cfg), "cpu", online=False)([rows[0], rows[1]])
+    head = build_head(cfg)
+    counts = {}
+    for weight in (0.0, 0.5, 1.0):
+        objective = build_objective(head, TargetParts.of(target), ttt_steps=2, decay=0.8, feature_noise=0.0,
+                                    feature_weight=1.0, ce_weight=0.1, prompt_weight=weight)
+        counts[weight] = float(objective.term_counts(batch)["ttt0"])
+    assistant = float((batch.loss_mask[:, 2:]).sum())
+    everything = float((batch.attention_mask[:, 2:]).sum())
+    assert counts[0.0] == assistant and counts[1.0] == everything
+    assert counts[0.5] == pytest.approx(assistant + 0.5 * (everything - assistant))
+    with pytest.raises(Exception, match="prompt_weight"):
+        train_drafter(_config(target_dir, root, "medusa-prompt", "model.method=medusa", "loss.prompt_weight=0.5"))

@@ -68,6 +68,7 @@ class LossConfig:
     ce_weight: float = 0.1                 # EAGLE-1 cross-entropy vs the target's distribution
     feature_noise: float = 0.1             # EAGLE-1: U(-a, a) added to input features; 0 = off
     aux_noise: float = 0.0                 # EAGLE-3: U(-a, a) x the feature's RMS added to each aux feature
+    prompt_weight: float = 0.0             # EAGLE-1/3: weight of prompt (non-assistant) positions; 0 = assistant only
 
 
 @dataclass
@@ -161,4 +162,9 @@ def check(config: TrainConfig, *, data: bool = True) -> TrainConfig:
         raise DraftsmithError("data.eval_dataset is read in online mode; offline training takes data.eval_cache")
     if config.optim.early_stop_patience < 0 or config.log.train_eval_rows < 0 or config.loss.aux_noise < 0:
         raise DraftsmithError("optim.early_stop_patience, log.train_eval_rows and loss.aux_noise must be >= 0")
+    if not 0 <= config.loss.prompt_weight <= 1:
+        raise DraftsmithError(f"loss.prompt_weight={config.loss.prompt_weight} must be in [0, 1]")
+    if config.model.method == "medusa" and config.loss.prompt_weight:
+        raise DraftsmithError("loss.prompt_weight needs soft targets (EAGLE-1/3): Medusa learns the data's tokens, "
+                              "and prompt tokens are the user's, not the target's")
     return config

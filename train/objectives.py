@@ -156,10 +156,20 @@ class UnrolledObjective(Objective):
     unrolled steps attend exactly as drafting does (ttt_allowed). Feature noise (U(-a, a), from per-row seeds
     over the real length, so 1 and N processes see the same noise) regularizes the target features it reads."""
 
-    def __init__(self, head, parts, *, feature_noise: float = 0.0, relative_noise: bool = False):
+    def __init__(self, head, parts, *, feature_noise: float = 0.0, relative_noise: bool = False,
+                 prompt_weight: float = 0.0):
         super().__init__(head, parts)
         self.method = head.config.method
         self.feature_noise, self.relative_noise = feature_noise, relative_noise
+        self.prompt_weight = prompt_weight
+
+    def _loss_weights(self, loss_mask: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """(B, T) weight of the position each row predicts: 1 on trained (assistant) tokens, prompt_weight on the
+        other real tokens. The soft targets are the target's own distribution at every position, so prompt positions
+        are valid distillation rows too: cheap extra data where answers are short and prompts long."""
+        if self.prompt_weight <= 0 or attention_mask is None:
+            return loss_mask.float()
+        return loss_mask.float() + self.prompt_weight * (attention_mask.float() - loss_mask.float())
 
     def _noise(self, features: torch.Tensor, noise_seeds: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """features + U(-a, a) (times each row's RMS when relative), seeded per row. (B, T, h) -> (B, T, h)."""
@@ -210,15 +220,15 @@ class Eagle1Objective(UnrolledObjective):
     """EAGLE-1: SmoothL1 on the next feature + ce_weight x soft CE through the target's lm_head, one step."""
 
     def __init__(self, head, parts, *, feature_noise: float = 0.1, feature_weight: float = 1.0,
-                 ce_weight: float = 0.1):
-        super().__init__(head, parts, feature_noise=feature_noise)
+                 ce_weight: float = 0.1, prompt_weight: float = 0.0):
+        super().__init__(head, parts, feature_noise=feature_noise, prompt_weight=prompt_weight)
         self.feature_weight, self.ce_weight = feature_weight, ce_weight
 
     def term_weights(self) -> dict[str, float]:
         return {"feature": self.feature_weight, "ce": self.ce_weight}
 
     def term_counts(self, batch: FeatureBatch) -> dict[str, torch.Tensor]:
-        count = losses.row_mask(batch.loss_mask, 0).sum()
+        count = losses.shift_left(self._loss_weights(batch.loss_mask, batch.attention_mask), 2, fill=0.0).sum()
         return {"feature": count, "ce": count}
 
     def _draft_top1(self, out: torch.Tensor) -> torch.Tensor:
@@ -228,7 +238,7 @@ class Eagle1Objective(UnrolledObjective):
                 noise_seeds=None, target_top1=None):
         """Loss sums per term. noise_seeds: (B,) per-row seeds of the feature noise."""
         final = hidden_states[FINAL]
-        mask = losses.row_mask(loss_mask, 0)
+        mask = losses.shift_left(self._loss_weights(loss_mask, attention_mask), 2, fill=0.0)  # rows predicting x_{t+2}
         lengths = attention_mask.sum(1) if attention_mask is not None else None
         hidden = self._input_hidden(hidden_states, noise_seeds, lengths)
         (_, out), = self._unroll(input_ids, hidden, 1)
@@ -243,15 +253,18 @@ class Eagle3Objective(UnrolledObjective):
     and are masked (as SpecForge). Noise, when on, is relative to each aux feature's scale (their RMS differs
     by an order of magnitude between low and high layers)."""
 
-    def __init__(self, head, parts, *, ttt_steps: int = 7, decay: float = 0.8, feature_noise: float = 0.0):
-        super().__init__(head, parts, feature_noise=feature_noise, relative_noise=True)
+    def __init__(self, head, parts, *, ttt_steps: int = 7, decay: float = 0.8, feature_noise: float = 0.0,
+                 prompt_weight: float = 0.0):
+        super().__init__(head, parts, feature_noise=feature_noise, relative_noise=True, prompt_weight=prompt_weight)
         self.steps, self.decay = ttt_steps, decay
 
     def term_weights(self) -> dict[str, float]:
         return {f"ttt{j}": w for j, w in enumerate(losses.step_weights(self.steps, self.decay))}
 
-    def _masks(self, loss_mask: torch.Tensor, top1: torch.Tensor | None) -> list[torch.Tensor]:
-        masks = [losses.row_mask(loss_mask, j) for j in range(self.steps)]
+    def _masks(self, loss_mask: torch.Tensor, attention_mask: torch.Tensor | None,
+               top1: torch.Tensor | None) -> list[torch.Tensor]:
+        weights = self._loss_weights(loss_mask, attention_mask)
+        masks = [losses.shift_left(weights, 2 + j, fill=0.0) for j in range(self.steps)]  # row t predicts x_{t+2+j}
         if self.head.config.uses_draft_vocab and top1 is not None:
             inside = self.head.t2d[top1].float()  # (B, T) 1.0 where the target's top-1 is in the draft vocabulary
             masks = [m * losses.shift_left(inside, 1 + j, fill=0.0) for j, m in enumerate(masks)]
@@ -269,7 +282,7 @@ class Eagle3Objective(UnrolledObjective):
 
     def term_counts(self, batch: FeatureBatch) -> dict[str, torch.Tensor]:
         top1 = self._top1_if_needed(batch.target_top1, batch.hidden_states[FINAL])
-        return {f"ttt{j}": m.sum() for j, m in enumerate(self._masks(batch.loss_mask, top1))}
+        return {f"ttt{j}": m.sum() for j, m in enumerate(self._masks(batch.loss_mask, batch.attention_mask, top1))}
 
     def _draft_top1(self, out: torch.Tensor) -> torch.Tensor:
         draft = self.head.logits(out).argmax(-1)
@@ -278,7 +291,7 @@ class Eagle3Objective(UnrolledObjective):
     def forward(self, input_ids, loss_mask, hidden_states: dict[int, torch.Tensor], attention_mask=None,
                 noise_seeds=None, target_top1=None):
         final = hidden_states[FINAL]
-        masks = self._masks(loss_mask, self._top1_if_needed(target_top1, final))
+        masks = self._masks(loss_mask, attention_mask, self._top1_if_needed(target_top1, final))
         target_logits = self.parts.logits(final, draft_token_ids(self.head.d2t))  # (B, T, Vd)
         lengths = attention_mask.sum(1) if attention_mask is not None else None
         hidden = self._input_hidden(hidden_states, noise_seeds, lengths)
@@ -328,11 +341,13 @@ class MedusaObjective(Objective):
 
 
 def build_objective(head, parts: TargetParts, *, ttt_steps: int, decay: float, feature_noise: float,
-                    feature_weight: float, ce_weight: float, aux_noise: float = 0.0) -> Objective:
+                    feature_weight: float, ce_weight: float, aux_noise: float = 0.0,
+                    prompt_weight: float = 0.0) -> Objective:
     method = head.config.method
     if method == "medusa":
         return MedusaObjective(head, parts, decay=decay)
     if method == "eagle1":
         return Eagle1Objective(head, parts, feature_noise=feature_noise, feature_weight=feature_weight,
-                               ce_weight=ce_weight)
-    return Eagle3Objective(head, parts, ttt_steps=ttt_steps, decay=decay, feature_noise=aux_noise)
+                               ce_weight=ce_weight, prompt_weight=prompt_weight)
+    return Eagle3Objective(head, parts, ttt_steps=ttt_steps, decay=decay, feature_noise=aux_noise,
+                           prompt_weight=prompt_weight)
