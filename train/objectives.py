@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from serve.drafters.base import FINAL
+from serve.layers import FINAL
 from serve.drafters.masks import additive, ttt_allowed
 from serve.drafters.vocab import draft_token_ids
 from train import losses
