@@ -13,7 +13,7 @@ from serve.config import load_config
 from serve.decoding import plain_generate, speculative_generate
 from serve.drafters import build_drafter
 from serve.target import load_target
-from tests.train_fixtures import greedy_rows, one_thread, save_rows, sharp_target  # noqa: F401
+from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, one_thread, save_rows, sharp_target  # noqa: F401
 from train.config import TrainConfig
 from train.objectives import agreement_of
 from train.run import train_drafter
@@ -28,7 +28,7 @@ def job(tmp_path_factory):
     from data.config import CaptureConfig
 
     root = tmp_path_factory.mktemp("recipe")
-    target_dir = sharp_target(root / "target")
+    target_dir = sharp_target(root / "target", num_hidden_layers=EAGLE3_LAYERS)
     rows = greedy_rows(target_dir, rows=40, new_tokens=24)
     train, held = save_rows(rows[:32], root / "train"), save_rows(rows[32:], root / "held")
     target = load_target(target_dir)
