@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 from data.config import DataBuildConfig, validate
 from data.generate import Answer, ContinuousBatcher, Request
 from data.masks import render_prompt, render_with_mask
-from data.plan import Conversation, fit_prompt, plan_conversation
+from data.plan import Conversation, fit_prompt, keeps_answers, plan_conversation
 from data.prompts import PromptRow, read_prompts
 from serve.errors import DraftsmithError
 from serve.server.record import read_manifest, traffic_rows
@@ -113,7 +113,8 @@ def _plan_rows(target: Any, rows: list[PromptRow], config: DataBuildConfig, max_
     planned: list[tuple[int, int, Conversation, list[int] | None]] = []
     max_prompt = max_length - config.max_new_tokens
     for order, row in enumerate(rows):
-        conversation = plan_conversation(row, regenerate=config.regenerate)
+        conversation = plan_conversation(row, regenerate=config.regenerate and
+                                         not keeps_answers(row.id, config.keep_answers))
         slot = conversation.next_slot()
         if slot is None:  # every answer given and kept (regenerate=false): nothing to write
             if row.id not in done:

@@ -40,6 +40,7 @@ class DataBuildConfig:
     per_domain_limit: Optional[int] = None  # then the first N rows of each domain
     chat: bool = True  # render with the target's chat template; false: plain prompt + completion (base models)
     regenerate: bool = True  # the target rewrites assistant turns a row already has (false: keep them)
+    keep_answers: float = 0.0  # with regenerate: this fraction of the rows that carry answers keeps them as written
     max_new_tokens: int = 256  # per generated assistant turn
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
@@ -103,6 +104,8 @@ def validate(config) -> None:
         if config.max_new_tokens >= config.max_length:
             raise ConfigError(f"data.max_new_tokens ({config.max_new_tokens}) must be below data.max_length "
                               f"({config.max_length}) to leave room for the prompt")
+        if not 0 <= config.keep_answers <= 1:
+            raise ConfigError(f"data.keep_answers must be in [0, 1], got {config.keep_answers}")
         for name in ("limit", "per_domain_limit", "draft_vocab_size"):
             if getattr(config, name) is not None and getattr(config, name) <= 0:
                 raise ConfigError(f"data.{name} must be positive when set, got {getattr(config, name)}")

@@ -3,9 +3,14 @@
 A `Conversation` holds the row's messages with an empty slot (`content is None`) for every assistant turn
 the target will write: after each user turn that has no answer, and, with `regenerate`, in place of the
 answers the row already gives (the drafter must learn the target's answers, not another model's).
+
+Rows whose answers are kept (`keeps_answers`) cost no generation: the target reads them teacher-forced, and the
+drafter still learns the target's own distribution at every position (the soft targets come from the target),
+only in contexts another writer produced. A fraction of such rows buys tokens at the price of a forward pass.
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +32,12 @@ class Conversation:
         dropped = sum(m["content"] is None for m in self.messages[index:])
         del self.messages[index:]
         return dropped
+
+
+def keeps_answers(row_id: str, fraction: float) -> bool:
+    """Whether a row is one of the `fraction` that keep their own answers: a hash of its id, so the choice of a
+    row does not change when the prompt set grows."""
+    return fraction > 0 and zlib.crc32(row_id.encode()) / 2 ** 32 < fraction
 
 
 def plan_conversation(row: PromptRow, *, regenerate: bool) -> Conversation:
