@@ -234,8 +234,9 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
 
     weights = objective.term_weights()
     params = [p for p in objective.parameters() if p.requires_grad]
+    # fused: one kernel over every parameter instead of a python loop of small ops (7% of a CPU step at batch 2)
     optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=(optim.beta1, optim.beta2),
-                                  weight_decay=optim.weight_decay)
+                                  weight_decay=optim.weight_decay, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(config, total_steps))
     model, optimizer = accelerator.prepare(objective, optimizer)
     accelerator.register_for_checkpointing(scheduler)
