@@ -156,6 +156,9 @@ def check(config: TrainConfig, *, data: bool = True) -> TrainConfig:
             raise DraftsmithError(f"{key} must be >= 1")
     if config.model.method != "eagle3" and (config.model.fc_norm or config.model.norm_before_fc):
         raise DraftsmithError("model.fc_norm / model.norm_before_fc are EAGLE-3 options (model.method=eagle3)")
+    if config.model.fc_norm and config.model.norm_before_fc:
+        raise DraftsmithError("model.fc_norm (a norm per aux feature) and model.norm_before_fc (one norm over their "
+                              "concatenation) exclude each other, as in vLLM, SGLang and speculators: pick one")
     if config.data.eval_cache and config.data.mode != "offline":
         raise DraftsmithError("data.eval_cache is read in offline mode; online training takes data.eval_dataset")
     if config.data.eval_dataset and config.data.mode != "online":
