@@ -180,3 +180,32 @@ def test_speculators_readme_leads_with_the_form_that_serves_a_local_target(nativ
     assert f"vllm serve {(tmp_path / 'hub').resolve()}\n" in readme and "--verifier ORG/NAME" not in readme
     config = json.loads((tmp_path / "hub" / "config.json").read_text())
     assert config["speculators_config"]["verifier"]["name_or_path"] == "HuggingFaceTB/tiny-llama"
+
+
+@pytest.mark.parametrize("norm", ["fc_norm", "norm_before_fc"])
+@pytest.mark.parametrize("fmt", ["vllm", "sglang", "speculators"])
+def test_feature_norms_export_under_the_engines_names(target, tmp_path, fmt, norm):
+    """EAGLE-3 norms before fc: the flag the engine reads, its tensors in the engine's (ascending) aux order,
+    and the same drafts read back; releases that drop the norm silently are refused by --engine-version."""
+    from safetensors.torch import load_file
+
+    from serve.export.eagle import FEATURE_NORM_FIRST
+
+    native = make_native(target, "eagle3", tmp_path / "native", **{norm: True})
+    report = export_drafter(native, fmt, tmp_path / "out", target=target, prompts=default_prompts(target, count=1),
+                            k=3, max_new_tokens=12)
+    assert report.proposals_compared > 0 and report.mu_readback == report.mu_native
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config[norm] is True and config["fc_norm" if norm == "norm_before_fc" else "norm_before_fc"] is False
+    tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
+    if norm == "norm_before_fc":
+        assert tensors["input_norm.weight"].shape == (3 * 32,)
+        if fmt == "sglang":
+            assert config["eagle_config"]["norm_before_fc"] is True
+    else:
+        assert [k for k in sorted(tensors) if k.startswith("fc_norm.")] == [f"fc_norm.{i}.weight" for i in range(3)]
+    first = FEATURE_NORM_FIRST[fmt][norm]
+    too_old = ".".join(map(str, first[:-1] + (first[-1] - 1,)))
+    with pytest.raises(DraftsmithError, match="no norm before fc"):
+        export_drafter(native, fmt, tmp_path / "old", target=target, engine_version=too_old)
+    assert not (tmp_path / "old").exists()

@@ -13,7 +13,7 @@ import torch
 
 from serve.drafters.head_config import HeadConfig
 from serve.errors import DraftsmithError
-from serve.export.common import Expect, ExportError, get_field
+from serve.export.common import ABSENT, Expect, ExportError, get_field
 from serve.export.layer_ids import engine_default_layer_ids, from_engine_layer_ids
 from serve.export.llama_config import check_llama_like, expected_layer_shapes, rope_fields
 from serve.layers import FINAL
@@ -37,6 +37,48 @@ def check_eagle_exportable(config: HeadConfig, fmt: str) -> None:
         if not config.hidden_norm:
             raise DraftsmithError(f"--format {fmt}: the engines' EAGLE-3 layer always norms the fused hidden state "
                                   f"(hidden_norm); this drafter was trained without it")
+
+
+# EAGLE-3 norms before fc, as the engines name them (vLLM llama_eagle3.py, SGLang llama_eagle3.py, speculators
+# Eagle3DraftModel): `norm_before_fc` = one RMSNorm over the concatenated aux states, tensor `input_norm.weight`
+# (n*h,); `fc_norm` = one RMSNorm per aux state, tensors `fc_norm.{i}.weight` (h,). The first releases that read
+# each flag, per format (from every release's source): below them the tensor is dropped silently, a wrong model.
+FEATURE_NORM_FIRST = {
+    "vllm": {"norm_before_fc": (0, 18), "fc_norm": (0, 22)},
+    "speculators": {"norm_before_fc": (0, 19), "fc_norm": (0, 25)},  # through vLLM's speculators reader
+    "sglang": {"norm_before_fc": (0, 5, 18), "fc_norm": (0, 5, 15)},
+}
+
+
+def feature_norms(config: HeadConfig) -> dict[str, bool]:
+    """The head's norms before fc as engine config flags."""
+    return {"norm_before_fc": bool(config.norm_before_fc), "fc_norm": bool(config.fc_norm)}
+
+
+def first_release_for(config: HeadConfig, fmt: str):
+    """The oldest release of the format's engine that reads every norm this head has (None: no norm)."""
+    firsts = [FEATURE_NORM_FIRST[fmt][flag] for flag, on in feature_norms(config).items() if on]
+    return max(firsts) if firsts else None
+
+
+def feature_norm_support(config: HeadConfig, fmt: str, engine: str):
+    """engines.Support for a head with norms before fc (None: it has none, the format's own range holds)."""
+    from serve.export.engines import Support
+
+    first = first_release_for(config, fmt)
+    if first is None:
+        return None
+    return Support(engine, first, why="older releases have no norm before fc and drop its weights silently",
+                   fix="Use a newer release, or retrain without model.fc_norm / model.norm_before_fc.")
+
+
+def feature_norm_fields(config: HeadConfig, *, prefix: str = "") -> dict[str, Expect]:
+    """The config flags of the head's norms before fc; false may also be left out (every engine defaults it)."""
+    out = {}
+    for flag, on in feature_norms(config).items():
+        why = f"the drafter {'has' if on else 'has no'} {flag}"
+        out[prefix + flag] = Expect(on, why) if on else Expect(False, why, also=(ABSENT,))
+    return out
 
 
 def engine_order(aux_layer_ids: list[int]) -> list[int]:
@@ -74,7 +116,14 @@ def eagle_tensors(state: dict[str, torch.Tensor], config: HeadConfig, *, layer_p
             name = f"{layer_prefix}.{name[len(native_prefix):]}"
         out[name] = tensor
     if config.method == "eagle3":
-        out["fc.weight"] = fc_in_engine_order(out["fc.weight"], list(config.aux_layer_ids)).contiguous()
+        aux = list(config.aux_layer_ids)
+        out["fc.weight"] = fc_in_engine_order(out["fc.weight"], aux).contiguous()
+        if "input_norm.weight" in out:  # per-element weight over the same blocks as fc's input
+            blocks = out["input_norm.weight"].chunk(len(aux))
+            out["input_norm.weight"] = torch.cat([blocks[j] for j in engine_order(aux)]).contiguous()
+        if config.fc_norm:
+            norms = [state[f"fc_norm.{j}.weight"].detach().to("cpu").contiguous() for j in engine_order(aux)]
+            out.update({f"fc_norm.{i}.weight": w for i, w in enumerate(norms)})
     if zero_fc_bias and "fc.bias" not in out:
         out["fc.bias"] = torch.zeros(out["fc.weight"].shape[0], dtype=out["fc.weight"].dtype)
     return out
@@ -92,6 +141,10 @@ def expected_eagle_tensors(config: HeadConfig, text: dict, *, layer_prefix: str,
     if fc_bias:
         shapes["fc.bias"] = ((h,), None)
     if eagle3:
+        if config.norm_before_fc:
+            shapes["input_norm.weight"] = ((NUM_AUX * h,), None)
+        if config.fc_norm:
+            shapes.update({f"fc_norm.{i}.weight": ((h,), None) for i in range(NUM_AUX)})
         shapes["norm.weight"] = ((h,), None)
         shapes["lm_head.weight"] = ((config.draft_vocab_size, h), None)
         if config.uses_draft_vocab:  # never with the full vocabulary (see eagle_tensors)
@@ -167,9 +220,14 @@ def read_eagle3(config: dict, tensors: dict, *, where: str, engine: str, num_lay
     if get_field(config, "norm_before_residual", norm_before_residual_default):
         raise ExportError(f"{where}: norm_before_residual is true ({engine} then adds the NORMED fused state as the "
                           f"residual); draftsmith heads add the un-normed one: expected false")
-    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
-        if get_field(config, flag, False):
-            raise ExportError(f"{where}: {flag} is true; the drafter has no such norm: expected false")
+    if get_field(config, "norm_output", False):
+        raise ExportError(f"{where}: norm_output is true; draftsmith heads feed back un-normed states: expected false")
+    # both engines read norm_before_fc from eagle_config first, then the top level; fc_norm from the top level only
+    norms = {"norm_before_fc": bool(get_field(config, "eagle_config.norm_before_fc",
+                                              get_field(config, "norm_before_fc", False))),
+             "fc_norm": bool(get_field(config, "fc_norm", False))}
+    if all(norms.values()):
+        raise ExportError(f"{where}: norm_before_fc and fc_norm are both true; the engines take one or the other")
     if not get_field(config, "eagle_config.use_aux_hidden_state", True):
         raise ExportError(f"{where}: eagle_config.use_aux_hidden_state is false; expected true (fc over aux layers)")
     raw = get_field(config, ids_key, None) or engine_default_layer_ids(engine, num_layers=num_layers)
@@ -182,7 +240,7 @@ def read_eagle3(config: dict, tensors: dict, *, where: str, engine: str, num_lay
         raise ExportError(f"{where}: target_hidden_size {target_hidden} != hidden_size {layer_source['hidden_size']}; "
                           f"draftsmith heads share the target's width")
     head_config = read_eagle_config("eagle3", layer_source, draft_vocab_size=draft_vocab, aux_layer_ids=aux,
-                                    input_layernorm=True, hidden_norm=True)
+                                    input_layernorm=True, hidden_norm=True, **norms)
     state = {k: v for k, v in tensors.items() if k not in ("d2t", "t2d")}
     state.update(read_vocab_maps(tensors.get("d2t"), layer_vocab, draft_vocab, where=where))
     return head_config, state

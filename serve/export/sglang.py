@@ -22,7 +22,7 @@ from serve.drafters.head_config import HeadConfig
 from serve.errors import DraftsmithError
 from serve.export.common import ABSENT, Expect, ExportError, FormatSpec, TargetFacts, get_field
 from serve.export.eagle import (check_eagle_exportable, eagle_tensors, expected_eagle_tensors, expected_llama_fields,
-                                read_eagle1, read_eagle3)
+                                feature_norm_fields, feature_norm_support, feature_norms, read_eagle1, read_eagle3)
 from serve.export.engines import Support
 from serve.export.layer_ids import aux_layer_ids_for
 from serve.export.llama_config import llama_layer_config
@@ -35,7 +35,7 @@ ALGORITHM = {"eagle1": "EAGLE", "eagle3": "EAGLE3"}
 
 
 def support(config: HeadConfig) -> Support:
-    return Support(ENGINE)
+    return feature_norm_support(config, NAME, ENGINE) or Support(ENGINE)
 
 
 def check_exportable(config: HeadConfig) -> None:
@@ -49,10 +49,12 @@ def build(state: dict[str, torch.Tensor], config: HeadConfig, facts: TargetFacts
     check_exportable(config)
     body = {"architectures": ARCHITECTURES[config.method], **llama_layer_config(config)}
     if config.method == "eagle3":
+        # SGLang reads norm_before_fc from eagle_config first, then the top level; fc_norm from the top level
         body.update(draft_vocab_size=config.draft_vocab_size, target_hidden_size=config.hidden_size, bias=False,
+                    **feature_norms(config),
                     eagle_config={"eagle_aux_hidden_state_layer_ids": aux_layer_ids_for(config, NAME,
                                                                                        facts.num_layers),
-                                  "use_aux_hidden_state": True})
+                                  "use_aux_hidden_state": True, "norm_before_fc": bool(config.norm_before_fc)})
         tensors = eagle_tensors(state, config, layer_prefix="midlayer")
     else:
         tensors = eagle_tensors(state, config, layer_prefix="layers.0", zero_fc_bias=True)
@@ -74,7 +76,9 @@ def expected(config: HeadConfig, facts: TargetFacts) -> FormatSpec:
                                                                           "layer i; absent means [2, n//2, n-3] "
                                                                           "layer inputs"),
             "eagle_config.use_aux_hidden_state": Expect(True, "fc over the aux layers", also=(ABSENT,)),
+            **feature_norm_fields(config), **feature_norm_fields(config, prefix="eagle_config."),
         })
+        fields.pop("eagle_config.fc_norm")  # SGLang reads fc_norm from the top level only
     tensors = expected_eagle_tensors(config, text, layer_prefix="midlayer" if config.method == "eagle3" else "layers.0",
                                      fc_bias=config.method == "eagle1")
     return FormatSpec(NAME, config.method, fields, tensors, engine_layer_ids=ids or [])

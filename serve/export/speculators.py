@@ -25,7 +25,7 @@ from serve.drafters.head_config import HeadConfig
 from serve.errors import DraftsmithError
 from serve.export.common import ABSENT, Expect, ExportError, FormatSpec, TargetFacts
 from serve.export.eagle import (check_eagle_exportable, eagle_tensors, expected_eagle_tensors, expected_llama_fields,
-                                read_eagle3, rename_prefix)
+                                feature_norm_fields, feature_norm_support, feature_norms, read_eagle3, rename_prefix)
 from serve.export.engines import Support
 from serve.export.layer_ids import aux_layer_ids_for
 from serve.export.llama_config import llama_layer_config
@@ -37,7 +37,7 @@ SPECULATORS_VERSION = "0.9.0"  # the schema this writer follows
 
 
 def support(config: HeadConfig) -> Support:
-    return Support(ENGINE)
+    return feature_norm_support(config, NAME, ENGINE) or Support(ENGINE)
 
 
 def check_exportable(config: HeadConfig) -> None:
@@ -58,8 +58,7 @@ def build(state: dict[str, torch.Tensor], config: HeadConfig, facts: TargetFacts
         "draft_vocab_size": config.draft_vocab_size,
         "target_hidden_size": config.hidden_size,
         "norm_before_residual": False,  # vLLM's speculators reader defaults it to TRUE: always written
-        "norm_before_fc": False,
-        "fc_norm": False,
+        **feature_norms(config),
         "norm_output": False,
         "eagle_aux_hidden_state_layer_ids": aux_layer_ids_for(config, NAME, facts.num_layers),
         "speculators_config": {
@@ -84,8 +83,7 @@ def expected(config: HeadConfig, facts: TargetFacts) -> FormatSpec:
         "draft_vocab_size": Expect(config.draft_vocab_size, "rows of the draft lm_head"),
         "target_hidden_size": Expect(int(text["hidden_size"]), "fc reads 3 x target_hidden_size"),
         "norm_before_residual": Expect(False, "vLLM's speculators reader defaults it to true"),
-        "norm_before_fc": Expect(False, "no norm before fc", also=(ABSENT,)),
-        "fc_norm": Expect(False, "no per-layer norm before fc", also=(ABSENT,)),
+        **feature_norm_fields(config),
         "norm_output": Expect(False, "drafts feed back un-normed states", also=(ABSENT,)),
         "eagle_aux_hidden_state_layer_ids": Expect(ids, "vLLM convention: id i = input of layer i"),
         "speculators_config.algorithm": Expect("eagle3"),

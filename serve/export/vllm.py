@@ -30,7 +30,8 @@ from serve.drafters.head_config import HeadConfig
 from serve.errors import DraftsmithError
 from serve.export.common import ABSENT, Expect, ExportError, FormatSpec, TargetFacts, get_field
 from serve.export.eagle import (check_eagle_exportable, eagle_tensors, expected_eagle_tensors, expected_llama_fields,
-                                read_eagle1, read_eagle3, read_vocab_maps, rename_prefix)
+                                feature_norm_fields, feature_norm_support, feature_norms, read_eagle1, read_eagle3,
+                                read_vocab_maps, rename_prefix)
 from serve.export.engines import Support
 from serve.export.layer_ids import aux_layer_ids_for
 from serve.export.llama_config import llama_layer_config
@@ -50,7 +51,7 @@ def support(config: HeadConfig) -> Support:
     if config.method == "medusa":
         return Support(ENGINE, (0, 15), (0, 32), why="vLLM 0.33 removed Medusa (no medusa.py, no 'medusa' method)",
                        fix="Serve it with vLLM 0.32, or train and export an EAGLE-3 drafter for newer vLLM.")
-    return Support(ENGINE, (0, 15))
+    return feature_norm_support(config, NAME, ENGINE) or Support(ENGINE, (0, 15))
 
 
 def check_exportable(config: HeadConfig) -> None:
@@ -78,7 +79,7 @@ def build(state: dict[str, torch.Tensor], config: HeadConfig, facts: TargetFacts
         body["add_para_norm"] = False  # HASS extra norms off
     else:
         body.update(draft_vocab_size=config.draft_vocab_size, target_hidden_size=config.hidden_size,
-                    norm_before_residual=False, norm_before_fc=False,
+                    norm_before_residual=False, **feature_norms(config),
                     eagle_aux_hidden_state_layer_ids=aux_layer_ids_for(config, NAME, facts.num_layers))
     tensors = eagle_tensors(state, config, layer_prefix="midlayer" if config.method == "eagle3" else "layers.0")
     return body, tensors
@@ -110,7 +111,7 @@ def expected(config: HeadConfig, facts: TargetFacts) -> FormatSpec:
             "draft_vocab_size": Expect(config.draft_vocab_size, "rows of the draft lm_head"),
             "target_hidden_size": Expect(int(text["hidden_size"]), "fc reads 3 x target_hidden_size"),
             "norm_before_residual": Expect(False, "the drafter adds the un-normed fused state as residual"),
-            "norm_before_fc": Expect(False, "no norm before fc", also=(ABSENT,)),
+            **feature_norm_fields(config),
             "eagle_aux_hidden_state_layer_ids": Expect(ids, "vLLM convention: id i = input of layer i"),
             "eagle_config.use_aux_hidden_state": Expect(True, "fc over the aux layers", also=(ABSENT,)),
         })
