@@ -13,13 +13,11 @@ from serve.config import load_config
 from serve.decoding import plain_generate, speculative_generate
 from serve.drafters import build_drafter
 from serve.target import load_target
-from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, one_thread, save_rows, sharp_target  # noqa: F401
+from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows, sharp_target
 from train.config import TrainConfig
 from train.objectives import agreement_of
 from train.run import train_drafter
 from train.tracking import read_log
-
-pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +31,7 @@ def job(tmp_path_factory):
     train, held = save_rows(rows[:32], root / "train"), save_rows(rows[32:], root / "held")
     target = load_target(target_dir)
     for name, data in (("train", train), ("held", held)):
-        capture_hidden_states(target, data, root / f"cache-{name}", CaptureConfig(layers="eagle3", dtype="fp32"),
+        capture_hidden_states(target, data, root / f"cache-{name}", CaptureConfig(layers="eagle3", storage_dtype="fp32"),
                               progress=False, log=lambda *_: None)
     return target_dir, root
 
