@@ -35,7 +35,10 @@ def fit_cost_model(records: Mapping[str, Sequence[dict]], names: Sequence[str], 
         recs = records[name]
         draft_seconds = sum(float(r.get("draft_seconds") or 0.0) for r in recs)
         cycles = len(stats.accepted_lengths(recs))
-        c = cm.draft_step_cost(draft_seconds, cycles, k, step)
+        drafted = stats.drafted_lengths(recs)
+        # c per drafted token: drafters with a per-step length draft fewer than K in most cycles
+        c = cm.draft_step_cost(draft_seconds, 1, sum(drafted), step) if drafted and sum(drafted) else \
+            cm.draft_step_cost(draft_seconds, cycles, k, step)
 
         def fit(parts: Mapping[str, Sequence[int]]) -> dict[str, Any]:
             pick = {d: [recs[i] for i in idx] for d, idx in parts.items()}

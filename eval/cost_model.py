@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from serve.costs import verify_ratio_at
+
 
 def tokens_per_cycle(alpha: float, k: int) -> float:
     """Expected tokens per cycle (μ, bonus included) for per-token acceptance rate alpha."""
@@ -44,25 +46,6 @@ def verify_ratios(forward_seconds: Mapping[int, float]) -> dict[int, float]:
         raise ValueError("verify ratios need the 1-token forward time (key 1)")
     base = forward_seconds[1]
     return {n - 1: t / base for n, t in sorted(forward_seconds.items())}
-
-
-def verify_ratio_at(ratios: Mapping[int, float], k: int) -> float:
-    """verify_ratio(K) from measured points: piecewise linear, linear extrapolation past the last two."""
-    if k in ratios:
-        return float(ratios[k])
-    points = sorted(ratios.items())
-    if not points:
-        raise ValueError("no measured verify ratios")
-    if len(points) == 1:
-        return float(points[0][1])
-    if k < points[0][0]:
-        (k0, r0), (k1, r1) = points[0], points[1]
-    elif k > points[-1][0]:
-        (k0, r0), (k1, r1) = points[-2], points[-1]
-    else:
-        i = next(i for i, (kk, _) in enumerate(points) if kk > k)
-        (k0, r0), (k1, r1) = points[i - 1], points[i]
-    return r0 + (r1 - r0) * (k - k0) / (k1 - k0)
 
 
 def draft_step_cost(draft_seconds: float, cycles: int, k: int, step_seconds: float) -> float:

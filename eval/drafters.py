@@ -31,6 +31,16 @@ class DrafterEntry:
                 "tree": describe_tree(self.tree)}
 
 
+def length_policy(drafter: Any) -> str:
+    """How the drafter chooses its draft length: `auto` (per step), `fixed` (K), `min_confidence=x`."""
+    policy = getattr(drafter, "policy", None)
+    if policy is None:
+        return "fixed"
+    if policy.name == "min_confidence":
+        return f"min_confidence={policy.threshold:g}"
+    return policy.name
+
+
 class BeginTimed:
     """Proxy of a drafter that times its `begin`, so free precomputation (the oracle's) can be kept out of
     its measured speed; everything else goes to the wrapped drafter."""

@@ -65,8 +65,10 @@ def markdown(result: dict, plots: list[Path]) -> str:
              f"{s['torch_threads']} threads ({s['machine']}); torch {s['torch']}, transformers {s['transformers']}.",
              "", f"Methods run interleaved per prompt in this order: {', '.join(s['order'])}. "
              f"Speedup: {s['speedup']}.", ""] + [f"Note: {n}." for n in s.get("notes") or []] + [""]
-    lines += ["## Drafters", ""] + _table(["name", "kind", "path"], [[d["name"], d["kind"], str(d["path"] or "–")]
-                                                                     for d in result["drafters"]]) + [""]
+    lengths = s.get("draft_length") or {}
+    lines += ["## Drafters", ""] + _table(["name", "kind", "draft length", "path"],
+                                          [[d["name"], d["kind"], lengths.get(d["name"], "fixed"),
+                                            str(d["path"] or "–")] for d in result["drafters"]]) + [""]
     ex = result["exactness"]
     lines += ["## Exactness at temperature 0", ""]
     if ex.get("checked"):
@@ -89,6 +91,15 @@ def markdown(result: dict, plots: list[Path]) -> str:
                          _f(b["speedup"]) + "×", _spread(b["speedup_spread"]), _f(b.get("draft_seconds"), 1),
                          _f(b.get("verify_seconds"), 1)])
     lines += ["## μ and speed per domain", ""] + _table(head, rows) + [""]
+
+    if result.get("winners"):
+        lines += ["## Which drafter won, per domain", "",
+                  "Best measured speedup of this run; `length` is how it chose its draft length (`auto`: per step, "
+                  "from its calibrated confidence and the measured costs; `fixed`: K every cycle).", ""]
+        rows = [[d, f"{w['drafter']}", w["length"], _f(w["speedup"]) + "×", _f(w["predicted_speedup"]) + "×",
+                 _f(w["mu"]), f"{w['runner_up'] or '–'} ({_f(w['runner_up_speedup'])}×)"]
+                for d, w in result["winners"].items()]
+        lines += _table(["domain", "drafter", "length", "measured", "predicted", "μ", "runner-up"], rows) + [""]
 
     lines += ["## Accepted draft tokens per cycle (histogram, all prompts)", ""]
     width = max((len(result["overall"][n]["accept_length_histogram"]) for n in names), default=0)

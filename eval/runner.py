@@ -19,10 +19,11 @@ from eval import stats
 from eval.config import EvalConfig
 from eval.cost_fit import fit_cost_model
 from eval.costs import context_ids, fastest, forward_times, median
-from eval.drafters import BASELINE, BeginTimed, DrafterEntry, build_entries
+from eval.drafters import BASELINE, BeginTimed, DrafterEntry, build_entries, length_policy
 from eval.peers import Peer, build_peers, run_peer
 from data.prompts import limit_per_domain, read_prompts
 from eval.prompts import EvalPrompt, group_by_domain, prepare_prompts
+from eval.winners import winners
 from serve.drafters.settings import resolve_k
 from serve.errors import DraftsmithError
 
@@ -259,6 +260,7 @@ def settings_block(config: EvalConfig, sources: Sequence[str], prompts: Sequence
         "domain_field": config.domain_field, "prompt_sources": list(sources), "prompts_total": len(prompts),
         "domains": {d: len(idx) for d, idx in group_by_domain(prompts).items()},
         "order": [BASELINE] + [e.name for e in entries] + [p.name for p in peers],
+        "draft_length": {e.name: length_policy(e.drafter) for e in entries},
         "interleaving": "per prompt, every method back to back in `order`",
         "speedup": "drafter tokens/s over plain tokens/s on the same prompts (= plain seconds / drafter seconds "
                    "at temperature 0, where outputs are identical); spread = per-prompt min/median/max and a "
@@ -332,6 +334,7 @@ def evaluate(target: Any, drafters: Mapping[str, Any], prompts: Any, config: Eva
         "exactness": exactness_block(records, names, decoding.temperature),
         "records": [rec for name in records for rec in records[name]],
     }
+    result["winners"] = winners(result)
     if config.sweep:
         result["sweeps"] = run_sweeps(target, entries, eval_prompts, config, base=result)
     result["settings"]["wall_seconds"] = time.perf_counter() - started

@@ -164,6 +164,7 @@ def summarize(baseline: Sequence[Record], drafted: Sequence[Record], *, k: int, 
         "target_forwards": sum(int(r["target_forwards"]) for r in drafted),  # type: ignore[arg-type]
         "cycles": len(accepted),
         "empty_draft_cycles": sum(1 for d in proposed if d == 0) if proposed is not None else None,
+        "drafted_per_cycle": statistics.mean(proposed) if proposed else float("nan"),
         "seconds": sum(float(r["seconds"]) for r in drafted),  # type: ignore[arg-type]
         "draft_seconds": sum(float(r.get("draft_seconds") or 0.0) for r in drafted),  # type: ignore[arg-type]
         "verify_seconds": sum(float(r.get("verify_seconds") or 0.0) for r in drafted),  # type: ignore[arg-type]

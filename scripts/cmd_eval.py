@@ -12,15 +12,18 @@ import sys
 def add_arguments(parser) -> None:
     parser.add_argument("--target", default=None, help="HF folder, .gguf file, hub id, or `demo` (default); = target.spec")
     parser.add_argument("--drafter", action="append", default=[], metavar="[NAME=]SPEC",
-                        help="ngram | ngram:max_n=3 | model:PATH | oracle | a drafter folder; a folder with @tree "
-                             "(or @tree:depth=5,top_k=4,total_tokens=24) drafts EAGLE-2 dynamic trees; NAME= "
-                             "labels it; repeatable (default: ngram)")
+                        help="ngram | ngram:max_n=8 | model:PATH | oracle | a drafter folder | hybrid:DIR (n-gram "
+                             "where the context holds a match, the folder's head elsewhere); each drafts a length "
+                             "chosen per step unless SPEC:length=fixed; a folder with @tree (or "
+                             "@tree:depth=5,top_k=4,total_tokens=24) drafts EAGLE-2 dynamic trees; NAME= labels it; "
+                             "repeatable (default: ngram)")
     parser.add_argument("--prompts", action="append", default=[], metavar="[DOMAIN=]SOURCE",
                         help="JSONL file, HF datasets folder, `builtin` or `builtin:<domain>`; DOMAIN= sets the "
                              "domain of all its rows; repeatable (default: builtin)")
     parser.add_argument("--domain-field", default=None, help="row field holding the domain (default: domain)")
     parser.add_argument("--k", type=int, default=None,
-                        help="draft tokens per cycle (default: the K the drafter folders record, else 5)")
+                        help="draft tokens per cycle (default: the K the drafter folders record, else 5): every "
+                             "cycle at length=fixed, at most otherwise")
     parser.add_argument("--temperature", type=float, default=None, help="default 0 (greedy)")
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)

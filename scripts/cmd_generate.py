@@ -43,13 +43,15 @@ class GenerateConfig:
 def add_arguments(parser) -> None:
     # Flags left unset keep the value from --config / key=value overrides (section `generate`).
     parser.add_argument("--target", default=None, help="HF folder, .gguf file, hub id, or `demo` (default)")
-    parser.add_argument("--drafter", default=None, help="ngram | ngram:max_n=3 | oracle | model:PATH | drafter "
-                        "folder (DIR, DIR:min_confidence=0.3, DIR@tree); default ngram")
+    parser.add_argument("--drafter", default=None, help="ngram | ngram:max_n=8 | oracle | model:PATH | drafter "
+                        "folder (DIR, DIR:min_confidence=0.3, DIR@tree) | hybrid:DIR; the draft length is chosen "
+                        "per step unless SPEC:length=fixed; default ngram")
     parser.add_argument("--prompt", default=None)
     parser.add_argument("--chat", action="store_true", default=None,
                         help="wrap the prompt in the target's chat template")
     parser.add_argument("--k", type=int, default=None,
-                        help="draft tokens per cycle (default: the K the drafter folder records, else 5)")
+                        help="draft tokens per cycle (default: the K the drafter folder records, else 5; at most, "
+                             "unless length=fixed)")
     parser.add_argument("--temperature", type=float, default=None, help="default 0 (greedy)")
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
@@ -104,7 +106,9 @@ def run(args) -> int:
                                   on_tokens=streamer)
     stats = result.stats
     accept = " ".join(f"{a:.2f}" for a in stats.acceptance_by_position)
-    print(f"\n[draftsmith] drafter={config.drafter} k={settings.k} mu={stats.mu:.2f} tokens={stats.new_tokens} "
+    drafted = sum(stats.drafted_per_cycle) / max(1, len(stats.drafted_per_cycle))
+    print(f"\n[draftsmith] drafter={config.drafter} k={settings.k} mu={stats.mu:.2f} drafted/cycle={drafted:.2f} "
+          f"tokens={stats.new_tokens} "
           f"target_forwards={stats.target_forwards} tok/s={stats.new_tokens / stats.seconds:.1f} "
           f"draft={stats.draft_seconds:.2f}s verify={stats.verify_seconds:.2f}s acceptance_by_position=[{accept}]",
           file=sys.stderr)

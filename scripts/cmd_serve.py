@@ -9,9 +9,11 @@ def add_arguments(parser) -> None:
     # Flags left unset keep the value from --config / key=value overrides (section `serve`).
     parser.add_argument("--target", default=None, help="HF folder, .gguf file, hub id or `demo` (default: demo)")
     parser.add_argument("--drafter", default=None,
-                        help="ngram[:max_n=3], model:PATH, oracle, or a trained drafter folder (default: ngram)")
+                        help="ngram[:max_n=8], model:PATH, oracle, a trained drafter folder, or hybrid:DIR; the draft "
+                             "length is chosen per step unless SPEC:length=fixed (default: ngram)")
     parser.add_argument("--k", type=int, default=None,
-                        help="draft tokens per cycle (default: the K the drafter folder records, else 5)")
+                        help="draft tokens per cycle (default: the K the drafter folder records, else 5; at most, "
+                             "unless length=fixed)")
     parser.add_argument("--host", default=None, help="bind address (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (default: 8000)")
     parser.add_argument("--no-speculation", dest="speculation", action="store_false", default=None,

@@ -75,3 +75,25 @@ def path_to(parents: torch.Tensor, node: int) -> list[int]:
         path.append(node)
         node = int(parents[node])
     return path[::-1]
+
+
+def add_chain(tokens: torch.Tensor, parents: torch.Tensor, chain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Insert a chain below the root of a tree, sharing the nodes it agrees with; returns (tokens, parents).
+
+    tokens, parents: (n,) a tree in topological order (a chain d1..dn is parents = [-1, 0, .., n-2]); chain: (m,).
+    New nodes are appended after the existing ones, so the order stays topological."""
+    tokens_out, parents_out = tokens.tolist(), parents.tolist()
+    node = -1
+    for token in chain.tolist():
+        child = next((i for i, (t, p) in enumerate(zip(tokens_out, parents_out)) if p == node and t == token), None)
+        if child is None:
+            tokens_out.append(int(token))
+            parents_out.append(node)
+            child = len(tokens_out) - 1
+        node = child
+    return torch.tensor(tokens_out, dtype=torch.long), torch.tensor(parents_out, dtype=torch.long)
+
+
+def chain_parents(n: int) -> torch.Tensor:
+    """(n,) parents of a chain: each node the child of the one before, the first a child of the root."""
+    return torch.arange(-1, n - 1, dtype=torch.long)

@@ -12,8 +12,10 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from serve.costs import VerifyCosts
 from serve.decoding import plain_generate, speculative_generate
 from serve.drafters.base import Draft, Drafter
+from serve.drafters.length import ExpectedGain
 from serve.drafters.model import ModelDrafter
 from serve.sampling import target_probs
 from serve.target import Target
@@ -85,6 +87,18 @@ def chi_square_p(counts: dict, exact: dict, n: int) -> float:
     return float(chisquare(observed, [e * scale for e in expected]).pvalue)
 
 
+def speculative_samples(target, drafter, settings, n: int = SAMPLES) -> tuple[dict[tuple, int], int]:
+    """Counts of the first STEPS tokens over n seeded speculative generations, and the drafts accepted."""
+    counts: dict[tuple, int] = {}
+    accepted = 0
+    for seed in range(n):
+        res = speculative_generate(target, drafter, PROMPT, max_new_tokens=STEPS, k=2, seed=seed, eos_token_ids=(),
+                                   **settings)
+        counts[tuple(res.output_ids)] = counts.get(tuple(res.output_ids), 0) + 1
+        accepted += sum(res.stats.accepted_per_cycle)
+    return counts, accepted
+
+
 SETTINGS = [dict(temperature=0.7, top_k=0, top_p=0.9), dict(temperature=1.0, top_k=6, top_p=1.0)]
 
 
@@ -103,16 +117,9 @@ def test_speculative_sampling_matches_target_distribution(target, settings, draf
         drafter = make_drafter(head, target, check=False, min_confidence=0.2)
     else:
         drafter = GreedyTreeDrafter(other, tree=drafter_kind == "tree")
-    exact = exact_joint(target, settings)
-    counts: dict[tuple, int] = {}
-    accepted = 0
-    for seed in range(SAMPLES):
-        res = speculative_generate(target, drafter, PROMPT, max_new_tokens=STEPS, k=2, seed=seed, eos_token_ids=(),
-                                   **settings)
-        counts[tuple(res.output_ids)] = counts.get(tuple(res.output_ids), 0) + 1
-        accepted += sum(res.stats.accepted_per_cycle)
+    counts, accepted = speculative_samples(target, drafter, settings)
     assert accepted > SAMPLES * 0.1, "the drafter should get some drafts accepted, or the test proves little"
-    assert chi_square_p(counts, exact, SAMPLES) > 1e-3
+    assert chi_square_p(counts, exact_joint(target, settings), SAMPLES) > 1e-3
 
 
 def test_plain_sampling_matches_target_distribution(target):
@@ -138,10 +145,44 @@ def test_a_biased_verifier_is_detected(target, monkeypatch):
     drafter = ModelDrafter(other, target.tokenizer, target_vocab_size=VOCAB)
     settings = SETTINGS[1]
     exact = exact_joint(target, settings)
-    counts: dict[tuple, int] = {}
-    for seed in range(SAMPLES // 2):
-        res = speculative_generate(target, drafter, PROMPT, max_new_tokens=STEPS, k=2, seed=seed, eos_token_ids=(),
-                                   **settings)
-        counts[tuple(res.output_ids)] = counts.get(tuple(res.output_ids), 0) + 1
+    counts, _ = speculative_samples(target, drafter, settings, SAMPLES // 2)
     with pytest.raises(AssertionError):
         assert chi_square_p(counts, exact, SAMPLES // 2) > 1e-3
+
+
+FLAT = VerifyCosts(ratios={0: 1.0, 8: 1.2})  # no step time: c stays 0, the test does not depend on timing
+
+
+def _auto_drafter(target, kind: str):
+    """A drafter whose length is chosen per step (calibration learning across the samples, as in serving)."""
+    from serve.drafters.eagle3 import eagle3_config
+    from serve.drafters.folder import build_head, make_drafter
+    from serve.drafters.hybrid import HybridDrafter
+    from serve.drafters.medusa import medusa_config
+    from serve.drafters.ngram import NgramDrafter
+
+    torch.manual_seed(5)
+    if kind == "model-auto":
+        other = tiny_model("llama", vocab_size=VOCAB, seed=11, eos_token_id=None, pad_token_id=None)
+        return ModelDrafter(other, target.tokenizer, target_vocab_size=VOCAB, policy=ExpectedGain(FLAT))
+    if kind == "medusa-auto":
+        heads = build_head(medusa_config(target, num_heads=2))
+        heads.init_from_target(target.model.get_output_embeddings().weight)  # head 0 agrees with the target often
+        drafter = make_drafter(heads, target, check=False)
+    else:
+        drafter = make_drafter(build_head(eagle3_config(target, aux_layer_ids=[0, 1, 1])), target, check=False)
+    drafter.policy = ExpectedGain(FLAT)
+    if kind == "hybrid":  # single-token matches, so the n-gram side drafts in a 5-token prompt too
+        return HybridDrafter(drafter, NgramDrafter(min_n=1, policy=ExpectedGain(FLAT)))
+    return drafter
+
+
+@pytest.mark.parametrize("drafter_kind", ["eagle3-auto", "medusa-auto", "model-auto", "hybrid"])
+def test_per_step_length_sampling_matches_target_distribution(target, drafter_kind):
+    """Lengths chosen per step from the draft's own distribution (never from the sampled token) and a hybrid that
+    picks its side per cycle keep speculative sampling exact."""
+    settings = SETTINGS[0]
+    drafter = _auto_drafter(target, drafter_kind)
+    counts, accepted = speculative_samples(target, drafter, settings)
+    assert accepted > SAMPLES * 0.1, "the drafter should get some drafts accepted, or the test proves little"
+    assert chi_square_p(counts, exact_joint(target, settings), SAMPLES) > 1e-3

@@ -1,9 +1,14 @@
-"""Drafters by spec (serve/drafters/spec.py): `ngram[:max_n=4,min_n=2]`, `model:PATH`, `oracle`, or a native
-drafter folder (`DIR`, `DIR:min_confidence=0.3`), optionally `@tree[:depth=5,...]` or `@chain`."""
+"""Drafters by spec (serve/drafters/spec.py): `ngram[:max_n=16,min_n=1]`, `model:PATH`, `oracle`, a native
+drafter folder (`DIR`, `DIR:min_confidence=0.3`), or `hybrid:DIR` (the n-gram continuation where the context
+holds a good match, the folder's head elsewhere), optionally `@tree[:depth=5,...]` or `@chain`.
+
+Every drafter but the oracle chooses its draft length per cycle (`length=auto`, serve/drafters/length.py);
+`length=fixed` drafts K every cycle: `ngram:length=fixed`, `DIR:length=fixed`, `hybrid:DIR:length=fixed`."""
 from __future__ import annotations
 
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.spec import TREE_KINDS, DrafterSpec, DrafterSpecError, parse_drafter_spec
+from serve.errors import DraftsmithError
 from serve.layers import FINAL
 
 __all__ = ["FINAL", "Draft", "Drafter", "DrafterSpec", "DrafterSpecError", "build_drafter", "parse_drafter_spec"]
@@ -16,14 +21,22 @@ def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
     if parsed.kind == "ngram":
         from serve.drafters.ngram import NgramDrafter
 
-        unknown = set(parsed.options) - {"max_n", "min_n"}
+        options = {**parsed.options, **opts}
+        unknown = set(options) - {"max_n", "min_n", "length"}
         if unknown:
-            raise DrafterSpecError(f"unknown ngram option(s) {sorted(unknown)}; valid: max_n, min_n")
+            raise DrafterSpecError(f"unknown ngram option(s) {sorted(unknown)}; valid: max_n, min_n, length")
+        policy = _policy(target, str(options.pop("length", "auto")))
         try:
-            sizes = {k: int(v) for k, v in parsed.options.items()}
+            sizes = {k: int(v) for k, v in options.items()}
         except ValueError:
             raise DrafterSpecError(f"ngram options take integers: {parsed.text!r}") from None
-        drafter = NgramDrafter(**{**sizes, **opts})
+        drafter = NgramDrafter(**sizes, policy=policy)
+    elif parsed.kind == "hybrid":
+        from serve.drafters.hybrid import hybrid_of
+
+        head = build_drafter(parsed.head, target, **opts)
+        # the n-gram side drafts like the head: a fixed K when the head was pinned to one
+        drafter = hybrid_of(head, _policy(target, "fixed" if getattr(head.policy, "name", "") == "fixed" else "auto"))
     elif parsed.kind == "oracle":
         from serve.drafters.oracle import OracleDrafter
 
@@ -32,16 +45,32 @@ def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
         from serve.drafters.model import ModelDrafter
         from serve.target import load_target, text_config
 
+        options = {**parsed.options, **opts}
+        if set(options) - {"length"}:
+            raise DrafterSpecError(f"unknown model drafter option(s) {sorted(set(options) - {'length'})}; "
+                                   f"valid: length")
         small = load_target(parsed.path, dtype=target.model.dtype, device=str(target.model.device))
-        drafter = ModelDrafter(small.model, small.tokenizer, target_vocab_size=text_config(target.config).vocab_size)
+        drafter = ModelDrafter(small.model, small.tokenizer, target_vocab_size=text_config(target.config).vocab_size,
+                               policy=_policy(target, str(options.get("length", "auto"))))
     else:
         drafter = _folder_drafter(parsed, target, opts)
     drafter.default_tree = parsed.tree_for(drafter.default_tree)
     if parsed.tree and drafter.kind not in TREE_KINDS:
         raise DrafterSpecError(f"drafter {parsed.text!r} ({drafter.kind}) drafts chains only; trees need an EAGLE or "
-                               f"Medusa drafter folder")
+                               f"Medusa drafter folder (or hybrid:DIR)")
     drafter.check_target(target)
     return drafter
+
+
+def _policy(target, length: str):
+    from serve.costs import verify_costs_for
+    from serve.drafters.length import build_policy
+
+    try:
+        # measured now (once per model and thread count), so the first generation's timing does not include it
+        return build_policy(length, costs=verify_costs_for(target.model) if length == "auto" else None)
+    except DraftsmithError as err:
+        raise DrafterSpecError(str(err)) from None
 
 
 def _folder_drafter(parsed: DrafterSpec, target, opts: dict) -> Drafter:

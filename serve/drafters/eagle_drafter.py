@@ -1,8 +1,10 @@
 """The drafting runtime shared by EAGLE-1 and EAGLE-3 heads: own KV cache, chains and EAGLE-2 dynamic trees.
 
-State after begin/commit: the cache holds one entry per committed (feature t, token t+1) pair, computed
-from the target's real features; `_out`/`_logits` belong to the last pair, whose next token is the
-pending one. Proposals append entries for the head's own drafted pairs; the next commit crops them.
+The head's cache holds one entry per (feature t, token t+1) pair it has run, computed from the target's real
+features; `_last_out`/`_last_logits` belong to the last one, whose next token is the pending one. Committed
+pairs are queued and run lazily, in one forward when the head next drafts (or its cache or logits are read):
+cycles that do not draft (the length policy found it not worth it, or a hybrid used its n-gram side) cost
+nothing. Proposals append entries for the head's own drafted pairs; the next catch-up crops them.
 """
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ import torch
 from transformers import DynamicCache
 
 from serve.drafters.base import Draft, Drafter
-from serve.drafters.heads_common import confident, grow_tree, sample_chain_token
+from serve.drafters.heads_common import confidence_signal, grow_tree, sample_chain_token
 from serve.drafters.identity import check_target_identity
+from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
 from serve.drafters.masks import additive, causal_allowed
 from serve.kv import rollback
 
@@ -19,9 +22,10 @@ from serve.kv import rollback
 class EagleDrafter(Drafter):
     """Drives an Eagle1Head or Eagle3Head against a target (embeddings and, for EAGLE-1, lm_head from it)."""
 
-    def __init__(self, head, target, *, check: bool = True, min_confidence: float = 0.0):
+    def __init__(self, head, target, *, check: bool = True, policy: LengthPolicy | None = None):
         self.head = head.eval().requires_grad_(False)
-        self.min_confidence = min_confidence  # chains stop where the draft's top-1 probability falls below
+        self.policy = policy or FixedLength()  # how many tokens each chain drafts
+        self.last = LastDraft()  # the last chain proposed, until its verification is known
         self.target = target
         self.config = head.config
         self.kind = self.config.method
@@ -33,10 +37,15 @@ class EagleDrafter(Drafter):
         param = next(head.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.d2t = getattr(head, "d2t", None)
-        self.cache = DynamicCache()
+        self._cache = DynamicCache()
         self.n = 0
-        self._out: torch.Tensor | None = None  # (h,)
-        self._logits: torch.Tensor | None = None  # (Vd,)
+        self._pending: list[tuple[torch.Tensor, dict[int, torch.Tensor]]] = []  # committed, not yet run
+        self._last_out: torch.Tensor | None = None  # (h,)
+        self._last_logits: torch.Tensor | None = None  # (Vd,)
+
+    @property
+    def min_confidence(self) -> float:
+        return float(getattr(self.policy, "threshold", 0.0))
 
     def check_target(self, target) -> None:
         check_target_identity(self.config, target)
@@ -55,7 +64,7 @@ class EagleDrafter(Drafter):
         embeds = self.embed(token_ids.to(self.embed.weight.device)).to(self.device, self.dtype)
         out = self.head(hidden_in.to(self.device, self.dtype)[None], embeds[None],
                         position_ids=positions.to(self.device)[None],
-                        attention_mask=additive(allowed.to(self.device), self.dtype)[None], cache=self.cache)
+                        attention_mask=additive(allowed.to(self.device), self.dtype)[None], cache=self._cache)
         return out[0]
 
     def _consume(self, next_tokens: torch.Tensor, hidden_states: dict[int, torch.Tensor]) -> None:
@@ -66,18 +75,43 @@ class EagleDrafter(Drafter):
         positions = torch.arange(self.n, self.n + length)
         out = self._run(hidden_in, next_tokens, positions, causal_allowed(length, self.n))
         self.n += length
-        self._out = out[-1]
-        self._logits = self._logits_of(out[-1:])[0]
+        self._last_out = out[-1]
+        self._last_logits = self._logits_of(out[-1:])[0]
+
+    def _catch_up(self) -> None:
+        """Run the pairs committed since the head last ran, in one forward (after dropping its drafts)."""
+        rollback(self._cache, self.n)
+        if not self._pending:
+            return
+        tokens = torch.cat([t for t, _ in self._pending])
+        hidden = {layer: torch.cat([h[layer] for _, h in self._pending]) for layer in self._pending[0][1]}
+        self._pending = []
+        self._consume(tokens, hidden)
+
+    @property
+    def cache(self) -> DynamicCache:
+        self._catch_up()
+        return self._cache
+
+    @property
+    def _logits(self) -> torch.Tensor | None:
+        self._catch_up()
+        return self._last_logits
 
     # ------------------------------------------------------------------------------------ the interface
     def begin(self, prompt_ids, next_tokens, hidden_states) -> None:
-        self.cache = DynamicCache()
+        self._cache = DynamicCache()
         self.n = 0
-        self._consume(next_tokens, hidden_states)
+        self.last = LastDraft()
+        self._last_out = self._last_logits = None
+        self._pending = [(next_tokens, self._needed(hidden_states))]
 
     def commit(self, next_tokens, hidden_states) -> None:
-        rollback(self.cache, self.n)
-        self._consume(next_tokens, hidden_states)
+        self.last.settle(self.policy, next_tokens)
+        self._pending.append((next_tokens, self._needed(hidden_states)))
+
+    def _needed(self, hidden_states: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        return {k: v for k, v in hidden_states.items() if k in self.target_layers}
 
     def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         if self.d2t is None:
@@ -86,29 +120,39 @@ class EagleDrafter(Drafter):
 
     def propose(self, k: int, *, temperature: float = 0.0, generator: torch.Generator | None = None,
                 tree=None) -> Draft:
-        assert self._logits is not None, "begin() must run before propose()"
-        rollback(self.cache, self.n)
+        if tree is None and not self.policy.should_draft():
+            return Draft(tokens=torch.empty(0, dtype=torch.long))
+        with Stopwatch(self.policy.record_overhead):
+            self._catch_up()
+        assert self._last_logits is not None, "begin() must run before propose()"
         if tree is not None:
             return self._propose_tree(tree)
         vocab = self.config.vocab_size
         tokens, qs = [], []
-        out, logits = self._out, self._logits
+        out, logits = self._last_out, self._last_logits
+        self.policy.start(k, sampled=temperature > 0)
+        declined: list[int] = []  # a greedy draft the policy looked at and left out: still learned from
         for i in range(k):
-            if not confident(logits, self.min_confidence):
+            # decided from the draft distribution before sampling from it: a sampled chain stays exact
+            if not self.policy.offer(confidence_signal(logits, min(i, 1))):
+                declined = [int(torch.argmax(logits))] if temperature <= 0 else []
                 break
             token, q = sample_chain_token(logits, temperature=temperature, generator=generator, d2t=self.d2t,
                                           vocab_size=vocab)
             tokens.append(token)
             if q is not None:
                 qs.append(q.cpu())
-            if i + 1 < k:
+            if not self.policy.wants_more():
+                break
+            with Stopwatch(self.policy.record_step):
                 # the head's own output stands in for the target's feature of the drafted position
                 pos = self.n + i
                 target_id = self._to_target(torch.tensor([token]))
                 out = self._run(out[None], target_id, torch.tensor([pos]),
-                                causal_allowed(1, self.cache.get_seq_length()))[0]
+                                causal_allowed(1, self._cache.get_seq_length()))[0]
                 logits = self._logits_of(out[None])[0]
         ids = self._to_target(torch.tensor(tokens, dtype=torch.long))
+        self.last.tokens = self._to_target(torch.tensor(tokens + declined, dtype=torch.long)).tolist()
         return Draft(tokens=ids, q=torch.stack(qs) if qs else None)
 
     def _propose_tree(self, spec) -> Draft:
@@ -116,7 +160,7 @@ class EagleDrafter(Drafter):
         outs: dict[int, torch.Tensor] = {}
 
         def expand(nodes, depth, tokens, parents):
-            past = self.cache.get_seq_length()
+            past = self._cache.get_seq_length()
             length = len(nodes)
             allowed = torch.zeros(length, past + length, dtype=torch.bool)
             allowed[:, : self.n] = True
@@ -127,7 +171,7 @@ class EagleDrafter(Drafter):
                 while ancestor >= 0:
                     allowed[row, entry[ancestor]] = True
                     ancestor = parents[ancestor]
-                hidden.append(outs[parents[node]] if parents[node] >= 0 else self._out)
+                hidden.append(outs[parents[node]] if parents[node] >= 0 else self._last_out)
                 entry[node] = past + row
             token_ids = self._to_target(torch.tensor([tokens[i] for i in nodes], dtype=torch.long))
             positions = torch.full((length,), self.n + depth - 1, dtype=torch.long)
@@ -136,7 +180,7 @@ class EagleDrafter(Drafter):
                 outs[node] = out[row]
             return torch.log_softmax(self._logits_of(out), dim=-1)
 
-        root = torch.log_softmax(self._logits, dim=-1)
+        root = torch.log_softmax(self._last_logits, dim=-1)
         tokens, parents = grow_tree(root, expand, spec, max_depth=spec.depth if not spec.is_static else 64)
-        rollback(self.cache, self.n)
+        rollback(self._cache, self.n)
         return Draft(tokens=self._to_target(tokens), parents=parents)

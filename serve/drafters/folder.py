@@ -35,24 +35,31 @@ def build_head(config: HeadConfig) -> nn.Module:
     raise DraftsmithError(f"unknown drafter method {config.method!r}; choose one of {', '.join(METHODS)}")
 
 
-DRAFTER_OPTIONS = {"min_confidence": float}  # `DIR:min_confidence=0.3` (serve.drafters.build_drafter)
+# `DIR:length=fixed`, `DIR:min_confidence=0.3` (serve.drafters.build_drafter)
+DRAFTER_OPTIONS = {"min_confidence": float, "length": str}
 
 
-def make_drafter(head: nn.Module, target, *, check: bool = True, min_confidence: float | None = None):
+def make_drafter(head: nn.Module, target, *, check: bool = True, min_confidence: float | None = None,
+                 length: str = "fixed"):
     """Wrap a head module (trained or not) into the Drafter the decoder drives; it drafts as its config records
     (K, tree, min_confidence) unless told otherwise.
 
-    min_confidence: chains stop drafting where the draft's top-1 probability falls below it (0 = always K)."""
+    length: `fixed` drafts K tokens every cycle; `auto` drafts while the expected gain of one more token exceeds
+    its cost (serve/drafters/length.py). min_confidence > 0: chains stop where the draft's top-1 probability
+    falls below it (the policy then; 0 = the length policy decides)."""
+    from serve.costs import verify_costs_for
+    from serve.drafters.length import build_policy
+
     config = head.config
     min_confidence = config.min_confidence if min_confidence is None else min_confidence
-    if not 0.0 <= min_confidence < 1.0:
-        raise DraftsmithError(f"min_confidence must be in [0, 1), got {min_confidence}")
+    policy = build_policy(length, costs=verify_costs_for(target.model) if length == "auto" and not min_confidence
+                          else None, min_confidence=min_confidence)
     if config.method == "medusa":
         from serve.drafters.medusa import MedusaDrafter
-        drafter = MedusaDrafter(head, target, check=check, min_confidence=min_confidence)
+        drafter = MedusaDrafter(head, target, check=check, policy=policy)
     else:
         from serve.drafters.eagle_drafter import EagleDrafter
-        drafter = EagleDrafter(head, target, check=check, min_confidence=min_confidence)
+        drafter = EagleDrafter(head, target, check=check, policy=policy)
     drafter.default_k = config.num_speculative_tokens
     drafter.default_tree = tree_from_record(config.tree)
     return drafter
@@ -105,7 +112,9 @@ def load_head(path: str | Path, *, device: str | torch.device = "cpu",
 
 
 def load_drafter(path: str | Path, target, **opts):
-    """Load a drafter folder for `target`; raises DraftsmithError if it was trained for another target."""
+    """Load a drafter folder for `target`; raises DraftsmithError if it was trained for another target.
+
+    opts: DRAFTER_OPTIONS as strings or values; the length policy is `auto` unless `length` says otherwise."""
     unknown = sorted(set(opts) - set(DRAFTER_OPTIONS))
     if unknown:
         raise DraftsmithError(f"unknown drafter folder option(s) {unknown}; valid: {', '.join(DRAFTER_OPTIONS)}")
@@ -113,4 +122,4 @@ def load_drafter(path: str | Path, target, **opts):
     check_target_identity(config, target)
     weight = target.model.get_input_embeddings().weight
     head = load_head(path, device=weight.device, dtype=weight.dtype)
-    return make_drafter(head, target, **{k: DRAFTER_OPTIONS[k](v) for k, v in opts.items()})
+    return make_drafter(head, target, **{"length": "auto", **{k: DRAFTER_OPTIONS[k](v) for k, v in opts.items()}})

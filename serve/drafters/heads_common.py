@@ -1,18 +1,24 @@
-"""Drafting with trained heads (EAGLE-1, EAGLE-3, Medusa): when a chain keeps going, how a chain token is
-sampled, and how a draft tree grows."""
+"""Drafting with trained heads (EAGLE-1, EAGLE-3, Medusa): the signal a draft-length policy reads (when a
+chain keeps going), how a chain token is sampled, and how a draft tree grows."""
 from __future__ import annotations
 
 import torch
 
+from serve.drafters.length import Signal
 from serve.drafters.vocab import full_vocab_probs
 
+CONFIDENCE_BINS = 10
 
-def confident(logits: torch.Tensor, min_confidence: float) -> bool:
-    """Whether a chain keeps drafting: the draft's top-1 probability (at temperature 1) is >= min_confidence.
 
-    Stopping a chain early never changes the output distribution (each position is still verified exactly);
-    it saves the verify cost of drafts that would likely be rejected: the lever when acceptance is low."""
-    return min_confidence <= 0 or float(torch.softmax(logits.float(), dim=-1).max()) >= min_confidence
+def confidence_signal(logits: torch.Tensor, group: int) -> Signal:
+    """The draft's top-1 probability (at temperature 1) as a length-policy signal, known before sampling.
+
+    Calibrated per probability bin within `group` (EAGLE: the first drafted position apart from later ones,
+    which read the head's own drafts; Medusa: per head); the raw probability is the prior. Stopping a chain
+    early never changes the output distribution (each position is still verified exactly); it saves the verify
+    cost of drafts that would likely be rejected."""
+    top = float(torch.softmax(logits.float(), dim=-1).max())
+    return ("confidence", group, min(int(top * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)), top
 
 
 def sample_chain_token(logits: torch.Tensor, *, temperature: float, generator: torch.Generator | None,

@@ -15,8 +15,9 @@ from torch import nn
 
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.head_config import HeadConfig
-from serve.drafters.heads_common import confident, grow_tree, sample_chain_token
+from serve.drafters.heads_common import confidence_signal, grow_tree, sample_chain_token
 from serve.drafters.identity import check_target_identity
+from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
 from serve.drafters.vocab import draft_token_ids, identity_vocab
 from serve.layers import FINAL
 from serve.target import text_config
@@ -91,28 +92,44 @@ class MedusaDrafter(Drafter):
     kind = "medusa"
     target_layers = (FINAL,)
 
-    def __init__(self, heads: MedusaHeads, target, *, check: bool = True, min_confidence: float = 0.0):
+    def __init__(self, heads: MedusaHeads, target, *, check: bool = True, policy: LengthPolicy | None = None):
         self.heads = heads.eval().requires_grad_(False)
-        self.min_confidence = min_confidence  # chains stop at the first head below this top-1 probability
+        self.policy = policy or FixedLength()  # how many heads' tokens each chain drafts
+        self.last = LastDraft()  # the last chain proposed, until its verification is known
         self.target = target
         self.vocab_size = heads.config.vocab_size
         if check:
             self.check_target(target)
-        self._logits: torch.Tensor | None = None  # (num_heads, Vd) for the current pending token
+        self._last_hidden: torch.Tensor | None = None  # (1, h) the target's final feature before the pending token
+        self._last_logits: torch.Tensor | None = None
+
+    @property
+    def min_confidence(self) -> float:
+        return float(getattr(self.policy, "threshold", 0.0))
 
     def check_target(self, target) -> None:
         check_target_identity(self.heads.config, target)
 
     def _update(self, hidden_states: dict[int, torch.Tensor]) -> None:
-        last = hidden_states[FINAL][-1:]  # (1, h): its next token is the pending one
-        weight = self.heads.lm_heads[0].weight
-        with torch.no_grad():
-            self._logits = self.heads(last.to(device=weight.device, dtype=weight.dtype))[:, 0].float()
+        self._last_hidden = hidden_states[FINAL][-1:]  # (1, h): its next token is the pending one
+        self._last_logits = None  # the heads run when a cycle drafts (or the logits are read)
+
+    @property
+    def _logits(self) -> torch.Tensor | None:
+        """(num_heads, Vd) for the current pending token."""
+        if self._last_logits is None and self._last_hidden is not None:
+            weight = self.heads.lm_heads[0].weight
+            with torch.no_grad():
+                self._last_logits = self.heads(self._last_hidden.to(device=weight.device,
+                                                                    dtype=weight.dtype))[:, 0].float()
+        return self._last_logits
 
     def begin(self, prompt_ids, next_tokens, hidden_states) -> None:
+        self.last = LastDraft()
         self._update(hidden_states)
 
     def commit(self, next_tokens, hidden_states) -> None:
+        self.last.settle(self.policy, next_tokens)
         self._update(hidden_states)
 
     def _to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -120,22 +137,29 @@ class MedusaDrafter(Drafter):
 
     def propose(self, k: int, *, temperature: float = 0.0, generator: torch.Generator | None = None,
                 tree=None) -> Draft:
-        assert self._logits is not None, "begin() must run before propose()"
-        logprobs = torch.log_softmax(self._logits, dim=-1)  # (num_heads, Vd)
+        if tree is None and not self.policy.should_draft():
+            return Draft(tokens=torch.empty(0, dtype=torch.long))
+        with Stopwatch(self.policy.record_overhead):  # every head runs once per drafting cycle
+            logits = self._logits
+        assert logits is not None, "begin() must run before propose()"
+        logprobs = torch.log_softmax(logits, dim=-1)  # (num_heads, Vd)
         if tree is not None:
             depth_cap = self.heads.num_heads
             tokens, parents = grow_tree(logprobs[0], lambda nodes, depth, *_: logprobs[depth].expand(len(nodes), -1),
                                         tree, max_depth=depth_cap)
             return Draft(tokens=self._to_target(tokens.to(self.heads.d2t.device)).cpu(), parents=parents)
-        n = min(k, self.heads.num_heads)
+        self.policy.start(min(k, self.heads.num_heads), sampled=temperature > 0)
+        # every head's distribution is known before any token is sampled: the length is chosen from all of them
+        n = self.policy.choose([confidence_signal(logits[i], i) for i in range(self.heads.num_heads)])
         tokens, qs = [], []
         for i in range(n):
-            if not confident(self._logits[i], self.min_confidence):
-                break
-            token, q = sample_chain_token(self._logits[i], temperature=temperature, generator=generator,
+            token, q = sample_chain_token(logits[i], temperature=temperature, generator=generator,
                                           d2t=self.heads.d2t, vocab_size=self.vocab_size)
             tokens.append(token)
             if q is not None:
                 qs.append(q)
-        ids = self._to_target(torch.tensor(tokens, dtype=torch.long, device=self.heads.d2t.device))
-        return Draft(tokens=ids.cpu(), q=torch.stack(qs).cpu() if qs else None)
+        ids = self._to_target(torch.tensor(tokens, dtype=torch.long, device=self.heads.d2t.device)).cpu()
+        # greedy: every head's draft is known, drafted or not, and is learned from
+        seen = self._to_target(logits[: self.policy.cap].argmax(-1)).cpu() if temperature <= 0 else ids
+        self.last.tokens = seen.tolist()
+        return Draft(tokens=ids, q=torch.stack(qs).cpu() if qs else None)

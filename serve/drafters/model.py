@@ -6,6 +6,8 @@ from typing import ClassVar
 import torch
 
 from serve.drafters.base import Draft, Drafter
+from serve.drafters.heads_common import confidence_signal
+from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
 from serve.errors import DraftsmithError
 from serve.kv import cache_kwargs, new_cache, rollback
 from serve.sampling import process_logits, sample
@@ -35,9 +37,11 @@ class ModelDrafter(Drafter):
 
     kind: ClassVar[str] = "model"
 
-    def __init__(self, model, tokenizer, *, target_vocab_size: int):
+    def __init__(self, model, tokenizer, *, target_vocab_size: int, policy: LengthPolicy | None = None):
         self.model, self.tokenizer = model.eval().requires_grad_(False), tokenizer
         self.vocab = target_vocab_size
+        self.policy = policy or FixedLength()  # how many tokens each cycle drafts
+        self.last = LastDraft()
         self.tokens: list[int] = []
         self.cache = None
         self.cached = 0  # how many of self.tokens the cache holds
@@ -48,8 +52,10 @@ class ModelDrafter(Drafter):
     def begin(self, prompt_ids, next_tokens, hidden_states) -> None:
         self.tokens = [int(prompt_ids[0])] + next_tokens.tolist()
         self.cache, self.cached = new_cache(self.model), 0
+        self.last = LastDraft()
 
     def commit(self, next_tokens, hidden_states) -> None:
+        self.last.settle(self.policy, next_tokens)
         self.tokens.extend(next_tokens.tolist())
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
@@ -66,10 +72,18 @@ class ModelDrafter(Drafter):
         valid = min(self.cached, len(self.tokens) - 1)
         rollback(self.cache, valid)
         feed = torch.tensor([self.tokens[valid:]], device=device)
-        drafted, dists = [], []
-        for _ in range(k):
-            logits = self._logits(self.model(feed, **cache_kwargs(self.model, self.cache),
-                                             logits_to_keep=1).logits[0, -1].float().cpu())
+        fed = len(self.tokens)  # what the cache will hold after the next forward
+        drafted, dists, declined = [], [], []
+        self.policy.start(k, sampled=temperature > 0)
+        for i in range(k):
+            with Stopwatch(self.policy.record_step):
+                logits = self._logits(self.model(feed, **cache_kwargs(self.model, self.cache),
+                                                 logits_to_keep=1).logits[0, -1].float().cpu())
+            self.cached = fed
+            # decided from the draft distribution before sampling from it: a sampled chain stays exact
+            if not self.policy.offer(confidence_signal(logits, min(i, 1))):
+                declined = [int(logits.argmax())] if temperature <= 0 else []
+                break
             if temperature > 0:
                 q = process_logits(logits, temperature=temperature).softmax(-1)
                 token = sample(q, generator)
@@ -77,7 +91,9 @@ class ModelDrafter(Drafter):
             else:
                 token = int(logits.argmax())
             drafted.append(token)
+            if not self.policy.wants_more():
+                break
             feed = torch.tensor([[token]], device=device)
-        # The cache now holds tokens + drafted[:-1].
-        self.cached = len(self.tokens) + len(drafted) - 1
+            fed += 1
+        self.last.tokens = drafted + declined  # a greedy draft left out is still learned from
         return Draft(torch.tensor(drafted, dtype=torch.long), q=torch.stack(dists) if dists else None)

@@ -6,6 +6,10 @@
               oracle                           the target's own answer (the ceiling for a decoder at this K)
               model:PATH                       a small causal LM with the target's tokenizer
               DIR | DIR:min_confidence=0.3     a trained drafter folder (options override what it records)
+              hybrid:DIR | hybrid:model:PATH   the n-gram continuation where the context holds a good match,
+                                               that drafter's draft elsewhere (its options as above)
+    :length=  auto (default): the draft length is chosen per step; fixed: K every cycle (ngram, model, DIR,
+              hybrid:DIR:length=fixed; serve/drafters/length.py)
     @tree     draft trees (EAGLE and Medusa folders): the folder's recorded shape, or EAGLE-2's default,
               with the given keys replaced; @chain drafts chains even where the folder records a tree
     NAME=     a label for the drafter in an evaluation (`mine=runs/eagle3`)
@@ -23,8 +27,9 @@ from serve.tree import TreeSpec
 TREE_SUFFIX = "@tree"
 CHAIN_SUFFIX = "@chain"
 TREE_OPTIONS = ("depth", "top_k", "total_tokens")
-TREE_KINDS = ("eagle1", "eagle3", "medusa")  # drafters that grow trees
-KINDS = ("ngram", "oracle", "model", "folder")
+TREE_KINDS = ("eagle1", "eagle3", "medusa", "hybrid")  # drafters that grow trees
+KINDS = ("ngram", "oracle", "model", "folder", "hybrid")
+HYBRID_PREFIX = "hybrid:"
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -37,7 +42,8 @@ class DrafterSpec:
     text: str  # as the user wrote it, without a NAME= label
     kind: str  # one of KINDS
     path: str | None = None  # the folder (folder) or the small LM (model)
-    options: dict[str, str] = field(default_factory=dict)  # `:key=value,...` after ngram or a folder
+    options: dict[str, str] = field(default_factory=dict)  # `:key=value,...` after ngram, model:PATH or a folder
+    head: DrafterSpec | None = None  # hybrid: the trained drafter beside the n-gram one
     tree: bool | None = None  # True: @tree, False: @chain, None: whatever the drafter records
     tree_shape: dict[str, int] = field(default_factory=dict)  # the keys @tree: sets
 
@@ -96,24 +102,42 @@ def parse_drafter_spec(text: str) -> DrafterSpec:
         return DrafterSpec(kind="ngram", options=options(rest), **common)
     if kind == "oracle" and not rest:
         return DrafterSpec(kind="oracle", **common)
+    if kind == "hybrid":
+        head = parse_drafter_spec(rest) if rest else None
+        if head is None or head.kind not in ("folder", "model"):
+            raise DrafterSpecError(f"the hybrid drafter needs a trained drafter: hybrid:DIR (or hybrid:model:PATH), "
+                                   f"got {text!r}")
+        return DrafterSpec(kind="hybrid", path=head.path, head=head, **common)
     if kind == "model":
         if not rest:
             raise DrafterSpecError("the model drafter needs a path: model:PATH_TO_SMALL_LM")
-        return DrafterSpec(kind="model", path=rest, **common)
+        path, opts = _path_options(rest, text, exists=Path.exists)
+        return DrafterSpec(kind="model", path=path or rest, options=opts, **common)
     if Path(base).is_dir():
         return DrafterSpec(kind="folder", path=base, **common)
-    folder, _, rest = base.rpartition(":")
-    if folder and Path(folder).is_dir() and "=" in rest:
-        try:
-            return DrafterSpec(kind="folder", path=folder, options=options(rest), **common)
-        except DrafterSpecError as err:
-            raise DrafterSpecError(f"bad drafter option in {text!r}: {err}") from None
+    folder, opts = _path_options(base, text, exists=Path.is_dir)
+    if folder:
+        return DrafterSpec(kind="folder", path=folder, options=opts, **common)
     raise DrafterSpecError(f"unknown drafter {text!r}: use ngram, ngram:max_n=3, oracle, model:PATH, "
-                           f"or a trained drafter folder")
+                           f"a trained drafter folder, or hybrid:DIR")
+
+
+def _path_options(base: str, text: str, *, exists) -> tuple[str | None, dict[str, str]]:
+    """`PATH:key=value,...` -> (PATH, options) when PATH exists and the whole does not; else (None, {})."""
+    path, _, rest = base.rpartition(":")
+    if not path or Path(base).exists() or not exists(Path(path)) or "=" not in rest:
+        return None, {}
+    try:
+        return path, options(rest)
+    except DrafterSpecError as err:
+        raise DrafterSpecError(f"bad drafter option in {text!r}: {err}") from None
 
 
 def default_name(spec: str) -> str:
-    """A readable label: `ngram`, `ngram:n=3`, `oracle`, `model:<folder name>`, or the folder's name."""
+    """A readable label: `ngram`, `ngram:n=3`, `oracle`, `model:<folder name>`, the folder's name, or
+    `hybrid:<that>`."""
+    if spec.startswith(HYBRID_PREFIX):
+        return HYBRID_PREFIX + default_name(spec[len(HYBRID_PREFIX):])
     if spec.startswith("model:"):
         return "model:" + Path(_split_tree(spec)[0].split(":", 1)[1]).name
     base, tree, _ = _split_tree(spec)
@@ -148,4 +172,6 @@ def spec_path(spec: str) -> str | None:
         parsed = parse_drafter_spec(spec)
     except DrafterSpecError:
         return None
+    if parsed.kind == "hybrid":
+        parsed = parsed.head
     return str(Path(parsed.path).resolve()) if parsed.kind == "folder" else parsed.path

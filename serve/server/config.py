@@ -24,8 +24,10 @@ class ServeConfig:
     ALIASES: ClassVar[dict[str, str]] = {"dtype": "target.dtype", "device": "target.device",
                                          "threads": "target.threads", "target": "target.spec"}
     target: TargetConfig = field(default_factory=TargetConfig)  # `--target` sets target.spec
-    drafter: str = "ngram"  # ngram[:max_n=3], model:PATH, oracle, or a trained drafter folder
-    k: Optional[int] = None  # draft tokens per cycle; default: the K the drafter folder records, else 5
+    drafter: str = "ngram"  # ngram[:max_n=8], model:PATH, oracle, a trained drafter folder, or hybrid:DIR
+    # draft tokens per cycle (at most: the length is chosen per step unless SPEC:length=fixed); default: the K
+    # the drafter folder records, else 5
+    k: Optional[int] = None
     tree: TreeOptions = field(default_factory=TreeOptions)
     speculation: bool = True  # false: plain decoding (the baseline to compare against)
     host: str = "127.0.0.1"

@@ -1,0 +1,124 @@
+"""The hybrid drafter (`hybrid:DIR`): each cycle, the n-gram continuation where the context holds a match
+expected to beat the trained head, the head's draft elsewhere; at temperature 0 a tree holding both where
+the extra verified tokens are expected to pay for themselves.
+
+The two are complementary: the n-gram drafter is nearly free and wins where the answer copies the prompt
+(edit, extraction, summarization, code); a trained head wins in free text (chat, creative writing, math).
+Both see every cycle's tokens (`commit`), so either can draft the next cycle; each one's length policy
+learns from every verification, including how its unused proposals would have fared.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import ClassVar
+
+from serve.drafters.base import Draft, Drafter
+from serve.drafters.length import ExpectedGain, expected_tokens
+from serve.drafters.ngram import NgramDrafter
+from serve.errors import DraftsmithError
+from serve.tree import add_chain, chain_parents
+
+HEAD_KINDS = ("eagle1", "eagle3", "medusa", "model")
+
+
+def tree_tokens(head: list[float], ngram: list[float], shared: int) -> float:
+    """Expected tokens of a tree holding two chains that agree on their first `shared` drafts.
+
+    head, ngram: each chain's acceptance probabilities a_i. Shared drafts are one node each, taken at the
+    likelier estimate; after the chains part, at most one of the two differing drafts can be the target's
+    token, so their acceptances are scaled to sum to at most 1."""
+    prefix = [max(h, n) for h, n in zip(head[:shared], ngram[:shared])]
+    total = expected_tokens(prefix)[-1]
+    reach = 1.0
+    for a in prefix:
+        reach *= a
+    rest_h, rest_n = head[shared:], ngram[shared:]
+    if rest_h and rest_n and rest_h[0] + rest_n[0] > 1.0:
+        scale = 1.0 / (rest_h[0] + rest_n[0])
+        rest_h, rest_n = [rest_h[0] * scale] + rest_h[1:], [rest_n[0] * scale] + rest_n[1:]
+    for branch in (rest_h, rest_n):
+        total += reach * (expected_tokens(branch)[-1] - 1.0)
+    return total
+
+
+class HybridDrafter(Drafter):
+    kind: ClassVar[str] = "hybrid"
+
+    def __init__(self, head: Drafter, ngram: NgramDrafter, *, trees: bool = True):
+        self.head, self.ngram, self.trees = head, ngram, trees
+        self.target_layers = tuple(head.target_layers)
+        self.policy = head.policy
+        self.default_k, self.default_tree = head.default_k, head.default_tree  # what the head's folder records
+        self.choices: Counter = Counter()  # cycles drafted by "ngram", "head", "tree" (both), "none"
+
+    def check_target(self, target) -> None:
+        self.head.check_target(target)
+
+    def begin(self, prompt_ids, next_tokens, hidden_states) -> None:
+        self.ngram.begin(prompt_ids, next_tokens, hidden_states)
+        self.head.begin(prompt_ids, next_tokens, hidden_states)
+
+    def commit(self, next_tokens, hidden_states) -> None:
+        self.ngram.commit(next_tokens, hidden_states)
+        self.head.commit(next_tokens, hidden_states)
+
+    # ---------------------------------------------------------------------------------------- choosing
+    def _gains(self) -> tuple[ExpectedGain, ExpectedGain] | None:
+        ng, head = self.ngram.policy, self.head.policy
+        return (ng, head) if isinstance(ng, ExpectedGain) and isinstance(head, ExpectedGain) else None
+
+    def _ngram_wins(self, ngram: Draft) -> bool:
+        """The n-gram draft's expected rate against the head's realized one (the head's work per cycle is paid
+        either way, so it is charged to both)."""
+        if not len(ngram):
+            return False
+        gains = self._gains()
+        if gains is None:  # fixed lengths: the n-gram drafter whenever the context holds a match
+            return True
+        ng, head = gains
+        rate = expected_tokens(ng.kept)[-1] / (ng.cost(len(ngram)) + head.overhead_cost)
+        return rate >= head.rate
+
+    def _tree_pays(self, ngram: Draft, head_draft: Draft) -> bool:
+        gains = self._gains()
+        if gains is None:
+            return False
+        ng, head = gains
+        shared = 0
+        for a, b in zip(ngram.tokens.tolist(), head_draft.tokens.tolist()):
+            if a != b:
+                break
+            shared += 1
+        if shared == len(ngram):
+            return False  # the head's chain already holds the n-gram's
+        nodes = len(head_draft) + len(ngram) - shared
+        spent = head.overhead_cost + ng.overhead_cost + len(head_draft) * head.step_cost
+        tree_rate = tree_tokens(head.kept, ng.kept, shared) / (spent + head.costs.ratio(nodes))
+        head_rate = expected_tokens(head.kept)[-1] / (spent + head.costs.ratio(len(head_draft)))
+        return tree_rate > head_rate
+
+    def propose(self, k, *, temperature=0.0, generator=None, tree=None) -> Draft:
+        ngram = self.ngram.propose(k, temperature=temperature, generator=generator)
+        if self._ngram_wins(ngram):
+            self.choices["ngram"] += 1
+            return ngram
+        self.ngram.last.verified = False  # learn how it would have fared, but it is not this cycle's draft
+        draft = self.head.propose(k, temperature=temperature, generator=generator, tree=tree)
+        if len(ngram) and draft.is_tree:  # the head drafted a tree: the n-gram chain joins it as a branch
+            tokens, parents = add_chain(draft.tokens, draft.parents, ngram.tokens)
+            self.choices["tree"] += 1
+            return Draft(tokens=tokens, parents=parents)
+        if len(ngram) and temperature <= 0 and self.trees and self._tree_pays(ngram, draft):
+            # one-hot proposals in a tree verify exactly; greedy only, so a sampled head chain keeps its q
+            tokens, parents = add_chain(draft.tokens, chain_parents(len(draft)), ngram.tokens)
+            self.choices["tree"] += 1
+            return Draft(tokens=tokens, parents=parents)
+        self.choices["head" if len(draft) else "none"] += 1
+        return draft
+
+
+def hybrid_of(head: Drafter, ngram_policy) -> HybridDrafter:
+    """The hybrid of a built head drafter and an n-gram drafter with `ngram_policy`."""
+    if head.kind not in HEAD_KINDS:
+        raise DraftsmithError(f"hybrid:SPEC needs a trained drafter folder or model:PATH, got a {head.kind} drafter")
+    return HybridDrafter(head, NgramDrafter(policy=ngram_policy))

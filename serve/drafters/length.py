@@ -1,0 +1,319 @@
+"""Draft length chosen per step: a cycle drafts while one more token is expected to pay for itself.
+
+A cycle that drafts n tokens costs, in target steps (a 1-token target forward = 1),
+
+    C(n) = o + n·c + V(n)
+
+o: the drafter's own work per drafting cycle (running the head over the tokens committed since it last
+drafted), c: one draft step, V(n): the verify forward over n + 1
+tokens (V(0) = 1, a plain step; measured on the target, serve/costs.py). It yields
+
+    E(n) = 1 + P_1 + ... + P_n,   P_i = a_1·...·a_i,
+
+a_i = P(draft i accepted | drafts 1..i-1 accepted), read from the drafter's own signal (the draft's top-1
+probability, an n-gram's match length) through a calibration learned from the drafter's verified drafts.
+The cycle keeps the length with the best rate E(n)/C(n): the situations that favour a drafter (a copied
+passage, a formulaic phrase) last for several tokens, so each cycle should be as fast per token as the
+current situation allows (Leviathan et al. 2023, https://arxiv.org/abs/2211.17192, sec. 3.5, with V and c
+measured rather than assumed).
+
+Drafters that draft step by step (EAGLE, a draft model) cannot see a_{i+1} before paying for it: `offer`
+decides token i with a_i known and a_{i+1}, ... projected as a_i. Drafters that see the whole proposal at
+once (n-gram, Medusa) call `choose`. Both decide from information available before a token is sampled, so
+a sampled chain stays an exact speculative sample (the length never depends on the sampled token itself).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Sequence
+
+from serve.costs import VerifyCosts
+from serve.errors import DraftsmithError
+
+Signal = tuple[Hashable, float]  # (calibration key, prior acceptance for that key)
+
+
+@dataclass
+class Calibration:
+    """P(accepted | key): Beta-binomial per key with the drafter's prior as pseudo-counts, learned from the
+    drafter's own verified drafts. Old evidence decays, so the estimate follows the current text."""
+    prior_weight: float = 3.0
+    decay: float = 0.995  # per observation of the same key
+    counts: dict = field(default_factory=dict)  # key -> [accepted, tried]
+
+    def predict(self, key: Hashable, prior: float) -> float:
+        accepted, tried = self.counts.get(key, (0.0, 0.0))
+        return (accepted + self.prior_weight * prior) / (tried + self.prior_weight)
+
+    def update(self, key: Hashable, accepted: bool) -> None:
+        entry = self.counts.setdefault(key, [0.0, 0.0])
+        entry[0] = entry[0] * self.decay + float(accepted)
+        entry[1] = entry[1] * self.decay + 1.0
+
+
+def expected_tokens(accept: Sequence[float]) -> list[float]:
+    """a_1..a_n -> E(0..n): tokens a cycle yields if it keeps the first i drafts (bonus included)."""
+    out, running, product = [1.0], 1.0, 1.0
+    for a in accept:
+        product *= a
+        running += product
+        out.append(running)
+    return out
+
+
+def best_length(accept: Sequence[float], cost: Callable[[int], float]) -> tuple[int, float]:
+    """The n <= len(accept) with the best expected rate E(n)/C(n), and that rate (ties: the shorter)."""
+    rates = [e / cost(n) for n, e in enumerate(expected_tokens(accept))]
+    n = max(range(len(rates)), key=lambda i: (rates[i], -i))
+    return n, rates[n]
+
+
+class LengthPolicy:
+    """How many tokens a cycle drafts. One instance per drafter; `start` opens a cycle, `offer` (step by step)
+    or `choose` (whole proposal) decide, `observe` learns from the verification of the cycle's drafts."""
+
+    name = "base"
+
+    def __init__(self) -> None:
+        self.cap = 0
+        self.drafted = 0  # drafts kept this cycle
+        # calibration keys of this cycle's drafts in order: the kept ones, then any the drafter looked at and
+        # declined (their tokens are still compared with the target's when known)
+        self.keys: list[Hashable] = []
+
+    def start(self, cap: int, *, sampled: bool = False) -> None:
+        self.cap, self.sampled, self.drafted, self.keys = cap, sampled, 0, []
+
+    def should_draft(self) -> bool:
+        """Before any work: is this cycle worth running the drafter at all?"""
+        return True
+
+    def offer(self, signal: Signal) -> bool:
+        """The next draft's signal is known (not yet sampled): draft it?"""
+        raise NotImplementedError
+
+    def wants_more(self) -> bool:
+        """After an accepted offer: is another draft step worth computing?"""
+        return self.drafted < self.cap
+
+    def choose(self, signals: Sequence[Signal]) -> int:
+        """A whole proposal's signals, in order: how many of its tokens to draft."""
+        n = 0
+        for signal in signals[: self.cap]:
+            if not self.offer(signal):
+                break
+            n += 1
+        return n
+
+    def observe(self, matched: int, checked: int, *, verified: bool = True) -> None:
+        """Of this cycle's `keys`, the first `matched` tokens equal the target's next tokens and `checked` could
+        be compared (the one after the matched ones, if checked, differs). verified=False: the drafts were not
+        what the target verified (a hybrid's unused proposal): learn how they would have fared, but leave the
+        realized rate."""
+
+    def record_step(self, seconds: float) -> None:
+        """Wall time of one draft step (what `c` measures)."""
+
+    def record_overhead(self, seconds: float) -> None:
+        """Wall time of the drafter's per-cycle work outside draft steps (catching up on committed tokens)."""
+
+
+class FixedLength(LengthPolicy):
+    """Always the cap (K, or fewer when the drafter has fewer): the classic fixed-K speculative decoding."""
+
+    name = "fixed"
+
+    def offer(self, signal: Signal) -> bool:
+        if self.drafted >= self.cap:
+            return False
+        self.drafted += 1
+        return True
+
+
+class MinConfidence(LengthPolicy):
+    """Draft while the draft's own confidence (the raw signal, e.g. its top-1 probability) >= a threshold."""
+
+    name = "min_confidence"
+
+    def __init__(self, threshold: float):
+        super().__init__()
+        self.threshold = threshold
+
+    def offer(self, signal: Signal) -> bool:
+        if self.drafted >= self.cap or signal[1] < self.threshold:
+            return False
+        self.drafted += 1
+        return True
+
+
+class ExpectedGain(LengthPolicy):
+    """Draft while the expected rate E(n)/C(n) improves, with calibrated acceptance and measured costs.
+
+    costs: the target's verify costs (or a function returning them, called on first use: measuring takes a
+    second). c and o are measured as the drafter runs (seconds over the target's step); `step_cost` and
+    `overhead_cost` set starting values in target steps.
+    """
+
+    name = "auto"
+
+    def __init__(self, costs: VerifyCosts | Callable[[], VerifyCosts], *, step_cost: float = 0.0,
+                 overhead_cost: float = 0.0, smoothing: float = 0.1, explore: int = 8):
+        super().__init__()
+        self._costs = costs
+        self.step_cost, self.overhead_cost = step_cost, overhead_cost
+        self.smoothing = smoothing
+        self.explore = explore  # a drafter that does not pay is still tried every `explore` cycles
+        self._idle = 0
+        self.calibration = {False: Calibration(), True: Calibration()}  # greedy / sampled drafts accept differently
+        self.rate = 1.0  # realized tokens per cost unit, smoothed (what a hybrid compares drafters by)
+        self._accept: list[float] = []
+        self._more = False
+        self._measured: set[str] = set()
+
+    @property
+    def costs(self) -> VerifyCosts:
+        if callable(self._costs):
+            self._costs = self._costs()
+        return self._costs
+
+    def cost(self, n: int) -> float:
+        return self.overhead_cost + n * self.step_cost + self.costs.ratio(n)
+
+    def accept_probability(self, signal: Signal) -> float:
+        return self.calibration[self.sampled].predict(*signal)
+
+    def start(self, cap: int, *, sampled: bool = False) -> None:
+        super().start(cap, sampled=sampled)
+        self._accept, self._more = [], False
+
+    def should_draft(self) -> bool:
+        """Skip the drafter's work while its realized rate is below a plain step's (1 token per step), but try
+        again every `explore` cycles; a drafter whose work is negligible (n-gram lookup) always runs."""
+        if self.rate >= 1.0 or self.overhead_cost + self.step_cost < 0.02:
+            self._idle = 0
+            return True
+        self._idle += 1
+        if self._idle >= self.explore:
+            self._idle = 0
+            return True
+        return False
+
+    def offer(self, signal: Signal) -> bool:
+        n = len(self._accept)
+        if n >= self.cap:
+            return False
+        a = self.accept_probability(signal)
+        self.keys.append(signal[0])
+        # keep this draft if some continuation through it (later drafts projected at the same acceptance) beats
+        # stopping here; draft on only if the best such continuation is longer than this one token
+        projected = self._accept + [a] * (self.cap - n)
+        rates = [e / self.cost(i) for i, e in enumerate(expected_tokens(projected))]
+        best = max(range(n + 1, len(rates)), key=lambda i: rates[i])
+        if rates[best] <= rates[n]:
+            return False
+        self._accept.append(a)
+        self.drafted += 1
+        self._more = best > n + 1
+        return True
+
+    def wants_more(self) -> bool:
+        return self._more and len(self._accept) < self.cap
+
+    def choose(self, signals: Sequence[Signal]) -> int:
+        accept = [self.accept_probability(s) for s in signals[: self.cap]]
+        n, _ = best_length(accept, self.cost)
+        self._accept = accept[:n]
+        self.drafted, self.keys = n, [s[0] for s in signals[: self.cap]]
+        return n
+
+    @property
+    def kept(self) -> list[float]:
+        """Acceptance probabilities of the drafts kept this cycle."""
+        return list(self._accept)
+
+    def observe(self, matched: int, checked: int, *, verified: bool = True) -> None:
+        table = self.calibration[self.sampled]
+        for i, key in enumerate(self.keys[: min(matched + 1, checked)]):
+            table.update(key, i < matched)
+        if verified:
+            realized = (min(matched, self.drafted) + 1) / self.cost(self.drafted)
+            self.rate += self.smoothing * (realized - self.rate)
+
+    def record_step(self, seconds: float) -> None:
+        self.step_cost = self._smooth("step", self.step_cost, seconds)
+
+    def record_overhead(self, seconds: float) -> None:
+        self.overhead_cost = self._smooth("overhead", self.overhead_cost, seconds)
+
+    def _smooth(self, what: str, current: float, seconds: float) -> float:
+        step = self.costs.step_seconds
+        if not (math.isfinite(step) and step > 0):
+            return current
+        first = what not in self._measured
+        self._measured.add(what)
+        return seconds / step if first else current + self.smoothing * (seconds / step - current)
+
+
+class Stopwatch:
+    """`with watch: ...` adds the block's wall time to a policy's step or overhead estimate."""
+
+    def __init__(self, record: Callable[[float], None]):
+        self.record = record
+
+    def __enter__(self) -> "Stopwatch":
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.record(time.perf_counter() - self.start)
+
+
+def matched_prefix(proposed: Sequence[int], produced: Sequence[int]) -> int:
+    """How many proposed drafts equal the tokens the cycle produced, in order: the accepted ones (a rejected
+    draft never equals the token sampled in its place, which comes from a residual without it)."""
+    n = 0
+    for draft, token in zip(proposed, produced):
+        if int(draft) != int(token):
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class LastDraft:
+    """A drafter's last chain, kept until the cycle's tokens are known so its policy can learn from them.
+
+    tokens: the tokens of the policy's `keys` this cycle: the drafted ones, then those it looked at and declined
+    where they are known without sampling (greedy drafts, an n-gram's continuation)."""
+    tokens: list[int] | None = None
+    verified: bool = True  # False: proposed but not what the target verified (a hybrid used the other drafter)
+
+    def settle(self, policy: LengthPolicy, next_tokens) -> None:
+        """next_tokens: (m+1,) what the cycle produced. Observes and forgets the last chain."""
+        if self.tokens is not None:
+            produced = [int(t) for t in next_tokens]
+            policy.observe(matched_prefix(self.tokens, produced), min(len(produced), len(self.tokens)),
+                           verified=self.verified)
+        self.tokens, self.verified = None, True
+
+
+LENGTHS = ("auto", "fixed")
+
+
+def build_policy(length: str = "auto", *, costs: VerifyCosts | Callable[[], VerifyCosts] | None = None,
+                 min_confidence: float = 0.0, **gain_options) -> LengthPolicy:
+    """`auto`: ExpectedGain over `costs`; `fixed`: always K; min_confidence > 0: MinConfidence (chains stop where
+    the draft's top-1 probability falls below it)."""
+    if not 0.0 <= min_confidence < 1.0:
+        raise DraftsmithError(f"min_confidence must be in [0, 1), got {min_confidence}")
+    if min_confidence > 0:
+        return MinConfidence(min_confidence)
+    if length == "fixed":
+        return FixedLength()
+    if length != "auto":
+        raise DraftsmithError(f"length must be one of {', '.join(LENGTHS)}, got {length!r}")
+    if costs is None:
+        raise DraftsmithError("the auto length policy needs the target's verify costs")
+    return ExpectedGain(costs, **gain_options)

@@ -1,0 +1,181 @@
+"""Draft length chosen per step: the maths of the policy, its calibration, the measured costs, and greedy identity
+of every drafter under it."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from serve.costs import VerifyCosts, measure_verify_costs, verify_costs_for
+from serve.decoding import plain_generate, speculative_generate
+from serve.drafters import DrafterSpecError, build_drafter
+from serve.drafters.length import (Calibration, ExpectedGain, FixedLength, LastDraft, MinConfidence, best_length,
+                                   build_policy, expected_tokens, matched_prefix)
+from serve.drafters.ngram import Match, longest_match, match_signal
+from serve.errors import DraftsmithError
+from serve.target import load_target
+
+# a CPU-like cost curve: one or two drafts nearly free, then a jump (what SmolLM2 on one core measured)
+CPU = VerifyCosts(ratios={0: 1.0, 1: 1.05, 2: 1.1, 3: 1.6, 5: 1.65, 8: 2.0}, step_seconds=0.1)
+FLAT = VerifyCosts(ratios={0: 1.0, 16: 1.0}, step_seconds=0.01)  # a GPU far from compute-bound
+
+
+def test_expected_tokens_and_best_length():
+    assert expected_tokens([]) == [1.0]
+    assert expected_tokens([0.5, 0.5]) == pytest.approx([1.0, 1.5, 1.75])
+    # two nearly free drafts pay even when unsure; the third costs half a step and needs a likely chain
+    n, rate = best_length([0.5, 0.5, 0.5], CPU.ratio)
+    assert n == 2 and rate == pytest.approx(1.75 / 1.1)
+    assert best_length([0.95] * 8, CPU.ratio)[0] == 8
+    assert best_length([0.02, 0.9], CPU.ratio)[0] == 0  # nothing is worth verifying
+    assert best_length([0.3] * 8, FLAT.ratio)[0] == 8  # verification is free: draft all
+
+
+def test_verify_costs_interpolate_and_never_go_below_a_step():
+    costs = VerifyCosts.from_forward_seconds({1: 0.1, 2: 0.11, 5: 0.16})
+    assert costs.ratio(0) == 1.0 and costs.ratio(1) == pytest.approx(1.1)
+    assert costs.ratio(2) == pytest.approx(1.1 + 0.5 / 3 * 1) and costs.ratio(4) == pytest.approx(1.6)
+    assert VerifyCosts(ratios={0: 1.0, 4: 0.8}).ratio(3) == 1.0
+
+
+def test_measured_costs_are_monotone_and_cached(tiny_target_dir):
+    target = load_target(tiny_target_dir)
+    costs = measure_verify_costs(target.model, sizes=(1, 2, 4), repeats=1, context_tokens=16)
+    assert sorted(costs.ratios) == [0, 1, 3] and costs.step_seconds > 0
+    assert costs.ratios[0] == 1.0 and costs.ratios[1] <= costs.ratios[3]
+    assert verify_costs_for(target.model) is verify_costs_for(target.model)
+
+
+def test_calibration_learns_from_outcomes_and_forgets_slowly():
+    cal = Calibration(prior_weight=2.0)
+    assert cal.predict("k", 0.8) == pytest.approx(0.8)
+    for _ in range(20):
+        cal.update("k", False)
+    assert cal.predict("k", 0.8) < 0.15
+    assert cal.predict("other", 0.8) == pytest.approx(0.8)
+
+
+def test_expected_gain_offers_until_the_rate_stops_improving():
+    policy = ExpectedGain(CPU)
+    policy.start(8)
+    assert all(policy.offer(("sure", 0.97)) for _ in range(8)) and not policy.wants_more()
+    policy.start(8)
+    assert policy.offer(("unsure", 0.5)) and policy.offer(("unsure", 0.5))  # the two nearly free ones
+    assert not policy.wants_more()  # the third would cost half a step for a 12% chance
+    policy.start(8)
+    assert not policy.offer(("hopeless", 0.01))
+    policy.start(3)
+    assert policy.choose([("sure", 0.97)] * 5) == 2  # a third costs half a step for 0.91 of a token
+    free = ExpectedGain(FLAT)
+    free.start(3)
+    assert free.choose([("sure", 0.97)] * 5) == 3  # the cap
+
+
+def test_observe_calibrates_the_keys_it_drafted():
+    policy = ExpectedGain(VerifyCosts(ratios={0: 1.0, 1: 1.05, 2: 1.2, 3: 1.6}))
+    for _ in range(30):  # the drafter claims 0.9 but its second draft is always wrong
+        policy.start(5)
+        assert policy.choose([("first", 0.9), ("second", 0.9), ("third", 0.9)]) >= 1
+        policy.observe(1, 2)
+    assert policy.accept_probability(("first", 0.9)) > 0.9
+    assert policy.accept_probability(("second", 0.9)) < 0.2
+    assert policy.accept_probability(("third", 0.9)) == pytest.approx(0.9)  # never checked
+    policy.start(5)
+    assert policy.choose([("first", 0.9), ("second", 0.9), ("third", 0.9)]) == 1
+
+
+def test_a_drafter_that_does_not_pay_is_skipped_but_retried():
+    policy = ExpectedGain(CPU, overhead_cost=0.2, explore=4)
+    policy.rate = 0.8
+    assert [policy.should_draft() for _ in range(8)] == [False, False, False, True] * 2
+    policy.rate = 1.3
+    assert policy.should_draft()
+    free = ExpectedGain(CPU, overhead_cost=0.001)  # an n-gram lookup: always worth looking
+    free.rate = 0.5
+    assert all(free.should_draft() for _ in range(8))
+
+
+def test_matched_prefix_and_last_draft():
+    assert matched_prefix([5, 6, 7], [5, 6, 9, 1]) == 2 and matched_prefix([], [1]) == 0
+    policy = ExpectedGain(CPU)
+    policy.start(4)
+    policy.choose([("a", 0.9), ("b", 0.9)])
+    last = LastDraft(tokens=[3, 4])
+    last.settle(policy, torch.tensor([3, 8]))  # first accepted, second rejected
+    assert last.tokens is None
+    assert policy.calibration[False].counts == {"a": [1.0, 1.0], "b": [0.0, 1.0]}
+
+
+def test_build_policy():
+    assert isinstance(build_policy("fixed"), FixedLength)
+    assert isinstance(build_policy("auto", costs=CPU), ExpectedGain)
+    assert isinstance(build_policy("auto", costs=CPU, min_confidence=0.3), MinConfidence)
+    with pytest.raises(DraftsmithError, match="length must be one of auto, fixed"):
+        build_policy("sometimes", costs=CPU)
+    with pytest.raises(DraftsmithError, match=r"min_confidence must be in \[0, 1\)"):
+        build_policy("auto", costs=CPU, min_confidence=1.2)
+
+
+def test_ngram_longest_match_and_its_signal():
+    seq = torch.tensor([7, 1, 2, 3, 9, 4, 2, 3, 8, 6, 1, 2, 3])
+    match = longest_match(seq, min_n=2, max_n=16)
+    assert match.length == 3 and seq[match.start] == 9  # [1, 2, 3] beats the more recent [4, 2, 3] -> 8
+    capped = longest_match(seq, min_n=2, max_n=2)
+    assert capped.length == 2 and seq[capped.start] == 8  # lengths capped at 2: the most recent wins
+    assert longest_match(torch.tensor([1, 2, 3]), min_n=1, max_n=4) is None
+    assert match.agreement == "single" and capped.agreement == "major"  # [2, 3] was followed by 9 and by 8
+    assert match_signal(match, 0)[1] < match_signal(Match(0, 12), 0)[1]  # longer matches are likelier copies
+    assert match_signal(capped, 0)[1] < match_signal(Match(0, 2, "agree"), 0)[1]
+    assert match_signal(match, 5)[0] == match_signal(match, 3)[0]  # later positions share one key
+
+
+PROMPTS = ["hello hello hello world", "abcabcabcabc", "def f(x):\n    return x", "The quick brown fox"]
+
+
+def _folders(target, tmp_path):
+    from serve.drafters.eagle3 import eagle3_config
+    from serve.drafters.folder import build_head, save_drafter
+    from serve.drafters.medusa import medusa_config
+
+    out = {}
+    for cfg in (eagle3_config(target, aux_layer_ids=[0, 1, 1]), medusa_config(target, num_heads=3)):
+        torch.manual_seed(0)
+        out[cfg.method] = str(save_drafter(build_head(cfg), cfg, tmp_path / cfg.method))
+    return out
+
+
+def test_greedy_identity_with_per_step_length(tiny_target_dir, tiny_target_factory, tmp_path):
+    """Every drafter with its length chosen per step (the default of a spec) stays token-identical to plain
+    greedy decoding, and so does the hybrid, chain or tree."""
+    from serve.tree import TreeSpec
+
+    target = load_target(tiny_target_dir)
+    folders = _folders(target, tmp_path)
+    specs = ["ngram", f"model:{tiny_target_factory('llama', seed=1)}", folders["eagle3"], folders["medusa"],
+             f"hybrid:{folders['eagle3']}", f"hybrid:{folders['medusa']}", f"hybrid:{folders['eagle3']}:length=fixed"]
+    for spec in specs:
+        drafter = build_drafter(spec, target)
+        assert spec.endswith("length=fixed") or isinstance(drafter.policy, ExpectedGain), spec
+        for text in PROMPTS:
+            ids = torch.tensor([target.tokenizer.encode(text)])
+            ref = plain_generate(target, ids, max_new_tokens=30, eos_token_ids=())
+            for k, tree in ((3, None), (6, None), (4, TreeSpec(depth=3, top_k=2, total_tokens=6))):
+                if tree is not None and drafter.kind not in ("hybrid", "eagle3", "medusa"):
+                    continue
+                got = speculative_generate(target, drafter, ids, max_new_tokens=30, k=k, eos_token_ids=(), tree=tree)
+                assert got.output_ids == ref.output_ids, (spec, k, tree, text)
+                assert max(got.stats.drafted_per_cycle) <= k
+
+
+def test_specs_take_a_length(tiny_target_dir, tmp_path):
+    target = load_target(tiny_target_dir)
+    folders = _folders(target, tmp_path)
+    assert isinstance(build_drafter("ngram:length=fixed", target).policy, FixedLength)
+    assert isinstance(build_drafter("ngram:max_n=8", target).policy, ExpectedGain)
+    assert isinstance(build_drafter(f"{folders['eagle3']}:length=fixed", target).policy, FixedLength)
+    assert isinstance(build_drafter(f"{folders['medusa']}:min_confidence=0.4", target).policy, MinConfidence)
+    with pytest.raises(DrafterSpecError, match="length must be one of"):
+        build_drafter("ngram:length=often", target)
+    with pytest.raises(DraftsmithError, match="length must be one of"):
+        build_drafter(f"{folders['eagle3']}:length=often", target)
+    with pytest.raises(DrafterSpecError, match="bad ngram option"):
+        build_drafter("ngram:max_n=many", target)

@@ -1,0 +1,124 @@
+"""The hybrid drafter: which side drafts a cycle, the tree holding both, the spec, and its report names."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from serve.costs import VerifyCosts
+from serve.drafters import DrafterSpecError, build_drafter
+from serve.drafters.base import Draft, Drafter
+from serve.drafters.hybrid import HybridDrafter, tree_tokens
+from serve.drafters.length import ExpectedGain, LastDraft
+from serve.drafters.ngram import NgramDrafter
+from serve.errors import DraftsmithError
+from serve.tree import add_chain, chain_parents
+
+FLAT = VerifyCosts(ratios={0: 1.0, 16: 1.0}, step_seconds=0.01)
+
+
+class StubHead(Drafter):
+    """A head that always drafts the same chain, with a length policy like the trained heads'."""
+    kind = "eagle3"
+
+    def __init__(self, chain, costs=FLAT):
+        self.chain, self.policy, self.last = chain, ExpectedGain(costs), LastDraft()
+        self.proposals = 0
+
+    def propose(self, k, *, temperature=0.0, generator=None, tree=None):
+        self.proposals += 1
+        self.policy.start(k)
+        n = self.policy.choose([("stub", 0.6)] * len(self.chain))
+        self.last.tokens = self.chain[:k]
+        return Draft(torch.tensor(self.chain[:n], dtype=torch.long))
+
+    def commit(self, next_tokens, hidden_states):
+        self.last.settle(self.policy, next_tokens)
+
+
+def hybrid(chain, context, *, head_rate=1.0):
+    head = StubHead(chain)
+    head.policy.rate = head_rate
+    drafter = HybridDrafter(head, NgramDrafter(policy=ExpectedGain(FLAT)))
+    ids = torch.tensor(context)
+    drafter.begin(ids[:-1], ids[1:], {})
+    return drafter, head
+
+
+def test_tree_tokens_counts_shared_drafts_once_and_parted_ones_exclusively():
+    assert tree_tokens([0.5], [0.8], 0) == pytest.approx(2.0)  # 0.5 + 0.8 > 1: scaled to one token at most
+    assert tree_tokens([0.9, 0.5], [0.9, 0.3], 1) == pytest.approx(1.9 + 0.9 * 0.5 + 0.9 * 0.3)
+    assert tree_tokens([0.9, 0.8], [0.9], 1) == pytest.approx(1.9 + 0.9 * 0.8)
+
+
+def test_add_chain_shares_the_common_prefix():
+    tokens, parents = add_chain(torch.tensor([1, 2, 3]), chain_parents(3), torch.tensor([1, 2, 4, 5]))
+    assert tokens.tolist() == [1, 2, 3, 4, 5] and parents.tolist() == [-1, 0, 1, 1, 3]
+    tokens, parents = add_chain(tokens, parents, torch.tensor([7]))
+    assert tokens.tolist()[-1] == 7 and parents.tolist()[-1] == -1
+    assert add_chain(torch.tensor([1, 2]), chain_parents(2), torch.tensor([1]))[0].tolist() == [1, 2]
+
+
+def test_a_long_match_drafts_the_ngram_continuation_and_the_head_rests():
+    drafter, head = hybrid([9, 9, 9], [5, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6])
+    draft = drafter.propose(4)
+    assert draft.tokens.tolist() == [7, 8, 1, 2] and not draft.is_tree
+    assert head.proposals == 0 and drafter.choices == {"ngram": 1}
+
+
+def test_without_a_match_the_head_drafts():
+    drafter, head = hybrid([9, 9, 9], [1, 2, 3, 4, 5, 6, 7])
+    draft = drafter.propose(3)
+    assert draft.tokens.tolist() == [9, 9, 9] and head.proposals == 1 and drafter.choices == {"head": 1}
+    drafter.commit(torch.tensor([9, 4]), {})  # the head's first draft accepted, its second not
+    accepted, tried = head.policy.calibration[False].counts["stub"]
+    assert accepted == pytest.approx(1.0, abs=0.01) and tried == pytest.approx(2.0, abs=0.01)
+
+
+def test_a_tree_holds_both_when_verification_is_cheap():
+    # a short match the head (at a high realized rate) beats on its own, but verifying both costs nothing extra
+    drafter, head = hybrid([9, 8, 7], [1, 2, 3, 4, 5, 1, 2], head_rate=5.0)
+    draft = drafter.propose(3)
+    assert draft.is_tree and drafter.choices == {"tree": 1}
+    assert draft.tokens.tolist() == [9, 8, 7, 3, 4, 5] and draft.parents.tolist() == [-1, 0, 1, -1, 3, 4]
+    sampled = drafter.propose(3, temperature=0.7)  # sampled: one chain, never a tree of one-hot guesses
+    assert not sampled.is_tree
+
+
+def test_hybrid_spec_errors(tiny_target_dir):
+    from serve.target import load_target
+
+    target = load_target(tiny_target_dir)
+    with pytest.raises(DrafterSpecError, match="hybrid:DIR"):
+        build_drafter("hybrid:", target)
+    with pytest.raises(DraftsmithError, match="needs a trained drafter folder or model:PATH"):
+        build_drafter("hybrid:ngram", target)
+
+
+def test_eval_names_and_paths_of_hybrid_specs(tmp_path):
+    from eval.drafters import default_name, spec_path, split_tree
+
+    folder = tmp_path / "eagle3"
+    folder.mkdir()
+    assert default_name(f"hybrid:{folder}") == "hybrid:eagle3"
+    assert default_name(f"hybrid:{folder}@tree") == "hybrid:eagle3-tree"
+    assert spec_path(f"hybrid:{folder}:length=fixed") == str(folder.resolve())
+    assert split_tree(f"hybrid:{folder}@tree")[0] == f"hybrid:{folder}"
+
+
+def test_winners_per_domain():
+    from eval.winners import winners
+
+    def block(speedup, mu):
+        return {"speedup": speedup, "mu": mu}
+
+    result = {"settings": {"draft_length": {"ngram": "auto", "hybrid": "auto"}},
+              "domains": {"edit": {"ngram": block(2.0, 3.0), "hybrid": block(1.9, 2.9)},
+                          "chat": {"ngram": block(1.0, 1.1), "hybrid": block(1.2, 1.5)}},
+              "overall": {"ngram": block(1.4, 2.0), "hybrid": block(1.5, 2.1)},
+              "cost_model": {"drafters": {"hybrid": {"domains": {"chat": {"predicted_speedup": 1.25}},
+                                                     "overall": {"predicted_speedup": 1.45}}}}}
+    won = winners(result)
+    assert won["edit"]["drafter"] == "ngram" and won["edit"]["runner_up"] == "hybrid"
+    assert won["chat"] == {"drafter": "hybrid", "length": "auto", "speedup": 1.2, "predicted_speedup": 1.25,
+                           "mu": 1.5, "runner_up": "ngram", "runner_up_speedup": 1.0}
+    assert won["overall"]["predicted_speedup"] == 1.45
