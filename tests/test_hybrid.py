@@ -7,8 +7,8 @@ import torch
 from serve.costs import VerifyCosts
 from serve.drafters import DrafterSpecError, build_drafter
 from serve.drafters.base import Draft, Drafter
-from serve.drafters.hybrid import HybridDrafter, tree_tokens
-from serve.drafters.length import ExpectedGain, LastDraft
+from serve.drafters.hybrid import HybridDrafter, hybrid_of, tree_tokens
+from serve.drafters.length import ExpectedGain, FixedLength, LastDraft
 from serve.drafters.ngram import NgramDrafter
 from serve.errors import DraftsmithError
 from serve.tree import add_chain, chain_parents
@@ -90,15 +90,23 @@ def test_hybrid_spec_errors(tiny_target_dir):
     target = load_target(tiny_target_dir)
     with pytest.raises(DrafterSpecError, match="hybrid:DIR"):
         build_drafter("hybrid:", target)
-    with pytest.raises(DraftsmithError, match="needs a trained drafter folder or model:PATH"):
+    with pytest.raises(DrafterSpecError, match="needs a trained drafter"):
         build_drafter("hybrid:ngram", target)
+    with pytest.raises(DraftsmithError, match="needs a trained drafter folder or model:PATH"):
+        hybrid_of(build_drafter("ngram", target), FixedLength())
 
 
-def test_eval_names_and_paths_of_hybrid_specs(tmp_path):
-    from eval.drafters import default_name, spec_path, split_tree
+def test_hybrid_specs_parse_in_one_place(tmp_path):
+    from serve.drafters.spec import default_name, parse_drafter_spec, spec_path, split_tree
 
     folder = tmp_path / "eagle3"
     folder.mkdir()
+    spec = parse_drafter_spec(f"hybrid:{folder}:length=fixed@tree:depth=3")
+    assert spec.kind == "hybrid" and spec.tree and spec.tree_shape == {"depth": 3}
+    assert spec.head.kind == "folder" and spec.head.path == str(folder) and spec.head.options == {"length": "fixed"}
+    small = parse_drafter_spec(f"model:{folder}:length=fixed")
+    assert small.kind == "model" and small.path == str(folder) and small.options == {"length": "fixed"}
+    assert parse_drafter_spec(f"hybrid:model:{folder}").head.kind == "model"
     assert default_name(f"hybrid:{folder}") == "hybrid:eagle3"
     assert default_name(f"hybrid:{folder}@tree") == "hybrid:eagle3-tree"
     assert spec_path(f"hybrid:{folder}:length=fixed") == str(folder.resolve())
