@@ -32,6 +32,12 @@ def eventually(condition, timeout: float = 5.0, every: float = 0.02) -> bool:
     return bool(condition())
 
 
+# K every cycle: these tests compare the server's answers, μ and seeded samples with the decoder's and across
+# requests; a per-step length learns from every request (and times the drafter), so those would depend on the
+# order requests came in
+DRAFTER = "ngram:length=fixed"
+
+
 class SlowNgram(NgramDrafter):
     """The n-gram drafter with a fixed delay per cycle: long generations take a predictable time."""
 
@@ -47,7 +53,7 @@ def target(tiny_target_dir):
 
 @pytest.fixture(scope="module")
 def url(target):
-    app = create_app(Engine(target, build_drafter("ngram", target), k=K), model_name=MODEL)
+    app = create_app(Engine(target, build_drafter(DRAFTER, target), k=K), model_name=MODEL)
     with running_server(app) as base:
         yield base
 
@@ -65,7 +71,7 @@ def chat_ids(target, content: str) -> torch.Tensor:
 
 def direct(target, input_ids: torch.Tensor, max_tokens: int, **options):
     """What the decoder itself produces (greedy): the text the server must return, and its stats."""
-    res = speculative_generate(target, build_drafter("ngram", target), input_ids, max_new_tokens=max_tokens, k=K,
+    res = speculative_generate(target, build_drafter(DRAFTER, target), input_ids, max_new_tokens=max_tokens, k=K,
                                temperature=0.0, **options)
     return target.tokenizer.decode(res.output_ids, skip_special_tokens=True), res
 
@@ -277,7 +283,7 @@ def test_loadtest_client_counts_tokens_and_latencies(url):
 @pytest.mark.slow
 def test_demo_target_chat_greedy_equals_decoder(demo_target_dir):
     target = load_target(demo_target_dir)
-    app = create_app(Engine(target, build_drafter("ngram", target), k=K), model_name=MODEL)
+    app = create_app(Engine(target, build_drafter(DRAFTER, target), k=K), model_name=MODEL)
     question = "Repeat exactly: red, green, blue, red, green, blue."
     expected, res = direct(target, chat_ids(target, question), 16)
     with running_server(app) as base:
@@ -290,7 +296,7 @@ def test_demo_target_chat_greedy_equals_decoder(demo_target_dir):
 
 def test_sampling_with_a_seed_is_reproducible_and_matches_the_decoder(target, client):
     ids = torch.tensor([target.tokenizer("seeded")["input_ids"]])
-    res = speculative_generate(target, build_drafter("ngram", target), ids, max_new_tokens=24, k=K, temperature=0.9,
+    res = speculative_generate(target, build_drafter(DRAFTER, target), ids, max_new_tokens=24, k=K, temperature=0.9,
                                top_p=0.95, seed=11)
     expected = target.tokenizer.decode(res.output_ids, skip_special_tokens=True)
     texts = [client.completions.create(model=MODEL, prompt="seeded", max_tokens=24, temperature=0.9, top_p=0.95,
