@@ -4,7 +4,8 @@ from __future__ import annotations
 from serve.config import load_config
 from train.config import TrainConfig
 from train.features import split_rows
-from train.loop import DataOrder, deepspeed_config, lr_lambda
+from train.loop import deepspeed_config
+from train.schedule import DataOrder, lr_lambda
 
 
 def test_data_order_covers_each_epoch_once_and_depends_only_on_the_step():
@@ -37,3 +38,29 @@ def test_lr_schedule_and_generated_deepspeed_config():
     assert ds["train_micro_batch_size_per_gpu"] == 3 and ds["gradient_accumulation_steps"] == 2
     assert ds["zero_optimization"]["stage"] == 3 and ds["gradient_clipping"] == 0.7
     assert ds["bf16"]["enabled"] is False  # fp32 on CPU
+
+
+def test_cadence_logs_and_evaluates_the_last_step_and_never_checkpoints_it():
+    from train.schedule import Cadence
+
+    cadence = Cadence(total_steps=10, log_every=4, eval_every=3, checkpoint_every=5)
+    assert [d for d in range(1, 11) if cadence.logs(d)] == [4, 8, 10]
+    assert [d for d in range(1, 11) if cadence.evaluates(d)] == [3, 6, 9, 10]
+    assert [d for d in range(1, 11) if cadence.checkpoints(d)] == [5]
+    quiet = Cadence(total_steps=10, log_every=1, eval_every=0, checkpoint_every=0)
+    assert not any(quiet.evaluates(d) or quiet.checkpoints(d) for d in range(1, 11))
+
+
+def test_metric_window_means_over_the_steps_since_the_last_record():
+    from train.metrics import MetricWindow, StepStats
+
+    window = MetricWindow(world=2, weights={"ce": 1.0, "feature": 0.5}, total_steps=8, steps_per_epoch=4)
+    for _ in range(2):
+        window.add(StepStats(tokens=10, seconds=2.0, cpu_seconds=1.0, target_seconds=0.5,
+                             term_sums={"ce": 3.0, "feature": 1.0}, term_counts={"ce": 6.0, "feature": 4.0}))
+    record = window.record(step=5, lr=0.1)
+    assert record["loss/ce"] == 6.0 / 6.0 and record["loss/feature"] == 2.0 / 4.0
+    assert record["loss"] == 1.0 + 0.5 * 0.5
+    assert record["tokens"] == 40 and record["tokens_per_s"] == 10.0 and record["step_seconds"] == 2.0
+    assert record["tokens_per_cpu_s"] == 10.0 and record["target_share"] == 0.25 and record["epoch"] == 1
+    assert window.tokens == 0 and window.term_sums == {} and window.steps_done == 2

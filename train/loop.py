@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
-import resource
 import shutil
 import time
 from dataclasses import dataclass
@@ -23,7 +21,9 @@ import torch
 from train import losses
 from train.config import TrainConfig
 from train.evaluate import BestTracker, agreement_over, sample_rows
+from train.metrics import MetricWindow, StepStats
 from train.objectives import Agreement, FeatureBatch, Objective
+from train.schedule import Cadence, DataOrder, lr_lambda
 
 CHECKPOINTS = "checkpoints"
 STATE_NAME = "trainer_state.json"
@@ -117,45 +117,6 @@ def _gathered(accelerator, model):
     return contextlib.nullcontext()
 
 
-# ------------------------------------------------------------------------------------------- schedule
-
-def lr_lambda(config: TrainConfig, total_steps: int) -> Callable[[int], float]:
-    warmup, kind = config.optim.warmup_steps, config.optim.schedule
-
-    def factor(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if kind == "constant":
-            return 1.0
-        progress = (step - warmup) / max(total_steps - warmup, 1)
-        return 0.5 * (1 + math.cos(math.pi * progress)) if kind == "cosine" else max(0.0, 1 - progress)
-
-    return factor
-
-
-class DataOrder:
-    """Global batches of row indices: per-epoch seeded permutations, the remainder of an epoch dropped.
-
-    Step s uses rows stream[s*G:(s+1)*G] (G = batch per process x processes x grad_accum); micro-batch a of
-    process r takes the slice ((a*world + r)*b, +b). Resuming at step s needs nothing but s.
-    """
-
-    def __init__(self, train_rows: list[int], *, seed: int, global_batch: int):
-        self.rows, self.seed, self.global_batch = train_rows, seed, global_batch
-        self.steps_per_epoch = len(train_rows) // global_batch
-        self._epoch, self._perm = -1, []
-
-    def batch(self, step: int) -> list[tuple[int, int]]:
-        """[(stream position, row index)] of global step `step`."""
-        epoch, within = divmod(step, self.steps_per_epoch)
-        if epoch != self._epoch:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch + 1)
-            self._perm = [self.rows[i] for i in torch.randperm(len(self.rows), generator=gen).tolist()]
-            self._epoch = epoch
-        start = within * self.global_batch
-        return [(step * self.global_batch + i, self._perm[start + i]) for i in range(self.global_batch)]
-
-
 # ----------------------------------------------------------------------------------------- checkpoints
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
@@ -188,8 +149,29 @@ def save_checkpoint(accelerator, out_dir: Path, step: int, keep: int, extra: dic
     accelerator.wait_for_everyone()
 
 
-def peak_rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # Linux reports KiB
+def resume(accelerator, out_dir: Path, best: BestTracker) -> tuple[int, Path | None]:
+    """Load the latest complete checkpoint under out_dir (model, optimizer, scheduler, RNG, and into `best` the
+    best head so far): (the step it was saved after, its folder), or (0, None) when there is none."""
+    from safetensors.torch import load_file
+
+    ckpt = latest_checkpoint(out_dir)
+    if ckpt is None:
+        return 0, None
+    accelerator.load_state(str(ckpt))
+    saved = json.loads((ckpt / STATE_NAME).read_text())
+    if "best" in saved and (ckpt / BEST_NAME).is_file():
+        best.best_score, best.best_step, best.stale = (saved["best"][k] for k in ("best_score", "best_step", "stale"))
+        best.best_state = load_file(str(ckpt / BEST_NAME))
+    return saved["step"], ckpt
+
+
+def checkpoint(accelerator, out_dir: Path, done: int, *, keep: int, total_steps: int, best: BestTracker) -> None:
+    """A checkpoint after step `done`, with the best head so far beside it."""
+    extra = {"total_steps": total_steps}
+    if best.best_state is not None:
+        extra["best"] = best.to_json()
+    save_checkpoint(accelerator, out_dir, done, keep, extra,
+                    files={BEST_NAME: best.best_state} if best.best_state is not None else {})
 
 
 # ------------------------------------------------------------------------------------------------ loop
@@ -207,6 +189,77 @@ def _reduced(accelerator, agreement: Agreement) -> Agreement:
                                                     reduction="sum").cpu())
 
 
+@dataclass
+class Evaluator:
+    """Agreement of the head with the target on the held-out rows and on a fixed sample of training rows: each
+    process rates its share, the sums are reduced over processes (under ZeRO-3 / FSDP on gathered parameters)."""
+    accelerator: object
+    model: torch.nn.Module         # as accelerate prepared it
+    rows: object                   # the training rows (train_probe points into them)
+    held_out_rows: object          # where eval_idx points
+    eval_idx: list[int]
+    train_probe: list[int]
+    make_batch: Callable[[list[dict]], tuple[FeatureBatch, float]]
+    positions: int
+
+    def __call__(self) -> dict:
+        accelerator, model = self.accelerator, self.model
+        world, rank = accelerator.num_processes, accelerator.process_index
+        objective = accelerator.unwrap_model(model)
+        model.eval()
+        with _gathered(accelerator, model):
+            held = agreement_over(objective, self.held_out_rows, self.eval_idx[rank::world], self.make_batch,
+                                  self.positions)
+            seen = agreement_over(objective, self.rows, self.train_probe[rank::world], self.make_batch, self.positions)
+        model.train()
+        record = _reduced(accelerator, held).summary()
+        if self.train_probe:
+            train = _reduced(accelerator, seen).summary()
+            record.update({"train_agreement": train["agreement"], "train_mu_tf": train["mu_tf"]})
+        return record
+
+
+def train_step(accelerator, model, optimizer, scheduler, micro: list[list[tuple[int, int]]], *, rows,
+               make_batch: Callable[[list[dict]], tuple[FeatureBatch, float]], weights: dict[str, float],
+               optim, seed: int) -> StepStats:
+    """One optimizer step over this process's micro-batches ([(stream position, row index)] each)."""
+    t0, cpu0 = time.time(), time.process_time()
+    world = accelerator.num_processes
+    batches, target_seconds, tokens = [], 0.0, 0
+    for part in micro:
+        batch, seconds = make_batch([rows[i] for _, i in part])
+        seeds = torch.tensor([seed * 1_000_003 + pos for pos, _ in part], dtype=torch.long)
+        batches.append((batch, seeds))
+        target_seconds += seconds
+        tokens += int(batch.attention_mask.sum())
+    objective = accelerator.unwrap_model(model)
+    counts = {}
+    for batch, _ in batches:
+        for name, value in objective.term_counts(batch).items():
+            counts[name] = counts.get(name, 0) + value.float()
+    names = sorted(counts)
+    reduced = accelerator.reduce(torch.stack([counts[n] for n in names]).to(accelerator.device), reduction="sum")
+    global_counts = dict(zip(names, reduced.tolist()))
+    term_sums: dict[str, float] = {}
+    for batch, seeds in batches:
+        with accelerator.accumulate(model):
+            sums = model(batch.input_ids, batch.loss_mask, batch.hidden_states, batch.attention_mask, seeds,
+                         batch.target_top1)
+            # accelerate / DeepSpeed divide by grad_accum and DDP averages over processes: undo both so
+            # the gradient is that of the global per-token mean
+            loss = losses.normalize(sums, global_counts, weights, scale=world * optim.grad_accum)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and optim.max_grad_norm > 0:
+                accelerator.clip_grad_norm_(model.parameters(), optim.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        for name, value in sums.items():
+            term_sums[name] = term_sums.get(name, 0.0) + float(value.detach())
+    scheduler.step()
+    return StepStats(tokens=tokens, seconds=time.time() - t0, cpu_seconds=time.process_time() - cpu0,
+                     target_seconds=target_seconds, term_sums=term_sums, term_counts=global_counts)
+
+
 def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: list[int], eval_idx: list[int],
                make_batch: Callable[[list[dict]], tuple[FeatureBatch, float]], out_dir: Path,
                tracker_factory: Callable[..., object], eval_positions: int, eval_rows=None) -> LoopResult:
@@ -217,7 +270,6 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
     the best held-out evaluation, optim.early_stop_patience stops after that many evaluations without progress.
     """
     from accelerate.utils import set_seed
-    from safetensors.torch import load_file
 
     accelerator = make_accelerator(config)
     set_seed(config.seed)
@@ -242,17 +294,9 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
     accelerator.register_for_checkpointing(scheduler)
 
     periodic = bool(eval_idx) and config.log.eval_every > 0
+    cadence = Cadence.of(config, total_steps, periodic_eval=periodic)
     best = BestTracker(patience=optim.early_stop_patience if periodic else 0)
-    start_step = 0
-    ckpt = latest_checkpoint(out_dir) if config.checkpoint.resume else None
-    if ckpt is not None:
-        accelerator.load_state(str(ckpt))
-        saved = json.loads((ckpt / STATE_NAME).read_text())
-        start_step = saved["step"]
-        if "best" in saved and (ckpt / BEST_NAME).is_file():
-            best.best_score, best.best_step, best.stale = (saved["best"][k] for k in ("best_score", "best_step",
-                                                                                      "stale"))
-            best.best_state = load_file(str(ckpt / BEST_NAME))
+    start_step, ckpt = resume(accelerator, out_dir, best) if config.checkpoint.resume else (0, None)
     tracker = tracker_factory(enabled=accelerator.is_main_process, total_steps=total_steps, start_step=start_step)
     tracker.log({"event": "start", "processes": world, "distributed_type": str(accelerator.distributed_type),
                  "precision": resolve_precision(config), "total_steps": total_steps, "global_batch": global_batch},
@@ -260,101 +304,28 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
     if ckpt is not None:
         tracker.log({"event": "resumed", "checkpoint": str(ckpt)}, step=start_step)
 
-    unwrapped = accelerator.unwrap_model(model)
-    held_out_rows = rows if eval_rows is None else eval_rows
-    train_probe = sample_rows(train_idx, min(len(eval_idx), config.log.train_eval_rows), seed=config.seed)
-
-    def evaluate() -> dict:
-        model.eval()
-        with _gathered(accelerator, model):
-            held = agreement_over(unwrapped, held_out_rows, eval_idx[rank::world], make_batch, eval_positions)
-            seen = agreement_over(unwrapped, rows, train_probe[rank::world], make_batch, eval_positions)
-        model.train()
-        record = _reduced(accelerator, held).summary()
-        if train_probe:
-            train = _reduced(accelerator, seen).summary()
-            record.update({"train_agreement": train["agreement"], "train_mu_tf": train["mu_tf"]})
-        return record
-
-    def checkpoint(done: int) -> None:
-        extra = {"total_steps": total_steps}
-        if best.best_state is not None:
-            extra["best"] = best.to_json()
-        save_checkpoint(accelerator, out_dir, done, config.checkpoint.keep, extra,
-                        files={BEST_NAME: best.best_state} if best.best_state is not None else {})
-
+    evaluate = Evaluator(accelerator=accelerator, model=model, rows=rows,
+                         held_out_rows=rows if eval_rows is None else eval_rows, eval_idx=eval_idx,
+                         train_probe=sample_rows(train_idx, min(len(eval_idx), config.log.train_eval_rows),
+                                                 seed=config.seed),
+                         make_batch=make_batch, positions=eval_positions)
     if start_step == 0 and eval_idx:
         tracker.log({"event": "eval", **evaluate(), "trained": False}, step=0)
 
     model.train()
-    window = {"tokens": 0, "seconds": 0.0, "target_seconds": 0.0, "steps": 0, "cpu_seconds": 0.0}
-    term_sums: dict[str, float] = {}
-    term_counts: dict[str, float] = {}
-    run_start, steps_done = time.time(), 0
+    window = MetricWindow(world=world, weights=weights, total_steps=total_steps, steps_per_epoch=order.steps_per_epoch)
     last_eval: dict = {}
     stopped_at = total_steps
     for step in range(start_step, total_steps):
-        t0, cpu0 = time.time(), time.process_time()
-        stream = order.batch(step)
-        b = optim.batch_size
-        micro = [stream[(a * world + rank) * b:(a * world + rank + 1) * b] for a in range(optim.grad_accum)]
-        batches, target_seconds, tokens = [], 0.0, 0
-        for part in micro:
-            batch, seconds = make_batch([rows[i] for _, i in part])
-            seeds = torch.tensor([config.seed * 1_000_003 + pos for pos, _ in part], dtype=torch.long)
-            batches.append((batch, seeds))
-            target_seconds += seconds
-            tokens += int(batch.attention_mask.sum())
-        counts = {}
-        for batch, _ in batches:
-            for name, value in unwrapped.term_counts(batch).items():
-                counts[name] = counts.get(name, 0) + value.float()
-        names = sorted(counts)
-        reduced = accelerator.reduce(torch.stack([counts[n] for n in names]).to(accelerator.device), reduction="sum")
-        global_counts = dict(zip(names, reduced.tolist()))
-        for batch, seeds in batches:
-            with accelerator.accumulate(model):
-                sums = model(batch.input_ids, batch.loss_mask, batch.hidden_states, batch.attention_mask, seeds,
-                             batch.target_top1)
-                # accelerate / DeepSpeed divide by grad_accum and DDP averages over processes: undo both so
-                # the gradient is that of the global per-token mean
-                loss = losses.normalize(sums, global_counts, weights, scale=world * optim.grad_accum)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and optim.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), optim.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            for name, value in sums.items():
-                term_sums[name] = term_sums.get(name, 0.0) + float(value.detach())
-        for name in names:
-            term_counts[name] = term_counts.get(name, 0.0) + global_counts[name] / world
-        scheduler.step()
-        steps_done += 1
-        done = step + 1
-        window["tokens"] += tokens * world
-        window["seconds"] += time.time() - t0
-        window["target_seconds"] += target_seconds
-        window["cpu_seconds"] += time.process_time() - cpu0
-        window["steps"] += 1
+        micro = order.micro_batches(step, batch_size=optim.batch_size, grad_accum=optim.grad_accum, world=world,
+                                    rank=rank)
+        window.add(train_step(accelerator, model, optimizer, scheduler, micro, rows=rows, make_batch=make_batch,
+                              weights=weights, optim=optim, seed=config.seed))
         tracker.advance()
-
-        if done % max(config.log.every, 1) == 0 or done == total_steps:
-            # local sums over local share of counts: per-token means, approximately global on N processes
-            terms = {n: term_sums.get(n, 0.0) / max(term_counts.get(n, 0.0), 1.0) for n in names}
-            per_step = (time.time() - run_start) / steps_done
-            record = {"loss": sum(weights[n] * terms[n] for n in names), **{f"loss/{n}": v for n, v in terms.items()},
-                      "lr": scheduler.get_last_lr()[0], "tokens": window["tokens"],
-                      "tokens_per_s": window["tokens"] / max(window["seconds"], 1e-9),
-                      "step_seconds": window["seconds"] / window["steps"],
-                      # CPU time of this process: a throughput that a busy shared machine does not distort
-                      "tokens_per_cpu_s": window["tokens"] / world / max(window["cpu_seconds"], 1e-9),
-                      "target_share": window["target_seconds"] / max(window["seconds"], 1e-9),
-                      "eta_seconds": per_step * (total_steps - done), "peak_rss_gib": round(peak_rss_gib(), 3),
-                      "epoch": step // order.steps_per_epoch, "processes": world}
-            tracker.log(record, step=done)
-            window = {"tokens": 0, "seconds": 0.0, "target_seconds": 0.0, "steps": 0, "cpu_seconds": 0.0}
-            term_sums, term_counts = {}, {}
-        if periodic and (done % config.log.eval_every == 0 or done == total_steps):
+        done = step + 1
+        if cadence.logs(done):
+            tracker.log(window.record(step=step, lr=scheduler.get_last_lr()[0]), step=done)
+        if cadence.evaluates(done):
             last_eval = evaluate()
             improved = best.update(last_eval["mu_tf"], done, lambda: _head_state(accelerator, model))
             tracker.log({"event": "eval", **last_eval, "trained": True, "best": improved,
@@ -363,8 +334,8 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
                 tracker.log({"event": "early_stop", **best.to_json()}, step=done)
                 stopped_at = done
                 break
-        if config.checkpoint.every and done % config.checkpoint.every == 0 and done != total_steps:
-            checkpoint(done)
+        if cadence.checkpoints(done):
+            checkpoint(accelerator, out_dir, done, keep=config.checkpoint.keep, total_steps=total_steps, best=best)
 
     if eval_idx and not periodic:
         last_eval = evaluate()
