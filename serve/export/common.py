@@ -17,10 +17,9 @@ from typing import Any
 import torch
 
 from serve.drafters.base import Draft, Drafter
+from serve.drafters.folder import CONFIG_NAME, WEIGHTS_NAME  # an export keeps the native folder's (HF's) names
 from serve.errors import DraftsmithError
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
 PROVENANCE_KEY = "draftsmith_export"  # config.json entry recording what was exported, from what, for which target
 ABSENT = object()  # FormatSpec value: the key must not be there
 
