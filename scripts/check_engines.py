@@ -130,7 +130,7 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
     """Our head's teacher-forced step: logits over the target vocabulary, target ids, the state fed back."""
     import torch
 
-    from serve.drafters.base import FINAL
+    from serve.layers import FINAL
     from serve.drafters.folder import load_head
     from serve.drafters.masks import additive, causal_allowed
     from serve.drafters.vocab import draft_token_ids

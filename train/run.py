@@ -16,12 +16,11 @@ from pathlib import Path
 import torch
 
 from serve.config import save_config, to_dict
-from serve.drafters.base import FINAL
 from serve.drafters.folder import build_head, load_head, read_config, save_drafter
 from serve.drafters.head_config import HeadConfig
 from serve.drafters.identity import check_target_identity
 from serve.errors import DraftsmithError
-from serve.layers import check_eagle3_layers
+from serve.layers import FINAL, check_eagle3_layers
 from train.config import TrainConfig, check
 from train.features import collate, open_rows, split_rows, target_features
 from train.objectives import TargetParts, build_objective
