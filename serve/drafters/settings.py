@@ -69,13 +69,21 @@ def resolve_k(drafters: Iterable[Any], k: int | None = None) -> int:
     return recorded[0][1] if recorded else DEFAULT_K
 
 
-def resolve_tree(drafter: Any, tree: bool | None = None, shape: Mapping[str, int] | None = None) -> TreeSpec | None:
-    """True: trees (the drafter's recorded shape, or EAGLE-2's default, with `shape`'s keys replaced); False:
-    chains; None: as the drafter records (its shape with `shape`'s keys replaced when it records a tree)."""
-    recorded = getattr(drafter, "default_tree", None)
+def choose_tree(recorded: TreeSpec | None, *, tree: bool | None, shape: Mapping[str, int] | None = None
+                ) -> TreeSpec | None:
+    """The one rule of every way to ask for trees (the spec's `@tree[:keys]` / `@chain`, `generate --tree /
+    --no-tree`, the server's `tree.enabled` and `tree.depth/top_k/total_tokens`). True: trees (the recorded shape,
+    or EAGLE-2's default, with `shape`'s keys replaced); False: chains; None: as recorded (its shape with
+    `shape`'s keys replaced when it records a tree). None = chains."""
     if tree is False or (tree is None and recorded is None):
         return None
     return replace(recorded or TreeSpec(), **dict(shape or {}))
+
+
+def resolve_tree(drafter: Any, tree: bool | None = None, shape: Mapping[str, int] | None = None) -> TreeSpec | None:
+    """A command's choice (flag or config) over the tree `drafter` drafts by default (its folder's record, as the
+    spec's @tree / @chain left it when the drafter was built)."""
+    return choose_tree(getattr(drafter, "default_tree", None), tree=tree, shape=shape)
 
 
 def draft_settings(drafter: Any, *, k: int | None = None, tree: bool | None = None,

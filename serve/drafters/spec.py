@@ -17,10 +17,11 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from serve.drafters.settings import choose_tree
 from serve.errors import DraftsmithError
 from serve.tree import TreeSpec
 
@@ -49,11 +50,7 @@ class DrafterSpec:
 
     def tree_for(self, recorded: TreeSpec | None) -> TreeSpec | None:
         """The tree this spec drafts, given the one the drafter records (None = chains)."""
-        if self.tree is None:
-            return recorded
-        if not self.tree:
-            return None
-        return replace(recorded or TreeSpec(), **self.tree_shape)
+        return choose_tree(recorded, tree=self.tree, shape=self.tree_shape)
 
 
 def options(text: str) -> dict[str, str]:
@@ -70,7 +67,7 @@ def options(text: str) -> dict[str, str]:
 def split_tree(spec: str) -> tuple[str, TreeSpec | None]:
     """`DIR@tree[:depth=5,...]` -> (DIR, TreeSpec of those keys); a spec without the suffix -> (spec, None)."""
     base, tree, shape = _split_tree(spec)
-    return base, TreeSpec(**shape) if tree else None
+    return base, choose_tree(None, tree=tree, shape=shape)
 
 
 def _split_tree(spec: str) -> tuple[str, bool | None, dict[str, int]]:
