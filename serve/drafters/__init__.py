@@ -38,9 +38,10 @@ def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
         # the n-gram side drafts like the head: a fixed K when the head was pinned to one
         drafter = hybrid_of(head, _policy(target, "fixed" if getattr(head.policy, "name", "") == "fixed" else "auto"))
     elif parsed.kind == "oracle":
+        from serve.decoding import plain_generate  # the oracle's answer key: what plain decoding outputs
         from serve.drafters.oracle import OracleDrafter
 
-        drafter = OracleDrafter(target, **opts)
+        drafter = OracleDrafter(target, generate=plain_generate, **opts)
     elif parsed.kind == "model":
         from serve.drafters.model import ModelDrafter
         from serve.target import load_target, text_config

@@ -2,7 +2,7 @@
 temperature 0. It measures the decoder's overhead alone (the speedup limit a perfect drafter would get)."""
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 
@@ -12,19 +12,19 @@ from serve.drafters.base import Draft, Drafter
 class OracleDrafter(Drafter):
     kind: ClassVar[str] = "oracle"
 
-    def __init__(self, target, *, max_new_tokens: int = 512):
-        self.target, self.max_new_tokens = target, max_new_tokens
+    def __init__(self, target, *, generate: Callable[..., Any], max_new_tokens: int = 512):
+        """generate: the plain decoder (serve.decoding.plain_generate), handed in by build_drafter so that the
+        oracle, like every drafter, stays below the decoder instead of importing it."""
+        self.target, self.generate, self.max_new_tokens = target, generate, max_new_tokens
         self._continuations: dict[tuple[int, ...], torch.Tensor] = {}
         self.continuation = torch.empty(0, dtype=torch.long)
         self.produced = 0
 
     def prepare(self, prompt_ids: torch.Tensor) -> None:
         """Precompute the greedy continuation of a (T,) prompt, so that timing a generation excludes it."""
-        from serve.decoding import plain_generate
-
         key = tuple(prompt_ids.tolist())
         if key not in self._continuations:
-            result = plain_generate(self.target, prompt_ids[None], max_new_tokens=self.max_new_tokens, eos_token_ids=())
+            result = self.generate(self.target, prompt_ids[None], max_new_tokens=self.max_new_tokens, eos_token_ids=())
             self._continuations[key] = torch.tensor(result.output_ids, dtype=torch.long)
 
     def begin(self, prompt_ids, next_tokens, hidden_states) -> None:

@@ -1,0 +1,52 @@
+"""The import layering the restructuring settled (issue: one home for the target contract), read from the source:
+the decoder sees drafters only through their protocol, no drafter imports the decoder, and the packages point one
+way (DESIGN.md: serve <- data <- train, serve <- eval, which reads prompts through data; scripts on top), and
+only train/loop.py touches accelerate, DeepSpeed or torch.distributed. Function-level imports count too."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# what the decoder may take from serve/drafters/: the protocol and the K / tree settings, never a drafter
+DECODER_MAY_IMPORT = {"serve.drafters.base", "serve.drafters.settings"}
+# package -> packages it must never import
+NEVER = {"serve": {"data", "train", "eval", "scripts"}, "data": {"train", "eval", "scripts"},
+         "train": {"eval", "scripts"}, "eval": {"train", "scripts"}}
+DISTRIBUTED = ("accelerate", "deepspeed", "torch.distributed")
+
+
+def imports_of(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_the_decoder_imports_no_drafter():
+    from_drafters = {m for m in imports_of(ROOT / "serve" / "decoding.py") if m.startswith("serve.drafters")}
+    assert from_drafters <= DECODER_MAY_IMPORT, sorted(from_drafters - DECODER_MAY_IMPORT)
+
+
+def test_no_drafter_imports_the_decoder():
+    offenders = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "serve" / "drafters").glob("*.py"))
+                 if p.name != "__init__.py" and "serve.decoding" in imports_of(p)]
+    assert offenders == []
+
+
+def test_packages_point_one_way():
+    wrong = []
+    for package, forbidden in NEVER.items():
+        for path in sorted((ROOT / package).rglob("*.py")):
+            bad = {m for m in imports_of(path) if m.split(".")[0] in forbidden}
+            wrong += [f"{path.relative_to(ROOT)} imports {m}" for m in sorted(bad)]
+    assert wrong == []
+
+
+def test_only_the_training_loop_touches_the_distributed_stack():
+    touching = [p.name for p in sorted((ROOT / "train").glob("*.py"))
+                if any(m == d or m.startswith(d + ".") for m in imports_of(p) for d in DISTRIBUTED)]
+    assert touching == ["loop.py"]
