@@ -1,6 +1,7 @@
 """Recipe ablation: the same data at the same budget, one change per row, results side by side.
 
-    python scripts/ablate.py configs/ablations/eagle3-cpu.yaml [--only base,lr-3e-4] [--decode PROMPTS ...]
+    python scripts/ablate.py configs/ablations/eagle3-cpu.yaml [--only base,lr-3e-4] [--decode PROMPTS ...
+        [--decode-with ngram]]
         [key=value ...]
 
 The YAML names a training recipe, overrides every row shares (the data, the held-out set, the budget) and the
@@ -18,8 +19,8 @@ added to a table), evaluating held-out agreement every log.eval_every steps. The
 training tokens seen, wall seconds and tokens per CPU-second (throughput on a busy machine), held-out top-1
 agreement at drafted positions 1..K and train agreement at position 1 at the best evaluation, and mu_tf (the
 K-chain's accepted length estimated teacher-forced on the held-out rows). With --decode, every row's drafter also
-decodes the held-out prompts in one interleaved `draftsmith eval` run beside plain decoding: real μ, speedup, and
-the count of outputs identical to plain greedy decoding.
+decodes the held-out prompts in one interleaved `draftsmith eval` run beside plain decoding and the n-gram drafter
+(--decode-with): real μ, speedup, and the count of outputs identical to plain greedy decoding.
 """
 from __future__ import annotations
 
@@ -105,6 +106,9 @@ def decode(plan: dict, drafters: dict[str, Path], argv: list[str]) -> dict:
     parser.add_argument("--decode", action="append", required=True, help="held-out prompt source (repeatable)")
     parser.add_argument("--decode-limit", type=int, default=4, help="prompts per domain")
     parser.add_argument("--decode-tokens", type=int, default=96)
+    parser.add_argument("--decode-with", action="append", default=None,
+                        help="drafters decoded beside the rows' (spec; repeatable; default: ngram, the free baseline "
+                             "a trained drafter must beat)")
     parser.add_argument("--target", default="demo")
     args, _ = parser.parse_known_args(argv)
     k = int(plan.get("decode_k", 5))
@@ -112,7 +116,9 @@ def decode(plan: dict, drafters: dict[str, Path], argv: list[str]) -> dict:
                                                 f"limit={args.decode_limit}", "peers=false", "hf_plain=false",
                                                 "cost_model=false", "threads=1"])
     target = load_target(args.target)
-    return evaluate(target, {name: str(path) for name, path in drafters.items()}, args.decode, config)
+    specs = {name: str(path) for name, path in drafters.items()}
+    specs.update({spec: spec for spec in (args.decode_with or ["ngram"])})
+    return evaluate(target, specs, args.decode, config)
 
 
 def plot(rows: dict[str, dict], decoded: dict | None, path: Path) -> None:
@@ -161,6 +167,11 @@ def table(plan: dict, rows: dict[str, dict], decoded: dict | None) -> str:
             overall = decoded["overall"].get(name, {})
             cells += [f"{overall.get('mu', float('nan')):.2f}", f"{overall.get('speedup', float('nan')):.2f}x"]
         lines.append("| " + " | ".join(cells) + " |")
+    for name, overall in (decoded["overall"] if decoded else {}).items():
+        if name not in rows:  # a baseline decoded beside the rows (no training figures)
+            cells = [name, "(untrained baseline)", *["-"] * (len(head) - 4),
+                     f"{overall['mu']:.2f}", f"{overall['speedup']:.2f}x"]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

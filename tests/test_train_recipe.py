@@ -185,8 +185,14 @@ def test_ablation_script_trains_rows_side_by_side(job, tmp_path):
     assert "| fc-norm | model.fc_norm=true |" in result["table"]
     assert (tmp_path / "curve.png").stat().st_size > 1000
     first = (tmp_path / "rows" / "base" / "drafter" / "model.safetensors").stat().st_mtime
-    assert main([str(plan), "--only", "base"]) == 0  # the finished row is reused, not retrained
+    decoded = tmp_path / "decoded.json"  # the finished row is reused, not retrained, and decodes beside n-gram
+    assert main([str(plan), "--only", "base", "--json", str(decoded), "--decode", "builtin:code", "--decode-limit",
+                 "1", "--decode-tokens", "12", "--target", str(target_dir)]) == 0
     assert (tmp_path / "rows" / "base" / "drafter" / "model.safetensors").stat().st_mtime == first
+    result = json.loads(decoded.read_text())
+    assert set(result["decoded"]["overall"]) == {"base", "ngram"}
+    assert result["decoded"]["exactness"]["identical"] == result["decoded"]["exactness"]["total"] > 0
+    assert "| ngram | (untrained baseline) |" in result["table"]
 
 
 def test_prompt_positions_train_with_their_weight(job):
