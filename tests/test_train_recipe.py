@@ -175,11 +175,11 @@ def test_ablation_script_trains_rows_side_by_side(job, tmp_path):
                       f"data.eval_cache={root / 'cache-held'}", "model.num_speculative_tokens=3",
                       "model.ttt_steps=2", "model.draft_vocab_size=200", "optim.batch_size=4", "optim.max_steps=8",
                       "optim.lr=1e-2", "log.eval_every=4", "tracking=none", "checkpoint.every=0"],
-        "rows": {"base": [], "fc-norm": ["model.fc_norm=true"]}}))
+        "rows": {"base": [], "fc-norm": ["model.fc_norm=true"], "bf16": ["distributed.precision=bf16"]}}))
     out = tmp_path / "result.json"
     assert main([str(plan), "--json", str(out), "--plot", str(tmp_path / "curve.png")]) == 0
     result = json.loads(out.read_text())
-    assert list(result["rows"]) == ["base", "fc-norm"]
+    assert list(result["rows"]) == ["base", "bf16", "fc-norm"]  # fp32 and bf16 rows in one process
     for row in result["rows"].values():
         assert len(row["agreement"]) == 3 and row["tokens"] > 0 and row["train_tokens"] > 0
     assert "| fc-norm | model.fc_norm=true |" in result["table"]

@@ -98,6 +98,12 @@ def make_accelerator(config: TrainConfig):
         from accelerate.utils import FullyShardedDataParallelPlugin
 
         kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(use_orig_params=True)
+    if world == 1:
+        # accelerate keeps one state per process and refuses a second Accelerator with another precision; a
+        # single-process caller that trains twice (the demo, scripts/ablate.py's fp32 and bf16 rows) starts afresh
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state()
     return Accelerator(**kwargs)
 
 
