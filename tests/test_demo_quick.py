@@ -1,5 +1,6 @@
 """`draftsmith demo --quick`: the whole main job at toy scale on the real default target (what CI runs)."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,9 +11,11 @@ import pytest
 @pytest.mark.slow
 def test_demo_quick_end_to_end(demo_target_dir, tmp_path):
     out = tmp_path / "demo"
+    # one torch thread: two threads collapse on a 2-core machine as soon as anything else runs (a parallel test
+    # worker): the quick demo's eval took 1044 s with two threads against 278 s with one, same load
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
     proc = subprocess.run([sys.executable, "-m", "scripts.cli", "demo", "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=1200, cwd=Path(__file__).parents[1],
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "2", "WANDB_MODE": "offline"})
+                          capture_output=True, text=True, timeout=1200, cwd=Path(__file__).parents[1], env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "demo_summary.json").read_text())
     assert {s["name"] for s in summary["stages"]} >= {"target", "data", "train eagle3", "train medusa", "eval",
@@ -26,12 +29,14 @@ def test_demo_quick_end_to_end(demo_target_dir, tmp_path):
     assert not (out / "exports" / "medusa-vllm").exists()
     assert "export medusa/vllm skipped: vLLM's Medusa needs a full-vocabulary drafter" in proc.stdout
     assert "mu per domain" in proc.stdout
-    # a second run reuses the dataset and the trained drafters
+    # a second run reuses the dataset, the trained drafters, the evaluation and the exports
     again = subprocess.run([sys.executable, "-m", "scripts.cli", "demo", "--quick", "--out", str(out)],
-                           capture_output=True, text=True, timeout=1200, cwd=Path(__file__).parents[1])
+                           capture_output=True, text=True, timeout=1200, cwd=Path(__file__).parents[1], env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     stages = {s["name"]: s for s in json.loads((out / "demo_summary.json").read_text())["stages"]}
     assert "reused" in stages["train eagle3"]["note"] and "reused" in stages["train medusa"]["note"]
+    assert "reused" in stages["eval"]["note"] and "reused" in stages["export eagle3/vllm"]["note"]
+    assert json.loads((out / "report" / "result.json").read_text()) == result
 
 
 def test_demo_rejects_a_bad_train_mode(tmp_path):
@@ -41,3 +46,20 @@ def test_demo_rejects_a_bad_train_mode(tmp_path):
     with pytest.raises(ConfigError, match="train_mode must be offline or online"):
         run_demo(DemoConfig(out_dir=str(tmp_path / "d"), train_mode="sideways"))
     assert not (tmp_path / "d").exists()  # refused before anything is written
+
+
+def test_a_stage_is_reused_only_for_the_same_inputs(tmp_path):
+    from scripts.demo import _spec_digest, finished, record_finished
+
+    drafter = tmp_path / "eagle3" / "drafter"
+    drafter.mkdir(parents=True)
+    (drafter / "model.safetensors").write_bytes(b"weights v1")
+    inputs = {"drafters": {"eagle3": _spec_digest(str(drafter)), "hybrid": _spec_digest(f"hybrid:{drafter}")}}
+    assert not finished(tmp_path, "eval", inputs)
+    record_finished(tmp_path, "eval", inputs)
+    record_finished(tmp_path, "export eagle3-vllm", {"drafter": "x"})
+    assert finished(tmp_path, "eval", inputs) and finished(tmp_path, "export eagle3-vllm", {"drafter": "x"})
+    (drafter / "model.safetensors").write_bytes(b"weights v2")  # retrained: the evaluation is measured again
+    again = {"drafters": {"eagle3": _spec_digest(str(drafter)), "hybrid": _spec_digest(f"hybrid:{drafter}")}}
+    assert again != inputs and not finished(tmp_path, "eval", again)
+    assert _spec_digest("ngram") == "ngram"

