@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
 from serve.errors import ConfigError
+from serve.ranges import check_ranges
 from serve.target_config import TargetConfig
 
 LONG_PROMPT_POLICIES = ("skip", "truncate")
@@ -17,6 +18,8 @@ LONG_PROMPT_POLICIES = ("skip", "truncate")
 @dataclass
 class EndpointConfig:
     """An OpenAI-compatible server that writes the answers instead of an in-process target (data.endpoint)."""
+    RANGES: ClassVar[dict[str, str]] = {"concurrency": ">= 1", "timeout": "> 0", "retries": ">= 0", "backoff": ">= 0",
+                                        "max_backoff": ">= 0"}
     url: Optional[str] = None  # e.g. http://127.0.0.1:8000 (vLLM, SGLang, draftsmith serve); None: in process
     model: Optional[str] = None  # the served model id to use (default: the one named like the target)
     concurrency: int = 8  # requests in flight
@@ -32,6 +35,10 @@ class DataBuildConfig:
     """Self-distillation: the target answers every prompt; the answers become the training data."""
     # the spellings of earlier versions keep working (serve.config.load_config)
     ALIASES: ClassVar[dict[str, str]] = {"target": "target.spec", "dtype": "target.dtype", "device": "target.device"}
+    RANGES: ClassVar[dict[str, str]] = {"limit": ">= 1", "per_domain_limit": ">= 1", "keep_answers": "[0, 1]",
+                                        "max_new_tokens": ">= 1", "temperature": ">= 0", "top_k": ">= 0",
+                                        "top_p": "(0, 1]", "seed": ">= 0", "batch_size": ">= 1", "max_length": ">= 2",
+                                        "draft_vocab_size": ">= 1"}
     target: TargetConfig = field(default_factory=TargetConfig)  # `--target` sets target.spec
     prompts: list[str] = field(default_factory=lambda: ["builtin"])  # sources for data.prompts.load_prompts
     domain_field: str = "domain"
@@ -65,6 +72,8 @@ class CaptureConfig:
     # the compute dtype in target.dtype; the old spellings keep working (serve.config.load_config)
     ALIASES: ClassVar[dict[str, str]] = {"target": "target.spec", "dtype": "storage_dtype",
                                          "target_dtype": "target.dtype", "device": "target.device"}
+    RANGES: ClassVar[dict[str, str]] = {"batch_tokens": ">= 1", "rows_per_shard": ">= 1", "max_length": ">= 2",
+                                        "disk_headroom_gib": ">= 0"}
     target: TargetConfig = field(default_factory=TargetConfig)  # `--target` sets target.spec; device auto = this
     # rank's device (cuda when available, else cpu)
     layers: str = "eagle3"  # eagle3 | eagle1 | medusa | comma-separated layer ids (-1 = FINAL)
@@ -93,32 +102,15 @@ class CaptureConfig:
 
 def validate(config) -> None:
     """Value checks OmegaConf's type checks cannot express; ConfigError names the key."""
-    config.target.validate(key="data.target" if isinstance(config, DataBuildConfig) else "capture.target")
+    section = "data" if isinstance(config, DataBuildConfig) else "capture"
+    check_ranges(config, prefix=f"{section}.")  # every number finite and in its range (the RANGES above)
+    config.target.validate(key=f"{section}.target")
     if isinstance(config, DataBuildConfig):
-        positive = ("max_new_tokens", "batch_size", "max_length")
         if config.long_prompts not in LONG_PROMPT_POLICIES:
             raise ConfigError(f"data.long_prompts must be one of {', '.join(LONG_PROMPT_POLICIES)}, "
                               f"got {config.long_prompts!r}")
-        if config.temperature < 0 or not 0 < config.top_p <= 1 or config.top_k < 0:
-            raise ConfigError("data.temperature must be >= 0, data.top_p in (0, 1], data.top_k >= 0")
         if config.max_new_tokens >= config.max_length:
             raise ConfigError(f"data.max_new_tokens ({config.max_new_tokens}) must be below data.max_length "
                               f"({config.max_length}) to leave room for the prompt")
-        if not 0 <= config.keep_answers <= 1:
-            raise ConfigError(f"data.keep_answers must be in [0, 1], got {config.keep_answers}")
-        for name in ("limit", "per_domain_limit", "draft_vocab_size"):
-            if getattr(config, name) is not None and getattr(config, name) <= 0:
-                raise ConfigError(f"data.{name} must be positive when set, got {getattr(config, name)}")
         if not config.prompts:
             raise ConfigError("data.prompts is empty: name at least one prompt source (e.g. builtin)")
-        server = config.server
-        if server.concurrency < 1 or server.retries < 0 or server.timeout <= 0 or server.backoff < 0:
-            raise ConfigError("data.server.concurrency must be >= 1, data.server.retries >= 0, "
-                              "data.server.timeout > 0 and data.server.backoff >= 0")
-        section = "data"
-    else:
-        positive = ("batch_tokens", "rows_per_shard")
-        section = "capture"
-    for name in positive:
-        if getattr(config, name) <= 0:
-            raise ConfigError(f"{section}.{name} must be positive, got {getattr(config, name)}")

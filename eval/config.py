@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-from serve.errors import ConfigError
+from serve.ranges import check_ranges
 from serve.target_config import TargetConfig
 
 
@@ -14,6 +14,10 @@ class EvalConfig:
     ALIASES: ClassVar[dict[str, str]] = {"dtype": "target.dtype", "device": "target.device",
                                          "threads": "target.threads", "target": "target.spec",
                                          "limit": "per_domain_limit"}
+    RANGES: ClassVar[dict[str, str]] = {"k": ">= 1", "temperature": ">= 0", "top_k": ">= 0", "top_p": "(0, 1]",
+                                        "max_new_tokens": ">= 1", "seed": ">= 0", "per_domain_limit": ">= 1",
+                                        "bootstrap_samples": ">= 1", "ci_level": "(0, 1)",
+                                        "cost_context_tokens": ">= 1", "cost_repeats": ">= 1", "cost_ks": ">= 1"}
     target: TargetConfig = field(default_factory=TargetConfig)  # `--target` sets target.spec
     # decoding, the same for plain decoding, every drafter and every peer
     k: Optional[int] = None  # draft tokens per cycle; default: the K the drafter folders record (they agree), else 5
@@ -41,13 +45,8 @@ class EvalConfig:
     progress: bool = True
 
     def validate(self) -> None:
+        check_ranges(self)  # every number finite and in its range (RANGES)
         self.target.validate()
-        for key in ("k", "max_new_tokens", "per_domain_limit", "bootstrap_samples", "cost_repeats"):
-            value = getattr(self, key)
-            if value is not None and value < 1:
-                raise ConfigError(f"{key} must be at least 1, got {value}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or not 0 < self.ci_level < 1:
-            raise ConfigError("temperature >= 0, top_p in (0, 1], top_k >= 0 and ci_level in (0, 1) are required")
         from eval.sweeps import parse_sweeps
 
         parse_sweeps(self.sweep)

@@ -17,6 +17,8 @@ class GenerateConfig:
     """`draftsmith generate`'s settings (`--config FILE.yaml` reads its `generate:` section, or the whole file)."""
     ALIASES: ClassVar[dict[str, str]] = {"dtype": "target.dtype", "device": "target.device",
                                          "threads": "target.threads", "target": "target.spec"}
+    RANGES: ClassVar[dict[str, str]] = {"k": ">= 1", "temperature": ">= 0", "top_k": ">= 0", "top_p": "(0, 1]",
+                                        "max_new_tokens": ">= 1", "seed": ">= 0"}
     target: TargetConfig = field(default_factory=TargetConfig)  # `--target` sets target.spec
     drafter: str = "ngram"  # a drafter spec (serve/drafters/spec.py)
     prompt: str = ""
@@ -34,10 +36,6 @@ class GenerateConfig:
         self.target.validate()
         if not self.prompt:
             raise ConfigError("generate needs a prompt: --prompt TEXT (or prompt=... in the config)")
-        if (self.k is not None and self.k < 1) or self.max_new_tokens < 1:
-            raise ConfigError(f"k and max_new_tokens must be at least 1, got {self.k} and {self.max_new_tokens}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ConfigError("temperature >= 0, top_p in (0, 1] and top_k >= 0 are required")
 
 
 def add_arguments(parser) -> None:

@@ -31,6 +31,8 @@ def _train_defaults(method: str) -> TrainConfig:
 @dataclass
 class DemoConfig:
     ALIASES: ClassVar[dict[str, str]] = {"target": "target.spec"}  # `target: demo` (serve.config.load_config)
+    RANGES: ClassVar[dict[str, str]] = {"eval_prompts_per_domain": ">= 1", "export_check_prompts": ">= 1",
+                                        "export_check_tokens": ">= 2", "generate_max_new_tokens": ">= 1"}
     target: TargetConfig = field(default_factory=TargetConfig)
     out_dir: str = "runs/demo"
     domains: list[str] = field(default_factory=list)  # built-in domains; empty = all

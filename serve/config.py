@@ -10,6 +10,7 @@ command-line flags, type-checked and validated when built.
 - flags are dotted keys; the ones left unset (None) do not count;
 - a schema may keep renamed keys working (`ALIASES = {"device": "target.device"}`) and refuse removed ones with
   where they went (`MOVED = {"old": "what to use instead"}`); unknown keys fail with the valid ones;
+- every float must be finite and every setting a schema names in `RANGES` within its range (serve/ranges.py);
 - the schema's `validate()` runs on the result (value checks a type cannot express).
 
 OmegaConf structured configs do the merging and type checks; this module turns their errors into one
@@ -22,10 +23,12 @@ import typing
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TypeVar
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from serve.errors import ConfigError
+from serve.ranges import check_ranges
 
 __all__ = ["ConfigError", "load_config", "save_config", "to_dict"]
 
@@ -127,8 +130,11 @@ def load_config(schema: type[T], *, config_file: str | Path | None = None, secti
             raise ConfigError(f"config file not found: {path}")
         try:
             loaded = OmegaConf.to_container(OmegaConf.load(path))
-        except OmegaConfBaseException as err:
-            raise ConfigError(f"bad config file {path}: {str(err).splitlines()[0]}") from None
+        except (OmegaConfBaseException, yaml.YAMLError) as err:
+            raise ConfigError(f"bad config file {path}: {' '.join(str(err).split())}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} holds a {type(loaded).__name__}, not a mapping of settings "
+                              f"(key: value lines, e.g. `{section or 'optim'}:` and its keys below it)")
         if section is not None and isinstance(loaded, dict) and section in loaded:
             loaded = loaded[section]
         else:
@@ -164,6 +170,7 @@ def load_config(schema: type[T], *, config_file: str | Path | None = None, secti
         raise ConfigError(f"bad value for config key {key!r}: {err.msg.splitlines()[0]}") from None
     except OmegaConfBaseException as err:
         raise ConfigError(f"bad config: {str(err).splitlines()[0]}") from None
+    check_ranges(config, prefix=f"{section}." if section else "")
     if hasattr(config, "validate"):
         config.validate()
     return config  # type: ignore[return-value]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from serve.errors import TargetError
+from serve.ranges import check_ranges
 
 DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
@@ -14,18 +15,18 @@ _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 
 @dataclass
 class TargetConfig:
+    RANGES: ClassVar[dict[str, str]] = {"threads": ">= 1"}
     spec: str = "demo"  # HF folder, .gguf file, hub id, or `demo` / `demo:<name>` (the embedded defaults)
     dtype: str = "float32"  # compute dtype: float32 | bfloat16 | float16 (or fp32 | bf16 | fp16); training: auto
     device: str = "auto"  # auto = cuda when available, else cpu; or cpu | cuda | cuda:N
     threads: Optional[int] = None  # torch CPU threads (None: torch's choice); 1 resists a busy shared machine
 
     def validate(self, *, key: str = "target") -> None:
+        check_ranges(self, prefix=f"{key}.")
         if self.dtype not in DTYPE_NAMES and self.dtype != "auto":
             raise TargetError(f"{key}.dtype={self.dtype!r}: choose one of {', '.join(DTYPE_NAMES)}")
         if not _DEVICE.match(self.device):
             raise TargetError(f"{key}.device={self.device!r}: choose auto, cpu, cuda or cuda:N")
-        if self.threads is not None and self.threads < 1:
-            raise TargetError(f"{key}.threads must be >= 1, got {self.threads}")
 
     def resolved_device(self) -> str:
         import torch

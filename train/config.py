@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from serve.errors import DraftsmithError
 from serve.layers import check_eagle3_layers
+from serve.ranges import check_ranges
 from serve.target_config import TargetConfig
 
 METHODS = ("eagle1", "eagle3", "medusa")
@@ -17,6 +18,8 @@ STRATEGIES = ("ddp", "deepspeed", "fsdp")
 
 @dataclass
 class ModelConfig:
+    RANGES: ClassVar[dict[str, str]] = {"num_speculative_tokens": ">= 1", "draft_vocab_size": ">= 0",
+                                        "ttt_steps": ">= 1", "medusa_num_layers": ">= 1", "aux_layer_ids": ">= 0"}
     method: str = "eagle3"                 # eagle1 | eagle3 | medusa
     num_speculative_tokens: int = 5        # K trained for; Medusa: number of heads
     draft_vocab_size: int = 0              # 0 = the target's whole vocabulary (EAGLE-1 always uses it)
@@ -33,6 +36,8 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
+    RANGES: ClassVar[dict[str, str]] = {"max_length": ">= 2", "max_rows": ">= 0", "eval_rows": ">= 0",
+                                        "vocab_rows": ">= 0"}
     mode: str = "online"                   # online: the target computes features in the step; offline: from the cache
     dataset: str = ""                      # `draftsmith data build` output (save_to_disk folder); online mode
     cache: str = ""                        # `draftsmith data capture` output; offline mode
@@ -46,11 +51,15 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-4
+    RANGES: ClassVar[dict[str, str]] = {"lr": ">= 0", "weight_decay": ">= 0", "beta1": "[0, 1)", "beta2": "[0, 1)",
+                                        "max_grad_norm": ">= 0", "batch_size": ">= 1", "grad_accum": ">= 1",
+                                        "epochs": ">= 1", "max_steps": ">= 0", "warmup_steps": ">= 0",
+                                        "early_stop_patience": ">= 0"}
+    lr: float = 1e-4                       # 0 = the weights stay as they start (a refresh that changes nothing)
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.95
-    max_grad_norm: float = 0.5
+    max_grad_norm: float = 0.5             # 0 = no clipping
     batch_size: int = 1                    # rows per process per micro-batch
     grad_accum: int = 1
     epochs: int = 1
@@ -63,6 +72,8 @@ class OptimConfig:
 
 @dataclass
 class LossConfig:
+    RANGES: ClassVar[dict[str, str]] = {"decay": "(0, 1]", "feature_weight": ">= 0", "ce_weight": ">= 0",
+                                        "feature_noise": ">= 0", "aux_noise": ">= 0", "prompt_weight": "[0, 1]"}
     decay: float = 0.8                     # weight decay^i of TTT step / Medusa head i
     feature_weight: float = 1.0            # EAGLE-1 SmoothL1 on the next feature
     ce_weight: float = 0.1                 # EAGLE-1 cross-entropy vs the target's distribution
@@ -73,6 +84,7 @@ class LossConfig:
 
 @dataclass
 class DistributedConfig:
+    RANGES: ClassVar[dict[str, str]] = {"zero_stage": "[2, 3]"}
     strategy: str = "ddp"                  # ddp | deepspeed | fsdp (single process: plain)
     zero_stage: int = 2                    # deepspeed: 2 or 3
     offload_optimizer: bool = False        # deepspeed: optimizer states on CPU
@@ -82,6 +94,8 @@ class DistributedConfig:
 
 @dataclass
 class LogConfig:
+    RANGES: ClassVar[dict[str, str]] = {"every": ">= 1", "eval_every": ">= 0", "eval_positions": ">= 0",
+                                        "train_eval_rows": ">= 0"}
     every: int = 10                        # steps between JSONL / wandb records
     eval_every: int = 0                    # steps between held-out evaluations; 0 = at the end only
     eval_positions: int = 0                # drafted positions evaluated; 0 = K
@@ -93,6 +107,7 @@ class LogConfig:
 
 @dataclass
 class CheckpointConfig:
+    RANGES: ClassVar[dict[str, str]] = {"every": ">= 0", "keep": ">= 1"}
     every: int = 100                       # optimizer steps between checkpoints; 0 = none
     keep: int = 2                          # newest checkpoints kept
     resume: bool = True                    # continue from the newest checkpoint in out_dir
@@ -102,6 +117,7 @@ class CheckpointConfig:
 class TrainConfig:
     # `target=PATH` and `device=cpu` of earlier versions keep working (serve.config.load_config)
     ALIASES: ClassVar[dict[str, str]] = {"target": "target.spec", "device": "target.device"}
+    RANGES: ClassVar[dict[str, str]] = {"seed": ">= 0"}
     # device auto = cuda if available, else cpu; dtype auto = distributed.precision
     target: TargetConfig = field(default_factory=lambda: TargetConfig(dtype="auto"))
     out_dir: str = "runs/drafter"
@@ -128,6 +144,7 @@ def _choice(name: str, value: str, allowed) -> None:
 def check(config: TrainConfig, *, data: bool = True) -> TrainConfig:
     """Values the type system cannot check (and, with `data`, that the data to train on is named); raises
     DraftsmithError naming the key."""
+    check_ranges(config)  # every number finite and in its range (the RANGES above)
     config.target.validate()
     if config.target.dtype != "auto":
         raise DraftsmithError(f"target.dtype={config.target.dtype}: training runs the target in "
@@ -140,8 +157,6 @@ def check(config: TrainConfig, *, data: bool = True) -> TrainConfig:
     _choice("optim.schedule", config.optim.schedule, ("cosine", "linear", "constant"))
     _choice("tracking", config.tracking, ("wandb", "none"))
     _choice("model.attn_implementation", config.model.attn_implementation, ("sdpa", "eager"))
-    if config.distributed.zero_stage not in (2, 3):
-        raise DraftsmithError(f"distributed.zero_stage={config.distributed.zero_stage} must be 2 or 3")
     if data and config.data.mode == "online" and not config.data.dataset:
         raise DraftsmithError("data.mode=online needs data.dataset (a `draftsmith data build` folder)")
     if data and config.data.mode == "offline" and not config.data.cache:
@@ -150,10 +165,6 @@ def check(config: TrainConfig, *, data: bool = True) -> TrainConfig:
         check_eagle3_layers(config.model.aux_layer_ids)  # what export would refuse; the depth is checked at load
     if config.model.method == "eagle1" and config.model.draft_vocab_size:
         raise DraftsmithError("EAGLE-1 reads the target's lm_head: model.draft_vocab_size must be 0")
-    for key in ("batch_size", "grad_accum", "num_speculative_tokens", "ttt_steps"):
-        section = config.optim if hasattr(config.optim, key) else config.model
-        if getattr(section, key) < 1:
-            raise DraftsmithError(f"{key} must be >= 1")
     if config.model.method != "eagle3" and (config.model.fc_norm or config.model.norm_before_fc):
         raise DraftsmithError("model.fc_norm / model.norm_before_fc are EAGLE-3 options (model.method=eagle3)")
     if config.model.fc_norm and config.model.norm_before_fc:
@@ -163,10 +174,6 @@ def check(config: TrainConfig, *, data: bool = True) -> TrainConfig:
         raise DraftsmithError("data.eval_cache is read in offline mode; online training takes data.eval_dataset")
     if config.data.eval_dataset and config.data.mode != "online":
         raise DraftsmithError("data.eval_dataset is read in online mode; offline training takes data.eval_cache")
-    if config.optim.early_stop_patience < 0 or config.log.train_eval_rows < 0 or config.loss.aux_noise < 0:
-        raise DraftsmithError("optim.early_stop_patience, log.train_eval_rows and loss.aux_noise must be >= 0")
-    if not 0 <= config.loss.prompt_weight <= 1:
-        raise DraftsmithError(f"loss.prompt_weight={config.loss.prompt_weight} must be in [0, 1]")
     if config.model.method == "medusa" and config.loss.prompt_weight:
         raise DraftsmithError("loss.prompt_weight needs soft targets (EAGLE-1/3): Medusa learns the data's tokens, "
                               "and prompt tokens are the user's, not the target's")

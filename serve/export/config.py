@@ -3,15 +3,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 from serve.errors import DraftsmithError
+from serve.ranges import check_ranges
 
 FORMAT_NAMES = ("vllm", "sglang", "speculators")
 
 
 @dataclass
 class ExportConfig:
+    RANGES: ClassVar[dict[str, str]] = {"prompts": ">= 1", "max_new_tokens": ">= 2", "k": ">= 0"}
     drafter: str = ""            # native drafter folder (`draftsmith train` output: RUN/drafter)
     format: str = "vllm"         # vllm | sglang | speculators
     out: str = ""                # folder to write
@@ -36,8 +39,7 @@ def check(config: ExportConfig) -> ExportConfig:
         from serve.export.engines import parse_version
 
         parse_version(config.engine_version)
-    if config.prompts < 1 or config.max_new_tokens < 2 or config.k < 0:
-        raise DraftsmithError("prompts >= 1, max_new_tokens >= 2 and k >= 0 are required")
+    check_ranges(config)
     return config
 
 
