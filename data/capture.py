@@ -27,7 +27,8 @@ from data.layers import CONVENTION, LayerSpec, resolve_layers
 from serve.errors import DraftsmithError
 from serve.layers import FINAL, pick_hidden_states
 
-__all__ = ["CacheReader", "CaptureResult", "capture_hidden_states", "check_disk", "dataset_digest",
+__all__ = ["CacheReader", "CaptureResult", "capture_hidden_states", "check_cache_current", "check_disk",
+           "dataset_digest",
            "forward_hidden_states", "plan_batches", "right_pad"]
 
 GIB = 1 << 30
@@ -58,6 +59,27 @@ def dataset_digest(dataset: Any) -> str:
             digest.update(np.asarray(ids, dtype=np.int64).tobytes())
             digest.update(np.asarray(mask, dtype=np.int8).tobytes())
     return digest.hexdigest()[:16]
+
+
+def check_cache_current(reader: CacheReader, *, target_spec: str) -> None:
+    """CacheError when the dataset a cache was captured from has changed since (a `data build` added rows, or
+    rebuilt them): its digest now differs from the one the manifest records. A dataset no longer at the recorded
+    path (moved, or a cache copied to another machine) cannot be compared and is taken as it was."""
+    import datasets
+
+    recorded = reader.manifest.get("dataset") or {}
+    path, digest = recorded.get("path"), recorded.get("digest")
+    if not path or not digest or not (Path(path) / "dataset_info.json").is_file():
+        return
+    dataset = datasets.load_from_disk(path)
+    current = dataset_digest(dataset)
+    if current != digest:
+        layers, dtype = reader.manifest["layers"]["spec"], reader.manifest["dtype"]
+        raise CacheError(f"the cache {reader.folder} is stale: it was captured from {path} with dataset digest "
+                         f"{digest} ({recorded.get('rows')} rows), and that dataset's digest is now {current} "
+                         f"({len(dataset)} rows). Refresh the cache: draftsmith data capture --target {target_spec} "
+                         f"--dataset {path} --out {reader.folder}.new --layers {layers} --storage-dtype {dtype}, then "
+                         f"train with data.cache={reader.folder}.new (or delete {reader.folder} and capture into it)")
 
 
 def plan_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
@@ -301,7 +323,7 @@ def _merge_manifest(out: Path, shards: list[tuple[int, int, int]], target: Any, 
         "layout": "packed per shard: input_ids (N,) int32, loss_mask (N,) uint8, offsets (R+1,) int64, "
                   "target_top1 (N,) int32, hidden_states.<id> / hidden_states.final (N, h); ids and domains in the "
                   "safetensors metadata",
-        "dataset": {"path": str(dataset_path), "digest": identity["dataset_digest"], "rows": len(lengths)},
+        "dataset": {"path": str(dataset_path.resolve()), "digest": identity["dataset_digest"], "rows": len(lengths)},
         "rows": sum(e["rows"] for e in entries),
         "tokens": sum(e["tokens"] for e in entries),
         "bytes": sum(e["bytes"] for e in entries),

@@ -75,3 +75,42 @@ def test_offline_training_matches_online_training(cached):
     a, b = load_file(str(online / "model.safetensors")), load_file(str(offline / "model.safetensors"))
     for name in a:
         assert torch.allclose(a[name].float(), b[name].float(), atol=1e-5), name
+
+
+def test_training_from_a_stale_cache_is_refused(cached, tmp_path, capsys):
+    """`data build` adds rows to a dataset (a rerun with more prompts): a cache captured before no longer holds
+    it, and training from it is refused with both digests and the command that refreshes it, which works."""
+    import re
+    import shlex
+    import shutil
+
+    from datasets import load_from_disk
+
+    from data.capture import capture_hidden_states
+    from data.config import CaptureConfig
+    from scripts.cli import main
+
+    target_dir, dataset, _ = cached
+    rows = list(load_from_disk(str(dataset)))
+    data = save_rows(rows[:6], tmp_path / "data")
+    capture_hidden_states(str(target_dir), data, tmp_path / "cache",
+                          CaptureConfig(layers="eagle3", storage_dtype="fp32"), progress=False, log=lambda *_: None)
+    shutil.rmtree(data)
+    save_rows(rows, data)  # the dataset now has 8 rows
+    train = ["train", f"target={target_dir}", "data.mode=offline", f"data.cache={tmp_path / 'cache'}",
+             f"out_dir={tmp_path / 'run'}", "model.ttt_steps=2", "model.num_speculative_tokens=2", "optim.max_steps=1",
+             "data.eval_rows=1", "tracking=none", "log.progress=false", "checkpoint.every=0"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(train)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.rstrip("\n").split("\n")[-1]  # transformers' loading bar may precede it
+    assert err.startswith(f"error: the cache {tmp_path / 'cache'} is stale"), err
+    old, new = re.findall(r"digest (?:is now )?([0-9a-f]{16})", err)
+    assert old != new and "(6 rows)" in err and "(8 rows)" in err
+    assert not (tmp_path / "run" / "drafter").exists()
+    refresh = re.search(r"Refresh the cache: draftsmith (data capture .*?), then train with data.cache=(\S+)", err)
+    assert refresh, err
+    assert main([*shlex.split(refresh.group(1)), "--no-progress"]) == 0
+    assert main([*train[:3], f"data.cache={refresh.group(2)}", *train[4:]]) == 0
+    assert (tmp_path / "run" / "drafter" / "model.safetensors").is_file()

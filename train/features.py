@@ -50,14 +50,18 @@ class DatasetRows:
         return {"input_ids": row["input_ids"], "loss_mask": row["loss_mask"], "domain": row.get("domain")}
 
 
-def open_rows(mode: str, *, dataset: str = "", cache: str = "", target=None, layers: Sequence[int] = ()):
+def open_rows(mode: str, *, dataset: str = "", cache: str = "", target=None, layers: Sequence[int] = (),
+              target_spec: str = ""):
+    """online: the rows of a `data build` dataset; offline: a capture cache, refused when it was captured from
+    another target or its dataset has changed since (target_spec: how its refresh command names the target)."""
     if mode == "online":
         return DatasetRows(dataset, tokenizer_hash=target.tokenizer_hash if target is not None else None)
-    from data.capture import CacheReader
+    from data.capture import CacheReader, check_cache_current
 
     reader = CacheReader(cache, layers=list(layers))  # CacheError names layers the cache lacks
     if target is not None:
         reader.check_target(target)
+    check_cache_current(reader, target_spec=target_spec or getattr(target, "name", None) or "TARGET")
     return reader
 
 

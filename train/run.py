@@ -120,10 +120,10 @@ def train_drafter(config: TrainConfig) -> Path:
     layers = needed_layers(cfg)
     online = config.data.mode == "online"
     rows = open_rows(config.data.mode, dataset=config.data.dataset, cache=config.data.cache, target=target,
-                     layers=layers)
+                     layers=layers, target_spec=config.target.spec)
     held_out = config.data.eval_cache or config.data.eval_dataset
     eval_rows = open_rows(config.data.mode, dataset=config.data.eval_dataset, cache=config.data.eval_cache,
-                          target=target, layers=layers) if held_out else None
+                          target=target, layers=layers, target_spec=config.target.spec) if held_out else None
     train_idx, eval_idx = split_rows(len(rows), eval_rows=0 if held_out else config.data.eval_rows, seed=config.seed,
                                      max_rows=config.data.max_rows)
     if eval_rows is not None:
