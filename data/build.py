@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import zlib
 from dataclasses import asdict, dataclass, field, replace
@@ -33,6 +32,7 @@ from data.masks import render_prompt, render_with_mask
 from data.plan import Conversation, fit_prompt, keeps_answers, plan_conversation
 from data.prompts import PromptRow, read_prompts
 from serve.errors import DraftsmithError
+from serve.files import write_text_atomic
 from serve.server.record import read_manifest, traffic_rows
 
 WORK = ".work"
@@ -170,7 +170,7 @@ def _open_work(work: Path, fingerprint: dict) -> None:
         if old == fingerprint:
             return
         if _generation_view(old) == _generation_view(fingerprint):  # only the prompt set changed
-            _write_atomic(state, json.dumps(fingerprint, indent=1))
+            write_text_atomic(state, json.dumps(fingerprint, indent=1))
             return
         old, new = _generation_view(old), _generation_view(fingerprint)
         changed = [k for k in new if old.get(k) != new[k]]
@@ -179,16 +179,7 @@ def _open_work(work: Path, fingerprint: dict) -> None:
         raise DraftsmithError(f"{work} holds a build made with other inputs (changed: {', '.join(changed)}); "
                               f"use another --out, or delete {work} to start over")
     work.mkdir(parents=True, exist_ok=True)
-    _write_atomic(state, json.dumps(fingerprint, indent=1))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(state, json.dumps(fingerprint, indent=1))
 
 
 def read_parts(work: Path) -> dict[str, dict]:
@@ -372,7 +363,7 @@ def _run_rows(target, planned: list[_Planned], config: DataBuildConfig, max_leng
 
     def save() -> None:
         nonlocal part
-        _write_atomic(work / f"part-{part:05d}.jsonl",
+        write_text_atomic(work / f"part-{part:05d}.jsonl",
                       "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ready))
         for record in ready:
             records[record["id"]] = record
@@ -505,5 +496,5 @@ def _write_dataset(target, config: DataBuildConfig, rows: list[PromptRow], recor
                            "generated_batches": result.generated_batches, "reused_batches": result.reused_batches,
                            "reused_rows": result.reused_rows},
             "draft_vocab_coverage": result.draft_vocab_coverage}
-    _write_atomic(out / BUILD_INFO, json.dumps(info, indent=1))
+    write_text_atomic(out / BUILD_INFO, json.dumps(info, indent=1))
     return result

@@ -28,6 +28,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from serve.errors import DraftsmithError
+from serve.files import write_text_atomic
 from serve.identity import sha256_file
 from serve.layers import FINAL
 
@@ -132,9 +133,7 @@ def write_shard(folder: Path, index: int, shard: PackedShard, *, row_start: int)
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=1))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(payload, indent=1))
 
 
 def check_shard_file(folder: Path, info: ShardInfo | dict, *, verify: bool) -> None:

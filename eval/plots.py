@@ -11,6 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from serve.files import atomic_path  # noqa: E402
+
 
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
@@ -22,7 +24,8 @@ def _names(result: dict) -> list[str]:
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png")
     plt.close(fig)
     return path
 

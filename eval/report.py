@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.plots import write_plots
+from serve.files import write_text_atomic
 
 ANCHORS = ("Published anchors (other targets, GPUs): EAGLE-3 μ ≈ 6.2 and 4.4× on LLaMA-3.1-8B (T=0, dynamic "
            "tree); EAGLE-2 μ ≈ 4.6–4.7; EAGLE-1 μ ≈ 3.6–4.0 on MT-bench; Medusa-1/2 ≈ 2.2× / 2.8×. Speedups on a "
@@ -27,10 +28,7 @@ def to_jsonable(value: Any) -> Any:
 
 
 def write_json(result: dict, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(to_jsonable(result), indent=1, allow_nan=False) + "\n")
-    return path
+    return write_text_atomic(path, json.dumps(to_jsonable(result), indent=1, allow_nan=False) + "\n")
 
 
 def _f(x: Any, digits: int = 2) -> str:
@@ -164,5 +162,5 @@ def write_report(result: dict, out_dir: str | Path) -> dict[str, Any]:
     plots = write_plots(data, out)
     json_path = write_json(result, out / "result.json")
     md = out / "report.md"
-    md.write_text(markdown(data, plots))
+    write_text_atomic(md, markdown(data, plots))
     return {"json": json_path, "markdown": md, "plots": plots}

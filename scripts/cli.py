@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from scripts.errors import INTERRUPTED, describe_os_error, one_line
     from serve.errors import DraftsmithError
 
     try:
@@ -70,10 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     except (DraftsmithError, FileNotFoundError) as err:
         print(f"error: {one_line(err)}", file=sys.stderr)
         raise SystemExit(2) from None
-
-
-def one_line(err: BaseException) -> str:
-    return " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+    except OSError as err:  # the file system refused (full, read-only, a file where a folder goes): the user's to fix
+        if err.errno is None:
+            raise
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print(INTERRUPTED, file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

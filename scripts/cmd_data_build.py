@@ -25,11 +25,13 @@ def run(args) -> int:
     from data.build import build_dataset
     from data.config import DataBuildConfig
     from serve.config import load_config
+    from serve.files import check_output_path
 
     flags = {"target.spec": args.target, "prompts": args.prompts, "limit": args.limit,
              "domain_field": args.domain_field, "traffic": args.traffic, "server.url": args.server}
     config = load_config(DataBuildConfig, config_file=args.config, section="data", overrides=args.overrides,
                          flags=flags)
+    check_output_path(args.out, what="dataset folder", folder=True)
     result = build_dataset(config.target.spec, config, out_dir=args.out, progress=not args.no_progress,
                            log=lambda msg: print(msg, file=sys.stderr))
     if result.draft_vocab_coverage is not None:

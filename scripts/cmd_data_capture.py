@@ -25,10 +25,12 @@ def run(args) -> int:
     from data.capture import capture_hidden_states
     from data.config import CaptureConfig
     from serve.config import load_config
+    from serve.files import check_output_path
 
     flags = {"target.spec": args.target, "layers": args.layers, "storage_dtype": args.storage_dtype}
     config = load_config(CaptureConfig, config_file=args.config, section="capture", overrides=args.overrides,
                          flags=flags)
+    check_output_path(args.out, what="cache folder", folder=True)
     result = capture_hidden_states(config.target.spec, args.dataset, args.out, config, progress=not args.no_progress,
                                    log=lambda msg: print(msg, file=sys.stderr))
     if os.environ.get("RANK", "0") == "0":  # one line for the whole launch

@@ -14,8 +14,10 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from scripts.demo import DemoConfig, run_demo
     from serve.config import load_config
+    from serve.files import check_output_path
 
     recipe = args.config or CONFIGS / ("quick.yaml" if args.quick else "full.yaml")
     config = load_config(DemoConfig, config_file=recipe, overrides=args.overrides, flags={"out_dir": args.out})
+    check_output_path(config.out_dir, what="demo folder", folder=True)
     run_demo(config)
     return 0

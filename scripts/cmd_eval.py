@@ -78,7 +78,13 @@ def run(args) -> int:
     from eval.report import write_json, write_report
     from eval.runner import evaluate
 
+    from serve.files import check_output_path
+
     config = load_eval_config(args)  # a bad key, value or sweep fails here, before anything loads
+    if args.json:
+        check_output_path(args.json, what="--json file")
+    if args.report:
+        check_output_path(args.report, what="--report folder", folder=True)
     drafters = parse_named_specs(args.drafter or ["ngram"])
     result = evaluate(config.target.spec, drafters, args.prompts or ["builtin"], config)
     print_summary(result)

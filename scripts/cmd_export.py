@@ -31,6 +31,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from serve.config import load_config
+    from serve.files import check_output_path
     from serve.export import check_export, export_drafter
     from serve.export.common import default_prompts
     from serve.export.config import ExportConfig, check, trained_target
@@ -39,6 +40,7 @@ def run(args) -> int:
     flags = [f"{name}={getattr(args, name)}" for name in _FLAGS if getattr(args, name, None) is not None]
     config = check(load_config(ExportConfig, config_file=args.config, overrides=[*args.overrides, *flags]))
     check_export(config.drafter, config.format, engine_version=config.engine_version or None)  # before loading
+    check_output_path(config.out, what="export folder", folder=True)
     target_spec = config.target or trained_target(config.drafter)
     target = load_target(target_spec, dtype=config.dtype)
     report = export_drafter(config.drafter, config.format, config.out, target=target, target_spec=target_spec,

@@ -5,10 +5,10 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar, Optional
 
 from serve.errors import ConfigError
+from serve.files import check_output_path, write_text_atomic
 from serve.target_config import TargetConfig
 
 
@@ -92,6 +92,8 @@ def run(args) -> int:
         "drafter", "prompt", "chat", "k", "tree", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "stop")}}
     config = load_config(GenerateConfig, config_file=args.config, section="generate", overrides=args.overrides,
                          flags=flags)
+    if args.json:
+        check_output_path(args.json, what="--json file")
     config.target.apply_threads()
     target = config.target.load(require_chat_template=config.chat)
     drafter = build_drafter(config.drafter, target)
@@ -118,6 +120,5 @@ def run(args) -> int:
                                                                   "seed")},
                                **settings.describe(), "min_confidence": getattr(drafter, "min_confidence", None)},
                   **stats.to_dict()}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(record, indent=1))
+        write_text_atomic(args.json, json.dumps(record, indent=1))
     return 0

@@ -15,6 +15,7 @@ def run(args) -> int:
     from omegaconf import OmegaConf
 
     from serve.config import load_config
+    from serve.files import check_output_path
     from train.config import TrainConfig, check
     from train.run import train_drafter
 
@@ -22,6 +23,7 @@ def run(args) -> int:
     if args.print_config:
         print(OmegaConf.to_yaml(OmegaConf.structured(config)), end="")
         return 0
+    check_output_path(config.out_dir, what="out_dir", folder=True)
     config.target.apply_threads()
     path = train_drafter(config)
     if int(os.environ.get("RANK", "0")) == 0:  # one line from a multi-process run, not one per process

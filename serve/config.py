@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from serve.errors import ConfigError
+from serve.files import write_text_atomic
 from serve.ranges import check_ranges
 
 __all__ = ["ConfigError", "load_config", "save_config", "to_dict"]
@@ -182,8 +183,4 @@ def to_dict(config: Any) -> dict:
 
 def save_config(config: Any, out_dir: str | Path, name: str = "config.resolved.yaml") -> Path:
     """Write the resolved config beside an output, so every result says how it was made."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / name
-    path.write_text(OmegaConf.to_yaml(OmegaConf.structured(config)))
-    return path
+    return write_text_atomic(Path(out_dir) / name, OmegaConf.to_yaml(OmegaConf.structured(config)))

@@ -134,20 +134,32 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
 def save_checkpoint(accelerator, out_dir: Path, step: int, keep: int, extra: dict,
                     files: dict[str, dict] | None = None) -> None:
     """accelerate's save_state (model, optimizer, scheduler, RNG) into a temp folder, renamed when complete,
-    so a kill -9 mid-save leaves the previous checkpoint intact. files: name -> tensors saved beside it."""
+    so a kill -9 mid-save leaves the previous checkpoint intact; a failure or Ctrl-C mid-save removes the temp
+    folder, and a full disk is a DiskFullError. files: name -> tensors saved beside it."""
+    from serve.files import disk_full, full_disk_error
+
     root = out_dir / CHECKPOINTS
     final, tmp = root / f"step_{step:08d}", root / f"step_{step:08d}.tmp"
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        from safetensors.torch import save_file
+    try:
+        accelerator.save_state(str(tmp))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            from safetensors.torch import save_file
 
-        for name, tensors in (files or {}).items():
-            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / name))
-        (tmp / STATE_NAME).write_text(json.dumps({"step": step, **extra}))
+            for name, tensors in (files or {}).items():
+                save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / name))
+            (tmp / STATE_NAME).write_text(json.dumps({"step": step, **extra}))
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, Exception) and disk_full(err, root):
+            previous = latest_checkpoint(out_dir)
+            raise full_disk_error(f"the checkpoint {final.name} in {root} (training resumes from "
+                                  f"{previous.name if previous else 'the start'})", root) from err
+        raise
+    if accelerator.is_main_process:
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         for old in sorted(p for p in root.glob("step_*") if p.suffix != ".tmp")[:-max(keep, 1)]:

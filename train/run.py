@@ -20,6 +20,7 @@ from serve.drafters.folder import build_head, load_head, read_config, save_draft
 from serve.drafters.head_config import HeadConfig
 from serve.drafters.identity import check_target_identity
 from serve.errors import DraftsmithError
+from serve.files import write_text_atomic
 from serve.layers import FINAL, check_eagle3_layers
 from train.config import TrainConfig, check
 from train.features import collate, open_rows, split_rows, target_features
@@ -161,7 +162,7 @@ def train_drafter(config: TrainConfig) -> Path:
         save_config(config, drafter_dir)
         lengths = rows.row_lengths()
         train_tokens = sum(min(lengths[i], config.data.max_length) for i in train_idx)
-        (drafter_dir / "training_summary.json").write_text(json.dumps(
+        write_text_atomic(drafter_dir / "training_summary.json", json.dumps(
             {"steps": result.steps, "eval": result.eval, "draft_vocab_coverage": coverage,
              "train_rows": len(train_idx), "eval_rows": len(eval_idx), "train_tokens": train_tokens,
              "epochs": round(result.epochs, 4), "token_epochs": round(train_tokens * result.epochs)}, indent=2))
