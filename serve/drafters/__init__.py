@@ -75,11 +75,12 @@ def _policy(target, length: str):
 
 
 def _folder_drafter(parsed: DrafterSpec, target, opts: dict) -> Drafter:
-    from serve.drafters.folder import is_drafter_folder, load_drafter
+    from serve.drafters.folder import load_drafter, read_config
 
-    if not is_drafter_folder(parsed.path):
-        raise DrafterSpecError(f"{parsed.path} is not a draftsmith drafter folder (its config.json has no "
-                               f"'draftsmith_drafter' entry); train one with `draftsmith train`")
+    try:
+        read_config(parsed.path)  # not a drafter folder, or a damaged config.json: says which
+    except DraftsmithError as err:
+        raise DrafterSpecError(str(err)) from None
     if not parsed.options:
         return load_drafter(parsed.path, target, **opts)
     try:

@@ -3,11 +3,14 @@ target, and how it drafts unless told otherwise."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
-from typing import Optional
+from pathlib import Path
+from typing import Any, ClassVar, Optional
 
 from serve.errors import DraftsmithError
 from serve.layers import CONVENTION
+from serve.ranges import check_ranges
 
 FORMAT_KEY = "draftsmith_drafter"  # the config.json key that marks a native drafter folder (value: format version)
 FORMAT_VERSION = 1
@@ -17,6 +20,10 @@ METHODS = ("eagle1", "eagle3", "medusa")
 @dataclass
 class HeadConfig:
     """Everything needed to rebuild a head without its target; saved as the drafter folder's config.json."""
+    RANGES: ClassVar[dict[str, str]] = {"hidden_size": ">= 1", "vocab_size": ">= 1", "draft_vocab_size": ">= 1",
+                                        "num_speculative_tokens": ">= 1", "aux_layer_ids": ">= -1",  # -1: FINAL
+                                        "medusa_num_layers": ">= 1", "ttt_steps": ">= 1", "min_confidence": "[0, 1)",
+                                        "draftsmith_drafter": ">= 1"}
     method: str
     model_type: str
     hidden_size: int
@@ -45,13 +52,48 @@ class HeadConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "HeadConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+    def from_dict(cls, data: dict, *, source: str | Path = "drafter config") -> "HeadConfig":
+        """The config `data` describes; DraftsmithError naming the field when one is unknown, missing, of another
+        type or out of its range (`source`: where it was read, for the message)."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(fields))
         if unknown:
-            raise DraftsmithError(f"drafter config has unknown fields {unknown}; written by a newer draftsmith?")
-        return cls(**data)
+            raise DraftsmithError(f"{source} has unknown fields {unknown}; written by a newer draftsmith?")
+        missing = sorted(name for name, f in fields.items() if name not in data and
+                         f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        if missing:
+            raise DraftsmithError(f"{source} lacks {missing}: the drafter folder is damaged; copy or train it again")
+        hints = typing.get_type_hints(cls)
+        for name, value in data.items():
+            if not _is_a(value, hints[name]):
+                raise DraftsmithError(f"{source}: {name}={value!r} is not of type {_type_name(hints[name])}: the "
+                                      f"drafter folder is damaged; copy or train it again")
+        if data["method"] not in METHODS:
+            raise DraftsmithError(f"{source}: unknown drafter method {data['method']!r}; one of {', '.join(METHODS)}")
+        config = cls(**data)
+        check_ranges(config, prefix=f"{source}: ")
+        return config
 
     @property
     def uses_draft_vocab(self) -> bool:
         return self.draft_vocab_size != self.vocab_size
+
+
+def _is_a(value: Any, annotation: Any) -> bool:
+    """isinstance for the JSON types HeadConfig's fields hold: int, float, bool, str, list[int], dict, Optional."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Union:
+        return any(_is_a(value, a) for a in args)
+    if annotation is type(None):
+        return value is None
+    if origin is list:
+        return isinstance(value, list) and all(_is_a(v, args[0]) for v in value)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, origin or annotation)
+
+
+def _type_name(annotation: Any) -> str:
+    return str(annotation).replace("typing.", "") if typing.get_args(annotation) else annotation.__name__

@@ -82,12 +82,17 @@ def read_config(folder: str | Path) -> dict:
 
 
 def read_tensors(folder: str | Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = Path(folder) / WEIGHTS_NAME
     if not path.is_file():
         raise ExportError(f"{folder}: no {WEIGHTS_NAME}")
-    return load_file(str(path))
+    try:  # as the engines read it: they ignore checksums.json, so the read-back does too
+        return load_file(str(path))
+    except SafetensorError as err:
+        raise ExportError(f"{path} cannot be read as safetensors ({' '.join(str(err).split())}): the file is "
+                          f"damaged; export again") from None
 
 
 def lookup(config: dict, dotted: str) -> Any:

@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from safetensors.torch import save_file
-
-from serve.drafters.folder import load_head, read_config as read_native_config
+from serve.drafters.folder import CHECKSUMS_NAME, load_head, read_config as read_native_config, write_weights
 from serve.drafters.identity import check_target_identity
 from serve.errors import DraftsmithError
 from serve.export.common import CONFIG_NAME, WEIGHTS_NAME, target_facts
+from serve.files import write_text_atomic
 from serve.export.engines import refuse_unless_supported
 from serve.export.formats import format_module
 from serve.export.layer_ids import aux_layer_ids_for
@@ -46,8 +45,8 @@ def write_export(native_dir: str | Path, fmt: str, out_dir: str | Path, *, targe
     body.update(provenance(config, fmt=fmt, engine=fmt,
                            engine_layer_ids=aux_layer_ids_for(config, module.NAME, facts.num_layers),
                            native_dir=native_dir))
-    (out / CONFIG_NAME).write_text(json.dumps(body, indent=2) + "\n")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    write_weights(tensors, out, metadata={"format": "pt"})
+    write_text_atomic(out / CONFIG_NAME, json.dumps(body, indent=2) + "\n")
     return out
 
 
@@ -55,7 +54,7 @@ def _fresh_folder(out_dir: str | Path) -> Path:
     """OUT without a previous export's files; refuses other weights an engine might pick up too."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name in (CONFIG_NAME, WEIGHTS_NAME, README_NAME, REPORT_NAME):
+    for name in (CONFIG_NAME, WEIGHTS_NAME, CHECKSUMS_NAME, README_NAME, REPORT_NAME):
         (out / name).unlink(missing_ok=True)
     foreign = sorted(p.name for p in out.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".pth", ".gguf")
                      or p.name.endswith(".index.json"))
