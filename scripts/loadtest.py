@@ -318,7 +318,7 @@ def free_port() -> int:
 class ServerProcess:
     """`draftsmith serve` in a child process on a free loopback port, stopped by its pid on exit."""
 
-    def __init__(self, flags: list[str], overrides: list[str], log_path: Path):
+    def __init__(self, flags: list[str], overrides: list[str], log_path: Path, *, root: Path | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -326,8 +326,9 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "scripts.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--served-model-name", "loadtest", *flags, *overrides, "log_level=warning"]
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+        # root: the checkout whose code serves (another one's, to compare versions); default this one
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     cwd=Path(__file__).resolve().parent.parent)
+                                     cwd=root or Path(__file__).resolve().parent.parent)
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

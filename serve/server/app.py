@@ -5,28 +5,37 @@ Every error leaves as an OpenAI-style body `{"error": {"message", "type", "param
 Streams end with `data: [DONE]`. A client that disconnects cancels its generation: streamed
 responses are cancelled by Starlette when the client goes away (the generator's `finally` sets the
 job's cancel flag); whole responses poll for the disconnect while they wait.
+
+One request cannot stall the others: its body is bounded while it arrives, its prompt's length before it is
+tokenized (serve.server.limits), and prompts are rendered and tokenized on a thread of their own, so the event
+loop keeps answering /health and streaming other clients' tokens meanwhile.
 """
 from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from serve.server.config import ServeConfig
 from serve.server.engine import (Cancelled, Engine, Event, Failed, Finished, GenerationParams, Job, QueueFull,
                                  Started, Tokens)
+from serve.server.limits import BodyLimit, check_prompt_chars, longest_token_chars
 from serve.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from serve.server.prompts import encode_completion_prompt, render_chat, resolve_max_tokens
+from serve.server.prompts import (check_token_ids, completion_prompt, encode_text_prompt, render_chat,
+                                  resolve_max_tokens)
 from serve.server.record import TrafficRecorder
 from serve.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList,
                                   SamplingFields, Usage, error_body)
@@ -96,25 +105,36 @@ def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'decode error')})", None
     param = ".".join(loc) or None
-    message = first.get("msg", "invalid request")
+    message = first.get("msg", "invalid request").removeprefix("Value error, ")
     return (f"{param}: {message}" if param else message), param
 
 
 class Server:
-    """Holds what the routes share: engine, tokenizer copy, metrics, names and limits."""
+    """Holds what the routes share: engine, tokenizer copies, metrics, names and limits."""
 
     def __init__(self, engine: Engine, *, model_name: str, context_length: int | None = None,
-                 recorder: TrafficRecorder | None = None):
+                 recorder: TrafficRecorder | None = None, max_prompt_chars: int | None = None):
         self.engine = engine
         self.model_name = model_name
         self.recorder = recorder
         target = engine.target
-        # The worker thread uses target.tokenizer (stop strings); the event loop gets its own copy,
-        # since a Rust tokenizer borrowed from two threads at once can raise "Already borrowed".
+        # The worker thread uses target.tokenizer (stop strings), the event loop a copy (response text) and the
+        # prompt thread another, since a Rust tokenizer borrowed from two threads at once can raise "Already
+        # borrowed". One prompt thread: tokenizing is CPU-bound, the GIL is shared, and the worker needs the cores.
         self.tokenizer = copy.deepcopy(target.tokenizer)
+        self.prompt_tokenizer = copy.deepcopy(target.tokenizer)
+        self.prompt_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftsmith-prompts")
         config = text_config(target.model.config)
         self.vocab_size = int(config.vocab_size)
         self.context_length = int(context_length or config.max_position_embeddings)
+        if max_prompt_chars is None:
+            longest = longest_token_chars(target.tokenizer)
+            self.max_prompt_chars = longest * self.context_length
+            self.prompt_chars_why = (f"no longer prompt fits the {self.context_length:,}-token context, at most "
+                                     f"{longest} characters a token; serve.max_prompt_chars sets the limit")
+        else:
+            self.max_prompt_chars = max_prompt_chars
+            self.prompt_chars_why = "serve.max_prompt_chars"
         self.eos_token_ids = set(target.eos_token_ids)
         self.metrics = ServerMetrics(engine.drafter_name)
         self.created = int(time.time())
@@ -126,6 +146,20 @@ class Server:
                            f"`{self.model_name}` (see GET /v1/models)", param="model", code="model_not_found")
         if body.n != 1:
             raise APIError(400, f"n={body.n} is not supported; send n=1 (or several requests)", param="n")
+        found = body.unsupported()
+        if found is not None:
+            name, lacking = found
+            raise APIError(400, f"`{name}` is not supported by this server ({lacking}); send the request without it",
+                           param=name)
+
+    def check_prompt_chars(self, chars: int, param: str) -> None:
+        check_prompt_chars(chars, limit=self.max_prompt_chars, why=self.prompt_chars_why, param=param)
+
+    async def prompt_ids(self, build: Callable[..., list[int]], *args: Any) -> list[int]:
+        """`build(tokenizer, *args)` on the prompt thread: templating and tokenizing a long prompt take long
+        enough to stall every other client if they ran on the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.prompt_thread, functools.partial(build, self.prompt_tokenizer, *args))
 
     def start(self, endpoint: str, body: SamplingFields, prompt_ids: list[int], requested: int | None,
               arrival: float, param: str) -> Call:
@@ -329,10 +363,12 @@ class Server:
 
 
 def create_app(engine: Engine, *, model_name: str, context_length: int | None = None,
-               recorder: TrafficRecorder | None = None) -> FastAPI:
+               recorder: TrafficRecorder | None = None, max_body_mb: float = ServeConfig.max_body_mb,
+               max_prompt_chars: int | None = None) -> FastAPI:
     """The ASGI app; it starts the engine's worker on startup and stops it on shutdown. `recorder` keeps every
-    answered request (serve.server.record)."""
-    server = Server(engine, model_name=model_name, context_length=context_length, recorder=recorder)
+    answered request (serve.server.record); the limits are ServeConfig's."""
+    server = Server(engine, model_name=model_name, context_length=context_length, recorder=recorder,
+                    max_prompt_chars=max_prompt_chars)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -340,11 +376,14 @@ def create_app(engine: Engine, *, model_name: str, context_length: int | None = 
         try:
             yield
         finally:
+            server.prompt_thread.shutdown(wait=False, cancel_futures=True)
             engine.close()
 
     app = FastAPI(title="draftsmith", description="OpenAI-compatible server on a speculative decoder",
                   lifespan=lifespan)
     app.state.server = server
+    app.add_middleware(BodyLimit, max_bytes=int(max_body_mb * (1 << 20)),
+                       refused=lambda path: server.metrics.request(_endpoint(path), "rejected"))
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, err: APIError) -> JSONResponse:
@@ -372,7 +411,8 @@ def create_app(engine: Engine, *, model_name: str, context_length: int | None = 
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         arrival = time.perf_counter()
         server.check_request(body)
-        prompt_ids = render_chat(server.tokenizer, body.messages)
+        server.check_prompt_chars(sum(len(m.text()) for m in body.messages), "messages")
+        prompt_ids = await server.prompt_ids(render_chat, body.messages)
         call = server.start("chat", body, prompt_ids, body.requested_max_tokens, arrival, "messages")
         return await server.answer(call, request)
 
@@ -380,11 +420,12 @@ def create_app(engine: Engine, *, model_name: str, context_length: int | None = 
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrival = time.perf_counter()
         server.check_request(body)
-        for name, unsupported in (("echo", body.echo), ("logprobs", body.logprobs is not None),
-                                  ("suffix", body.suffix is not None)):
-            if unsupported:
-                raise APIError(400, f"`{name}` is not supported by this server", param=name)
-        prompt_ids = encode_completion_prompt(server.tokenizer, body, server.vocab_size)
+        prompt = completion_prompt(body)
+        if isinstance(prompt, str):
+            server.check_prompt_chars(len(prompt), "prompt")
+            prompt_ids = await server.prompt_ids(encode_text_prompt, prompt)
+        else:
+            prompt_ids = check_token_ids(prompt, server.vocab_size)
         call = server.start("completions", body, prompt_ids, body.requested_max_tokens, arrival, "prompt")
         return await server.answer(call, request)
 

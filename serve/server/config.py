@@ -35,6 +35,12 @@ class ServeConfig:
     served_model_name: Optional[str] = None  # the `model` clients send; default: the target's name
     context_length: Optional[int] = None  # default: the target's max_position_embeddings
     max_queue: int = 64  # requests waiting beyond this get a 503
+    # a larger request body gets a 413 while it arrives (serve.server.limits); a full 128k-token context of English
+    # text is about 0.5 MB of JSON
+    max_body_mb: float = 4.0
+    # a longer prompt (characters, before tokenizing) gets a 400; default: the vocabulary's longest entry times the
+    # context length, the most characters a prompt that fits could have
+    max_prompt_chars: Optional[int] = None
     record: Optional[str] = None  # folder that keeps every answered request (serve.server.record); None: off
     record_segment_mb: float = 64.0  # a new traffic-NNNNN.jsonl segment starts beyond this size
     log_level: str = "info"
@@ -51,3 +57,7 @@ class ServeConfig:
             raise ConfigError(f"port must be in 0..65535 and max_queue >= 1 (got {self.port}, {self.max_queue})")
         if self.context_length is not None and self.context_length < 2:
             raise ConfigError(f"context_length must be at least 2, got {self.context_length}")
+        if not self.max_body_mb > 0:  # NaN too
+            raise ConfigError(f"max_body_mb must be a positive number of megabytes, got {self.max_body_mb}")
+        if self.max_prompt_chars is not None and self.max_prompt_chars < 1:
+            raise ConfigError(f"max_prompt_chars must be at least 1, got {self.max_prompt_chars}")

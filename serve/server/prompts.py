@@ -22,20 +22,28 @@ def render_chat(tokenizer: Any, messages: list[ChatMessage]) -> list[int]:
         raise APIError(400, f"the chat template rejected these messages: {err}", param="messages") from None
 
 
-def encode_completion_prompt(tokenizer: Any, body: CompletionRequest, vocab_size: int) -> list[int]:
-    """A string (encoded with the tokenizer's special tokens, e.g. BOS) or one list of token ids."""
+def completion_prompt(body: CompletionRequest) -> str | list[int]:
+    """The request's one prompt: a string, or a list of token ids (several prompts per request are refused)."""
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
             raise APIError(400, f"one prompt per request is supported, got {len(prompt)}; send them as "
                            f"separate requests", param="prompt")
         prompt = prompt[0]
-    if isinstance(prompt, str):
-        return prompts.encode_prompt(tokenizer, prompt, chat=False)
-    bad = [t for t in prompt if not 0 <= t < vocab_size]
-    if bad:
-        raise APIError(400, f"token id {bad[0]} is out of range for a vocabulary of {vocab_size}", param="prompt")
-    return list(prompt)
+    return prompt
+
+
+def encode_text_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """A completion prompt's ids: encoded with the tokenizer's special tokens (e.g. BOS)."""
+    return prompts.encode_prompt(tokenizer, prompt, chat=False)
+
+
+def check_token_ids(token_ids: list[int], vocab_size: int) -> list[int]:
+    """A prompt sent as token ids, once every id is in the vocabulary (min / max: a million ids in milliseconds)."""
+    if token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab_size):
+        bad = next(t for t in token_ids if not 0 <= t < vocab_size)
+        raise APIError(400, f"token id {bad} is out of range for a vocabulary of {vocab_size}", param="prompt")
+    return list(token_ids)
 
 
 def resolve_max_tokens(*, prompt_tokens: int, requested: int | None, context_length: int, param: str) -> int:

@@ -2,11 +2,14 @@
 
 Field names and defaults follow the OpenAI API reference (chat completions, legacy completions);
 `top_k`, `ignore_eos` and `return_token_ids` are the extensions vLLM also accepts. Unknown request fields are ignored,
-as vLLM does, so clients that send newer fields keep working.
+as vLLM does, so clients that send newer fields keep working; the OpenAI fields this server cannot honour
+(logprobs, tools, penalties, ...) are refused with a 400 naming the field when they ask for something
+(`unsupported`), rather than silently ignored. Numbers must be finite (JSON's NaN / Infinity are refused) and
+strings valid Unicode (a lone UTF-16 surrogate such as "\ud800" is refused).
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -34,8 +37,44 @@ def error_body(message: str, *, type: str = "invalid_request_error", param: str 
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+def _check_unicode(value: Any) -> None:
+    """Refuse a lone UTF-16 surrogate anywhere in `value`: JSON's "\\ud800" escape parses to one, which no
+    tokenizer or UTF-8 encoder accepts."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise ValueError(f"contains a lone UTF-16 surrogate (U+{ord(value[err.start]):04X} at character "
+                             f"{err.start}), which is not valid Unicode; send UTF-8 text (a \\uD800-\\uDFFF "
+                             f"escape must be one half of a surrogate pair)") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_unicode(key)
+            _check_unicode(item)
+    elif isinstance(value, (list, tuple)) and not (value and isinstance(value[0], int)):  # token ids: all ints
+        for item in value:
+            _check_unicode(item)
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        _check_unicode(value)
+        return value
+
+    # field -> (the values that ask for nothing, what the server lacks): a request that sets one of these fields to
+    # anything else is refused with a 400 naming it, rather than answered as if the field were not there
+    UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {}
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(field, what the server lacks) for the first field set to something this server cannot do, or None."""
+        for name, (harmless, lacking) in self.UNSUPPORTED.items():
+            if getattr(self, name) not in harmless:
+                return name, lacking
+        return None
 
 
 class StreamOptions(_Request):
@@ -49,7 +88,7 @@ class SamplingFields(_Request):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)  # extension: 0 = off
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # what torch.Generator.manual_seed takes
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1)
@@ -58,6 +97,14 @@ class SamplingFields(_Request):
     return_token_ids: bool = False
     store: bool | None = None  # false: a recording server (`serve --record`) keeps nothing of this request
     metadata: dict[str, str] | None = None  # `domain` files the request under that domain in the recording
+    # accepted only at values that ask for nothing (UNSUPPORTED)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
+        "presence_penalty": ((None, 0.0), "no penalties"), "frequency_penalty": ((None, 0.0), "no penalties"),
+        "logit_bias": ((None, {}), "no logit bias")}
 
     @field_validator("stop")
     @classmethod
@@ -87,12 +134,23 @@ class ContentPart(_Request):
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
+    content: str | list[ContentPart]
+    tool_calls: list[Any] | None = None  # refused (UNSUPPORTED)
+
+    UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {"tool_calls": ((None, []), "no function calling")}
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_not_null(cls, value: Any) -> Any:
+        if value is None:  # OpenAI allows it only on an assistant turn that carries tool_calls
+            raise ValueError("must be a string or a list of text parts, not null (null content belongs to an "
+                             "assistant turn with tool_calls, and this server does not do function calling)")
+        return value
 
     def text(self) -> str:
         """The message as plain text; only text parts are supported (no images or audio)."""
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
+        if isinstance(self.content, str):
+            return self.content
         for part in self.content:
             if part.type != "text" or part.text is None:
                 raise APIError(400, f"content parts of type {part.type!r} are not supported; send text",
@@ -104,6 +162,28 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # newer name of max_tokens
+    # accepted only at values that ask for nothing (UNSUPPORTED)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None  # the deprecated spellings of tools / tool_choice
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
+
+    UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
+        **SamplingFields.UNSUPPORTED, "logprobs": ((None, False), "no log-probabilities"),
+        "top_logprobs": ((None, 0), "no log-probabilities"), "tools": ((None, []), "no function calling"),
+        "tool_choice": ((None, "none"), "no function calling"), "functions": ((None, []), "no function calling"),
+        "function_call": ((None, "none"), "no function calling"),
+        "response_format": ((None, {"type": "text"}), "no structured output: text only")}
+
+    def unsupported(self) -> tuple[str, str] | None:
+        for i, message in enumerate(self.messages):
+            found = message.unsupported()
+            if found is not None:
+                return f"messages.{i}.{found[0]}", found[1]
+        return super().unsupported()
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -114,9 +194,15 @@ class CompletionRequest(SamplingFields):
     # A string or one list of token ids; several prompts per request are refused (see app.py).
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)  # the legacy API's default
+    # accepted only at values that ask for nothing (UNSUPPORTED)
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
+    best_of: int | None = None
+
+    UNSUPPORTED: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {
+        **SamplingFields.UNSUPPORTED, "echo": ((False,), "no echo"), "logprobs": ((None,), "no log-probabilities"),
+        "suffix": ((None,), "no insertion"), "best_of": ((None, 1), "one completion per request")}
 
     @property
     def requested_max_tokens(self) -> int | None:
