@@ -19,7 +19,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-speculation", dest="speculation", action="store_false", default=None,
                         help="plain decoding, for comparison")
     parser.add_argument("--served-model-name", default=None,
-                        help="the `model` name clients send (default: the target's name)")
+                        help="the model id /v1/models lists and responses carry (default: the target's folder or hub "
+                             "repository name, e.g. SmolLM2-135M-Instruct); requests may also name the target as given")
     parser.add_argument("--record", default=None, metavar="DIR",
                         help="keep every answered request in DIR as training data (serve/server/record.py; a request "
                              "sent with \"store\": false is not kept; metadata.domain files it by domain)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -27,8 +28,8 @@ def target(tiny_target_dir):
 
 @pytest.fixture(scope="module")
 def served(target):
-    """draftsmith serve (plain decoding) of the tiny target under the target's own name."""
-    with running_server(create_app(Engine(target, None), model_name=target.name)) as url:
+    """draftsmith serve (plain decoding) of the tiny target under its default id, the short name of its folder."""
+    with running_server(create_app(Engine(target, None))) as url:
         yield url
 
 
@@ -86,7 +87,7 @@ def test_server_build_equals_in_process_build(tmp_path, target, prompts, served,
     assert read(tmp_path / "remote") == read(tmp_path / "local")
     assert (remote.rows, remote.loss_tokens) == (local.rows, local.loss_tokens)
     info = json.loads((tmp_path / "remote" / "build_info.json").read_text())
-    assert info["generation"]["engine"]["kind"] == "server" and info["generation"]["engine"]["model"] == target.name
+    assert info["generation"]["engine"]["kind"] == "server" and info["generation"]["engine"]["model"] == Path(target.name).name
     assert info["generation"]["sampling"]["temperature"] == temperature
 
 

@@ -320,6 +320,21 @@ def test_build_app_from_config(tiny_target_dir):
         _error(resp, 400, code="context_length_exceeded")
 
 
+def test_the_short_model_id_is_served_and_the_full_name_accepted(target, tiny_target_dir):
+    """As vLLM's --served-model-name: one id listed and answered with; here the default is the target's folder name,
+    and the target as given (its full path) is accepted too."""
+    with running_server(create_app(Engine(target, None))) as base:
+        card = httpx.get(f"{base}/v1/models").json()["data"]
+        assert [(c["id"], c["root"]) for c in card] == [(tiny_target_dir.name, str(tiny_target_dir))]
+        for name in (tiny_target_dir.name, str(tiny_target_dir)):
+            out = httpx.post(f"{base}/v1/completions", json={"model": name, "prompt": "ab", "max_tokens": 2},
+                             timeout=30)
+            assert out.status_code == 200 and out.json()["model"] == tiny_target_dir.name
+        resp = httpx.post(f"{base}/v1/completions", json={"model": "tiny-other", "prompt": "ab"}, timeout=30)
+        assert _error(resp, 404, code="model_not_found")["message"].endswith(
+            f"this server serves `{tiny_target_dir.name}` (see GET /v1/models)")
+
+
 def test_serves_a_drafter_folder_with_tree_drafting_losslessly(target, tiny_target_dir, tmp_path):
     """A (random) EAGLE-3 head folder served with dynamic trees: greedy text equals plain decoding's."""
     from serve.config import load_config

@@ -39,7 +39,7 @@ def build_app(config: ServeConfig, *, log=None) -> Any:
                                    max_segment_bytes=int(config.record_segment_mb * (1 << 20)))
         if log:
             log(f"recording answered requests into {config.record} (a request with \"store\": false is not kept)")
-    return create_app(engine, model_name=config.served_model_name or target.name, context_length=config.context_length,
+    return create_app(engine, model_name=config.served_model_name, context_length=config.context_length,
                       recorder=recorder, max_body_mb=config.max_body_mb, max_prompt_chars=config.max_prompt_chars)
 
 

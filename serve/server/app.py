@@ -22,6 +22,7 @@ import uuid
 from contextlib import asynccontextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
@@ -109,15 +110,25 @@ def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {message}" if param else message), param
 
 
+def short_model_name(target_name: str) -> str:
+    """The id a server lists by default: the folder or hub repository name (`HuggingFaceTB/SmolLM2-135M-Instruct`
+    -> `SmolLM2-135M-Instruct`, `/models/mine/` -> `mine`)."""
+    return PurePath(target_name).name or target_name
+
+
 class Server:
     """Holds what the routes share: engine, tokenizer copies, metrics, names and limits."""
 
-    def __init__(self, engine: Engine, *, model_name: str, context_length: int | None = None,
+    def __init__(self, engine: Engine, *, model_name: str | None = None, context_length: int | None = None,
                  recorder: TrafficRecorder | None = None, max_prompt_chars: int | None = None):
         self.engine = engine
-        self.model_name = model_name
         self.recorder = recorder
         target = engine.target
+        # As vLLM's --served-model-name: responses and /v1/models carry one id, requests may name any of these; the
+        # target as given (path or hub id) stays accepted beside the short default.
+        self.model_name = model_name or short_model_name(str(target.name))
+        self.model_names = {self.model_name, str(target.name), str(target.path)}
+        self.root = str(target.name)
         # The worker thread uses target.tokenizer (stop strings), the event loop a copy (response text) and the
         # prompt thread another, since a Rust tokenizer borrowed from two threads at once can raise "Already
         # borrowed". One prompt thread: tokenizing is CPU-bound, the GIL is shared, and the worker needs the cores.
@@ -141,7 +152,7 @@ class Server:
 
     # ---- request handling -------------------------------------------------------------------------
     def check_request(self, body: SamplingFields) -> None:
-        if body.model != self.model_name:
+        if body.model not in self.model_names:
             raise APIError(404, f"The model `{body.model}` does not exist; this server serves "
                            f"`{self.model_name}` (see GET /v1/models)", param="model", code="model_not_found")
         if body.n != 1:
@@ -357,16 +368,17 @@ class Server:
         return await self.whole(call, request)
 
     def model_card(self) -> ModelCard:
-        return ModelCard(id=self.model_name, created=self.created, max_model_len=self.context_length,
+        return ModelCard(id=self.model_name, created=self.created, root=self.root, max_model_len=self.context_length,
                          drafter=self.engine.drafter_name, num_speculative_tokens=self.engine.k
                          if self.engine.speculation else 0)
 
 
-def create_app(engine: Engine, *, model_name: str, context_length: int | None = None,
+def create_app(engine: Engine, *, model_name: str | None = None, context_length: int | None = None,
                recorder: TrafficRecorder | None = None, max_body_mb: float = ServeConfig.max_body_mb,
                max_prompt_chars: int | None = None) -> FastAPI:
-    """The ASGI app; it starts the engine's worker on startup and stops it on shutdown. `recorder` keeps every
-    answered request (serve.server.record); the limits are ServeConfig's."""
+    """The ASGI app; it starts the engine's worker on startup and stops it on shutdown. `model_name`: the id it
+    serves (default: the target's short name); `recorder` keeps every answered request (serve.server.record);
+    the limits are ServeConfig's."""
     server = Server(engine, model_name=model_name, context_length=context_length, recorder=recorder,
                     max_prompt_chars=max_prompt_chars)
 

@@ -32,7 +32,9 @@ class ServeConfig:
     speculation: bool = True  # false: plain decoding (the baseline to compare against)
     host: str = "127.0.0.1"
     port: int = 8000
-    served_model_name: Optional[str] = None  # the `model` clients send; default: the target's name
+    # the `model` id /v1/models lists and responses carry; default: the target's short name (its folder or hub
+    # repository name). Requests may also name the target as given (its path or hub id).
+    served_model_name: Optional[str] = None
     context_length: Optional[int] = None  # default: the target's max_position_embeddings
     max_queue: int = 64  # requests waiting beyond this get a 503
     # a larger request body gets a 413 while it arrives (serve.server.limits); a full 128k-token context of English

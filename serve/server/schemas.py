@@ -229,6 +229,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "draftsmith"
+    root: str  # the target as given (path or hub id), as vLLM lists it
     max_model_len: int
     drafter: str
     num_speculative_tokens: int
