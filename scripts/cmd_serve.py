@@ -15,7 +15,8 @@ def add_arguments(parser) -> None:
                         help="draft tokens per cycle (default: the K the drafter folder records, else 5; at most, "
                              "unless length=fixed)")
     parser.add_argument("--host", default=None, help="bind address (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=None, help="port (default: 8000)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="port (default: 8000; 0 picks a free one); a busy port is reported before the model loads")
     parser.add_argument("--no-speculation", dest="speculation", action="store_false", default=None,
                         help="plain decoding, for comparison")
     parser.add_argument("--served-model-name", default=None,

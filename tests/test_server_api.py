@@ -3,8 +3,12 @@ the n-gram drafter, the official `openai` client; bad inputs, concurrency and di
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -20,6 +24,7 @@ from serve.target import load_target
 from tests.server_fixtures import running_server
 from tests.tiny_models import save_tiny_target
 
+ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny"
 K = 4
 
@@ -333,6 +338,20 @@ def test_the_short_model_id_is_served_and_the_full_name_accepted(target, tiny_ta
         resp = httpx.post(f"{base}/v1/completions", json={"model": "tiny-other", "prompt": "ab"}, timeout=30)
         assert _error(resp, 404, code="model_not_found")["message"].endswith(
             f"this server serves `{tiny_target_dir.name}` (see GET /v1/models)")
+
+
+def test_a_busy_port_is_reported_before_the_model_loads(tmp_path):
+    """One line, exit 2, and no model loaded: the target named does not even exist."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        run = subprocess.run([sys.executable, "-m", "scripts.cli", "serve", "--target", str(tmp_path / "absent"),
+                              "--port", str(port)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines() == [f"error: port {port} on 127.0.0.1 is already in use (another "
+                                               f"server?); stop it, or pass --port with a free port (--port 0 picks "
+                                               f"one)"]
 
 
 def test_serves_a_drafter_folder_with_tree_drafting_losslessly(target, tiny_target_dir, tmp_path):

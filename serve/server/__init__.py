@@ -44,8 +44,19 @@ def build_app(config: ServeConfig, *, log=None) -> Any:
 
 
 def serve_forever(config: ServeConfig, *, log=None) -> None:
-    """Build the app and serve it with uvicorn until interrupted."""
+    """Take the address, build the app and serve it with uvicorn until interrupted."""
     import uvicorn
 
-    app = build_app(config, log=log)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level)
+    from serve.server.bind import bind_socket
+
+    config.validate()
+    sock = bind_socket(config.host, config.port)  # before loading: a busy port is reported at once
+    try:
+        app = build_app(config, log=log)
+        server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level))
+        if log:  # uvicorn says where it listens only when it binds the socket itself
+            host, port = sock.getsockname()[:2]
+            log(f"serving on http://{f'[{host}]' if ':' in host else host}:{port} (Ctrl+C to stop)")
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
