@@ -45,8 +45,10 @@ def _error(resp: httpx.Response, status: int, *, param: str | None = None, code:
     assert resp.status_code == status, resp.text
     err = resp.json()["error"]
     assert set(err) == {"message", "type", "param", "code"}
-    assert (err["param"], err["code"]) == (param if param is not None else err["param"],
-                                           code if code is not None else err["code"])
+    if param is not None:
+        assert err["param"] == param, err
+    if code is not None:
+        assert err["code"] == code, err
     assert match.lower() in err["message"].lower(), err["message"]
     return err["message"]
 
@@ -193,8 +195,9 @@ def test_fields_the_server_cannot_honour_are_refused_by_name(url):
                               ({"response_format": {"type": "json_object"}}, "response_format", "structured output"),
                               ({"frequency_penalty": 0.5}, "frequency_penalty", "penalties"),
                               ({"logit_bias": {"5": 10}}, "logit_bias", "logit bias")):
-        _error(post("/v1/chat/completions", {**CHAT, **extra}), 400, param=param, match=f"`{param}` is not supported")
-        _error(post("/v1/chat/completions", {**CHAT, **extra}), 400, match=why)
+        message = _error(post("/v1/chat/completions", {**CHAT, **extra}), 400, param=param,
+                         match=f"`{param}` is not supported")
+        assert why in message
     _error(post("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 1}), 400, param="logprobs")
     _error(post("/v1/completions", {"model": MODEL, "prompt": "x", "best_of": 3}), 400, param="best_of")
     null = {**CHAT, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]}
