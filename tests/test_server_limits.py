@@ -211,3 +211,16 @@ def test_fields_the_server_cannot_honour_are_refused_by_name(url):
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
     with pytest.raises(openai.BadRequestError, match="logprobs"):
         client.chat.completions.create(model=MODEL, messages=CHAT["messages"], logprobs=True, top_logprobs=1)
+
+
+@pytest.mark.parametrize("override, message", [("max_body_mb=0", "max_body_mb must be above 0"),
+                                               ("max_body_mb=nan", "max_body_mb must be a finite number"),
+                                               ("max_prompt_chars=0", "max_prompt_chars must be at least 1"),
+                                               ("record_segment_mb=-1", "record_segment_mb must be above 0")])
+def test_limits_are_checked_when_the_config_is_built(override, message):
+    from serve.config import load_config
+    from serve.errors import ConfigError
+    from serve.server import ServeConfig
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(ServeConfig, overrides=[override])

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-from serve.errors import ConfigError
+from serve.ranges import check_ranges
 from serve.target_config import TargetConfig
 
 
@@ -12,6 +12,7 @@ from serve.target_config import TargetConfig
 class TreeOptions:
     """Tree drafting (EAGLE-2 style dynamic tree) for drafters that support it; off = a chain of k.
     Unset values are what the drafter folder records (serve/drafters/settings.py), else chains / 5, 4, 24."""
+    RANGES: ClassVar[dict[str, str]] = {"depth": ">= 1", "top_k": ">= 1", "total_tokens": ">= 1"}
     enabled: Optional[bool] = None
     depth: Optional[int] = None
     top_k: Optional[int] = None
@@ -23,6 +24,9 @@ class ServeConfig:
     # the flat spellings of earlier versions keep working (serve.config.load_config)
     ALIASES: ClassVar[dict[str, str]] = {"dtype": "target.dtype", "device": "target.device",
                                          "threads": "target.threads", "target": "target.spec"}
+    RANGES: ClassVar[dict[str, str]] = {"k": ">= 1", "port": "[0, 65535]", "context_length": ">= 2",
+                                        "max_queue": ">= 1", "max_body_mb": "> 0", "max_prompt_chars": ">= 1",
+                                        "record_segment_mb": "> 0"}
     target: TargetConfig = field(default_factory=TargetConfig)  # `--target` sets target.spec
     drafter: str = "ngram"  # ngram[:max_n=8], model:PATH, oracle, a trained drafter folder, or hybrid:DIR
     # draft tokens per cycle (at most: the length is chosen per step unless SPEC:length=fixed); default: the K
@@ -48,18 +52,5 @@ class ServeConfig:
     log_level: str = "info"
 
     def validate(self) -> None:
+        check_ranges(self)  # the RANGES above, tree's and target's; every float finite
         self.target.validate()
-        if self.k is not None and self.k < 1:
-            raise ConfigError(f"k must be at least 1, got {self.k}")
-        for key in ("depth", "top_k", "total_tokens"):
-            value = getattr(self.tree, key)
-            if value is not None and value < 1:
-                raise ConfigError(f"tree.{key} must be at least 1, got {value}")
-        if not 0 <= self.port <= 65535 or self.max_queue < 1:
-            raise ConfigError(f"port must be in 0..65535 and max_queue >= 1 (got {self.port}, {self.max_queue})")
-        if self.context_length is not None and self.context_length < 2:
-            raise ConfigError(f"context_length must be at least 2, got {self.context_length}")
-        if not self.max_body_mb > 0:  # NaN too
-            raise ConfigError(f"max_body_mb must be a positive number of megabytes, got {self.max_body_mb}")
-        if self.max_prompt_chars is not None and self.max_prompt_chars < 1:
-            raise ConfigError(f"max_prompt_chars must be at least 1, got {self.max_prompt_chars}")
