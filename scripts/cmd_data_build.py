@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import sys
 
+from serve.threads import THREADS_HELP
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--target", required=True, help="HF folder, .gguf file, hub id, or `demo` (= data.target.spec)")
@@ -18,6 +20,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--traffic", action="append", default=None, metavar="DIR",
                         help="a `serve --record` folder: its served answers join the dataset as they are; "
                              "repeatable (= data.traffic)")
+    parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -27,11 +30,12 @@ def run(args) -> int:
     from serve.config import load_config
     from serve.files import check_output_path
 
-    flags = {"target.spec": args.target, "prompts": args.prompts, "limit": args.limit,
+    flags = {"target.spec": args.target, "target.threads": args.threads, "prompts": args.prompts, "limit": args.limit,
              "domain_field": args.domain_field, "traffic": args.traffic, "server.url": args.server}
     config = load_config(DataBuildConfig, config_file=args.config, section="data", overrides=args.overrides,
                          flags=flags)
     check_output_path(args.out, what="dataset folder", folder=True)
+    config.target.apply_threads()
     result = build_dataset(config.target.spec, config, out_dir=args.out, progress=not args.no_progress,
                            log=lambda msg: print(msg, file=sys.stderr))
     if result.draft_vocab_coverage is not None:

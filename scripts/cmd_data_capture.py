@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import sys
 
+from serve.threads import THREADS_HELP
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--target", required=True,
@@ -18,6 +20,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--storage-dtype", "--dtype", dest="storage_dtype", default=None,
                         help="the cache's dtype: bf16 | fp16 | fp32 (default: capture.storage_dtype = bf16; "
                              "--dtype is its earlier name)")
+    parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -27,10 +30,12 @@ def run(args) -> int:
     from serve.config import load_config
     from serve.files import check_output_path
 
-    flags = {"target.spec": args.target, "layers": args.layers, "storage_dtype": args.storage_dtype}
+    flags = {"target.spec": args.target, "target.threads": args.threads, "layers": args.layers,
+             "storage_dtype": args.storage_dtype}
     config = load_config(CaptureConfig, config_file=args.config, section="capture", overrides=args.overrides,
                          flags=flags)
     check_output_path(args.out, what="cache folder", folder=True)
+    config.target.apply_threads()  # each process of a multi-process capture then takes its share
     result = capture_hidden_states(config.target.spec, args.dataset, args.out, config, progress=not args.no_progress,
                                    log=lambda msg: print(msg, file=sys.stderr))
     if os.environ.get("RANK", "0") == "0":  # one line for the whole launch

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 
+from serve.threads import THREADS_HELP
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--target", default=None, help="HF folder, .gguf file, hub id, or `demo` (default); = target.spec")
@@ -36,7 +38,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-cost-model", action="store_true", help="skip measuring c and verify ratios")
     parser.add_argument("--dtype", default=None, help="target compute dtype (default float32; = target.dtype)")
     parser.add_argument("--device", default=None, help="auto (default: cuda when available), cpu, cuda:N")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 resists a busy machine)")
+    parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     parser.add_argument("--json", default=None, metavar="OUT.json", help="write the result here")
     parser.add_argument("--report", default=None, metavar="DIR", help="write report.md, result.json and plots here")
     parser.add_argument("--wandb", action="store_true", help="log the result and plots to wandb (honours WANDB_MODE)")
@@ -85,6 +87,7 @@ def run(args) -> int:
         check_output_path(args.json, what="--json file")
     if args.report:
         check_output_path(args.report, what="--report folder", folder=True)
+    config.target.apply_threads()
     drafters = parse_named_specs(args.drafter or ["ngram"])
     result = evaluate(config.target.spec, drafters, args.prompts or ["builtin"], config)
     print_summary(result)

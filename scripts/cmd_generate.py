@@ -10,6 +10,7 @@ from typing import ClassVar, Optional
 from serve.errors import ConfigError
 from serve.files import check_output_path, write_text_atomic
 from serve.target_config import TargetConfig
+from serve.threads import THREADS_HELP
 
 
 @dataclass
@@ -59,6 +60,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--tree", action=argparse.BooleanOptionalAction, default=None,
                         help="tree drafting (EAGLE / Medusa folders; default: what the folder records)")
     parser.add_argument("--dtype", default=None, help="target compute dtype (default float32; = target.dtype)")
+    parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     parser.add_argument("--json", default=None, help="write prompt/output token ids and stats here")
     parser.add_argument("--quiet", action="store_true", help="do not stream the text")
 
@@ -88,8 +90,9 @@ def run(args) -> int:
     from serve.drafters.settings import draft_settings
     from serve.prompts import encode_prompt
 
-    flags = {"target.spec": args.target, "target.dtype": args.dtype, **{name: getattr(args, name) for name in (
-        "drafter", "prompt", "chat", "k", "tree", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "stop")}}
+    flags = {"target.spec": args.target, "target.dtype": args.dtype, "target.threads": args.threads,
+             **{name: getattr(args, name) for name in ("drafter", "prompt", "chat", "k", "tree", "temperature",
+                                                      "top_k", "top_p", "max_new_tokens", "seed", "stop")}}
     config = load_config(GenerateConfig, config_file=args.config, section="generate", overrides=args.overrides,
                          flags=flags)
     if args.json:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from serve.threads import THREADS_HELP
+
 
 def add_arguments(parser) -> None:
     # Flags left unset keep the value from --config / key=value overrides (section `serve`).
@@ -22,6 +24,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--served-model-name", default=None,
                         help="the model id /v1/models lists and responses carry (default: the target's folder or hub "
                              "repository name, e.g. SmolLM2-135M-Instruct); requests may also name the target as given")
+    parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     parser.add_argument("--record", default=None, metavar="DIR",
                         help="keep every answered request in DIR as training data (serve/server/record.py; a request "
                              "sent with \"store\": false is not kept; metadata.domain files it by domain)")
@@ -31,7 +34,7 @@ def run(args) -> int:
     from serve.config import load_config
     from serve.server import ServeConfig, serve_forever
 
-    flags = {"target.spec": args.target, **{name: getattr(args, name) for name in (
+    flags = {"target.spec": args.target, "target.threads": args.threads, **{name: getattr(args, name) for name in (
         "drafter", "k", "host", "port", "speculation", "served_model_name", "record")}}
     config = load_config(ServeConfig, config_file=args.config, section="serve", overrides=args.overrides,
                          flags=flags)

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import os
 
+from serve.threads import THREADS_HELP
+
 
 def add_arguments(parser) -> None:
+    parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
@@ -19,7 +22,8 @@ def run(args) -> int:
     from train.config import TrainConfig, check
     from train.run import train_drafter
 
-    config = check(load_config(TrainConfig, config_file=args.config, overrides=args.overrides))
+    config = check(load_config(TrainConfig, config_file=args.config, overrides=args.overrides,
+                               flags={"target.threads": args.threads}))
     if args.print_config:
         print(OmegaConf.to_yaml(OmegaConf.structured(config)), end="")
         return 0

@@ -3,8 +3,9 @@ sets its spec). Kept free of torch, so the command line can build its parser wit
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 from serve.errors import TargetError
 from serve.ranges import check_ranges
@@ -19,7 +20,8 @@ class TargetConfig:
     spec: str = "demo"  # HF folder, .gguf file, hub id, or `demo` / `demo:<name>` (the embedded defaults)
     dtype: str = "float32"  # compute dtype: float32 | bfloat16 | float16 (or fp32 | bf16 | fp16); training: auto
     device: str = "auto"  # auto = cuda when available, else cpu; or cpu | cuda | cuda:N
-    threads: Optional[int] = None  # torch CPU threads (None: torch's choice); 1 resists a busy shared machine
+    threads: Optional[int] = None  # torch CPU threads; None: torch's default, lowered to the cores idle at start
+                                   # (serve/threads.py)
 
     def validate(self, *, key: str = "target") -> None:
         check_ranges(self, prefix=f"{key}.")
@@ -35,12 +37,12 @@ class TargetConfig:
             return self.device
         return "cuda" if torch.cuda.is_available() else "cpu"
 
-    def apply_threads(self) -> None:
-        """Set torch's CPU thread count when `threads` says so (process-wide)."""
-        if self.threads is not None:
-            import torch
+    def apply_threads(self, *, log: Callable[[str], None] | None = None):
+        """Set torch's CPU thread count (process-wide): `threads` when set, else the busy-machine policy of
+        serve/threads.py, which says in one line (to `log`, default stderr) when it lowered the default."""
+        from serve.threads import apply_threads
 
-            torch.set_num_threads(self.threads)
+        return apply_threads(self.threads, log=log or (lambda msg: print(msg, file=sys.stderr, flush=True)))
 
     def load(self, **kwargs: Any):
         """The serve.target.Target: load_target(spec) in this dtype (auto: float32) on this device; `kwargs` go

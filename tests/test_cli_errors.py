@@ -126,7 +126,7 @@ def test_ctrl_c_during_training(dataset, tmp_path):
     target, data = dataset
     out = tmp_path / "run"
     args = _train_args(target, data, out, "optim.max_steps=100000", "checkpoint.every=3", "log.every=1")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DRAFTSMITH_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "scripts.cli", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 240
