@@ -17,10 +17,11 @@ from serve.config import load_config
 from serve.errors import ConfigError
 from serve.export.config import ExportConfig
 from serve.ranges import check_ranges, parse_range
+from serve.server.config import ServeConfig
 from train.config import TrainConfig
 
-COMMAND_CONFIGS = [TrainConfig, DataBuildConfig, CaptureConfig, EvalConfig, GenerateConfig, ExportConfig, DemoConfig,
-                   FetchDemoConfig]
+COMMAND_CONFIGS = [TrainConfig, DataBuildConfig, CaptureConfig, EvalConfig, GenerateConfig, ServeConfig, ExportConfig,
+                   DemoConfig, FetchDemoConfig]
 
 
 def _numeric(annotation) -> bool:
