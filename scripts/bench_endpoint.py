@@ -1,7 +1,7 @@
 """`data build --server` against the in-process build on the same prompts, one run: tokens/s of each and
 whether their rows are token-identical (greedy).
 
-    .venv/bin/python scripts/bench_endpoint.py [--prompts builtin] [--limit 2] [--max-new-tokens 64]
+    .venv/bin/python scripts/bench_endpoint.py [--prompts builtin] [--per-domain 2] [--max-new-tokens 64]
 
 The server is `draftsmith serve --no-speculation` on the same target and thread count, started before the
 clock runs; the endpoint build loads only the target's tokenizer and config. Both builds decode --batch-size
@@ -23,7 +23,7 @@ from scripts.served import ROOT, running_server
 def build(args, out: Path, *extra: str) -> dict:
     """Run `data build` into a fresh folder; its wall time and the generation figures it records."""
     cmd = [sys.executable, "-m", "scripts.cli", "data", "build", "--target", args.target, "--out", str(out),
-           "--limit", str(args.limit), "--no-progress", f"data.max_new_tokens={args.max_new_tokens}",
+           "--no-progress", f"data.per_domain_limit={args.per_domain}", f"data.max_new_tokens={args.max_new_tokens}",
            f"data.batch_size={args.batch_size}", f"data.server.concurrency={args.batch_size}",
            f"target.threads={args.threads}", *extra]
     for source in args.prompts:
@@ -45,7 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="demo")
     parser.add_argument("--prompts", action="append", default=None, help="prompt sources (default: builtin)")
-    parser.add_argument("--limit", type=int, default=2, help="prompts per domain")
+    parser.add_argument("--per-domain", type=int, default=2, help="prompts per domain")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=8, help="rows decoding together / requests in flight")
     parser.add_argument("--threads", type=int, default=1)
