@@ -42,9 +42,16 @@ def idle_cores(interval: float = _SAMPLE_SECONDS) -> float | None:
         cpus = sorted(os.sched_getaffinity(0))
     except AttributeError:
         cpus = None
+    own = psutil.Process()
+    before = own.cpu_times()
     per_cpu = psutil.cpu_times_percent(interval=interval, percpu=True)
+    after = own.cpu_times()
     chosen = [per_cpu[i] for i in cpus if i < len(per_cpu)] if cpus else per_cpu
-    return sum((t.idle + getattr(t, "iowait", 0.0)) / 100 for t in chosen)
+    idle = sum((t.idle + getattr(t, "iowait", 0.0)) / 100 for t in chosen)
+    # this process's own threads (OpenMP workers still spinning after earlier work, a tokenizer pool) do not
+    # make the machine busy: what they used over the interval counts as idle
+    ours = (after.user - before.user + after.system - before.system) / interval
+    return min(float(len(chosen)), idle + max(0.0, ours))
 
 
 @dataclass(frozen=True)

@@ -55,3 +55,27 @@ def test_threads_reaches_the_config(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--prompt", "x", "--threads", "0"])
     assert "target.threads must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_this_process_own_busy_threads_do_not_count_as_a_busy_machine(monkeypatch):
+    """OpenMP workers spinning after earlier work are this process's, not another's: the cores they use count as
+    idle (else a quiet machine would look busy to a command that already ran torch)."""
+    import sys
+    import types
+
+    class Times:
+        def __init__(self, idle):
+            self.idle, self.iowait = idle, 0.0
+
+    class Process:
+        calls = 0
+
+        def cpu_times(self):  # 0.2 s of CPU over the 0.2 s interval: one core, all ours
+            Process.calls += 1
+            return types.SimpleNamespace(user=0.2 * (Process.calls - 1), system=0.0)
+
+    fake = types.SimpleNamespace(Process=Process,
+                                 cpu_times_percent=lambda interval, percpu: [Times(0.0), Times(100.0)])
+    monkeypatch.setitem(sys.modules, "psutil", fake)
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert idle_cores(interval=0.2) == pytest.approx(2.0)  # core 0 busy with our own thread, core 1 idle
