@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -43,15 +44,29 @@ def idle_cores(interval: float = _SAMPLE_SECONDS) -> float | None:
     except AttributeError:
         cpus = None
     own = psutil.Process()
-    before = own.cpu_times()
-    per_cpu = psutil.cpu_times_percent(interval=interval, percpu=True)
-    after = own.cpu_times()
-    chosen = [per_cpu[i] for i in cpus if i < len(per_cpu)] if cpus else per_cpu
-    idle = sum((t.idle + getattr(t, "iowait", 0.0)) / 100 for t in chosen)
+    own_before, before = own.cpu_times(), psutil.cpu_times(percpu=True)
+    time.sleep(interval)
+    own_after, after = own.cpu_times(), psutil.cpu_times(percpu=True)
+    pairs = [(before[i], after[i]) for i in cpus if i < len(after)] if cpus else list(zip(before, after))
+    # each core's idle share of the time it accounted for, not of 100%: some VMs account for only part of the
+    # wall time (a firecracker VM here reports 50% idle and nothing else on a quiet core)
+    spans = [_accounted(b_) - _accounted(a_) for a_, b_ in pairs]
+    if not pairs or min(spans) <= 0:
+        return None
+    idle = sum((_idle(b_) - _idle(a_)) / span for (a_, b_), span in zip(pairs, spans))
     # this process's own threads (OpenMP workers still spinning after earlier work, a tokenizer pool) do not
-    # make the machine busy: what they used over the interval counts as idle
-    ours = (after.user - before.user + after.system - before.system) / interval
-    return min(float(len(chosen)), idle + max(0.0, ours))
+    # make the machine busy: the share they used counts as idle
+    ours = (own_after.user - own_before.user + own_after.system - own_before.system) / (sum(spans) / len(spans))
+    return min(float(len(pairs)), idle + max(0.0, ours))
+
+
+def _accounted(times) -> float:
+    """All of a core's accounted time (guest time is already inside user and nice on Linux)."""
+    return sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+
+
+def _idle(times) -> float:
+    return times.idle + getattr(times, "iowait", 0.0)
 
 
 @dataclass(frozen=True)

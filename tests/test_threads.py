@@ -59,23 +59,23 @@ def test_threads_reaches_the_config(capsys):
 
 def test_this_process_own_busy_threads_do_not_count_as_a_busy_machine(monkeypatch):
     """OpenMP workers spinning after earlier work are this process's, not another's: the cores they use count as
-    idle (else a quiet machine would look busy to a command that already ran torch)."""
+    idle (else a quiet machine would look busy to a command that already ran torch). Idle is each core's share of
+    the time it accounted for: this VM accounts for only half of the wall time."""
+    import collections
     import sys
     import types
 
-    class Times:
-        def __init__(self, idle):
-            self.idle, self.iowait = idle, 0.0
+    Core = collections.namedtuple("Core", "user system idle iowait")
+    snapshots = iter([[Core(0, 0, 0, 0), Core(0, 0, 0, 0)],     # before
+                      [Core(0.1, 0, 0, 0), Core(0, 0, 0.1, 0)]])  # after 0.2 s: core 0 busy, core 1 idle
+    own = iter([types.SimpleNamespace(user=0.0, system=0.0), types.SimpleNamespace(user=0.1, system=0.0)])
 
     class Process:
-        calls = 0
+        def cpu_times(self):  # this process used core 0 all along
+            return next(own)
 
-        def cpu_times(self):  # 0.2 s of CPU over the 0.2 s interval: one core, all ours
-            Process.calls += 1
-            return types.SimpleNamespace(user=0.2 * (Process.calls - 1), system=0.0)
-
-    fake = types.SimpleNamespace(Process=Process,
-                                 cpu_times_percent=lambda interval, percpu: [Times(0.0), Times(100.0)])
+    fake = types.SimpleNamespace(Process=Process, cpu_times=lambda percpu: next(snapshots))
     monkeypatch.setitem(sys.modules, "psutil", fake)
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    assert idle_cores(interval=0.2) == pytest.approx(2.0)  # core 0 busy with our own thread, core 1 idle
+    monkeypatch.setattr(threads.time, "sleep", lambda seconds: None)
+    assert idle_cores(interval=0.2) == pytest.approx(2.0)
