@@ -127,10 +127,11 @@ def capture_if_needed(target, dataset: Path, out: Path, config: CaptureConfig, l
 def _spec_digest(spec: str) -> str:
     """A drafter spec with the digest of its folder's weights: a retrained drafter is a different input."""
     from serve.drafters.folder import WEIGHTS_NAME
+    from serve.drafters.spec import spec_path
 
-    folder = Path(spec.split(":", 1)[1] if spec.startswith("hybrid:") else spec)
-    weights = folder / WEIGHTS_NAME
-    return f"{spec}@{sha256_file(weights)}" if weights.is_file() else spec
+    path = spec_path(spec)
+    weights = Path(path) / WEIGHTS_NAME if path else None
+    return f"{spec}@{sha256_file(weights)}" if weights and weights.is_file() else spec
 
 
 def finished(out: Path, stage: str, inputs: dict) -> bool:
