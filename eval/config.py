@@ -33,7 +33,7 @@ class EvalConfig:
     peers: bool = True  # transformers' assisted generation in the same run
     hf_plain: bool = True  # transformers' plain generate too (what the peers' speedups are relative to)
     cost_model: bool = True  # measure c and verify ratios, fit the cost model
-    warmup: bool = True  # one short untimed run of every method before timing
+    warmup: bool = True  # one short untimed run of every method before timing, and of plain decoding per prompt
     sweep: list[str] = field(default_factory=list)  # e.g. ["k=1,2,3,5,8", "temperature=0,0.7,1.0"]
     # statistics
     bootstrap_samples: int = 1000

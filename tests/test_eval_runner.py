@@ -243,3 +243,24 @@ def test_tree_spec_errors(target):
     with pytest.raises(DraftsmithError, match="chains only"):
         build_entries(target, {"ng": "ngram@tree"}, max_new_tokens=8)
     assert default_name("ngram") == "ngram"
+
+
+def test_each_prompt_is_warmed_up_before_it_is_timed(target, monkeypatch):
+    """A prompt's first generation pays for shapes not run yet; the untimed short plain run per prompt takes that
+    cost, so the method timed first (plain decoding) is not charged for it."""
+    from eval import runner
+    from eval.prompts import EvalPrompt
+
+    calls = []
+    real = runner._plain
+    monkeypatch.setattr(runner, "_plain", lambda t, ids, d, seed: calls.append((ids.shape[1], d.max_new_tokens))
+                        or real(t, ids, d, seed))
+    prompts = [EvalPrompt("a", "x", [5, 6, 7]), EvalPrompt("b", "x", [8, 9, 10, 11, 12])]
+    decoding = runner.Decoding(k=2, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=24, seed=0)
+    records = runner.run_methods(target, [], [], prompts, decoding, progress=False)
+    short = runner.WARMUP_TOKENS
+    assert calls == [(3, short), (3, short), (3, 24), (5, short), (5, 24)]  # start-up, then per prompt
+    assert [len(r["output_token_ids"]) for r in records["plain"]] == [24, 24]
+    calls.clear()
+    runner.run_methods(target, [], [], prompts, decoding, warmup=False, progress=False)
+    assert calls == [(3, 24), (5, 24)]
