@@ -53,6 +53,19 @@ def _acc(rates: list) -> str:
     return " ".join(_f(r) for r in rates)
 
 
+def _peers_per_domain(result: dict) -> list[str]:
+    """Speedup per domain of every peer beside our drafters of the same kind (prompt lookup beside n-gram)."""
+    peers = [n for n, p in result["peers"].items() if p["kind"] != "hf_generate" and p.get("domains")]
+    kinds = {result["peers"][n]["kind"] for n in peers}
+    ours = [d["name"] for d in result["drafters"] if d["kind"] == "ngram" and "prompt_lookup" in kinds]
+    if not peers:
+        return []
+    rows = [[domain] + [_f(result["domains"][domain][n]["speedup"]) + "×" for n in ours]
+            + [_f(result["peers"][n]["domains"].get(domain, {}).get("speedup")) + "×" for n in peers]
+            for domain in result["domains"]]
+    return ["Speedup over our plain decoding per domain:", ""] + _table(["domain"] + ours + peers, rows) + [""]
+
+
 def markdown(result: dict, plots: list[Path]) -> str:
     s, t = result["settings"], result["target"]
     names = [d["name"] for d in result["drafters"]]
@@ -116,6 +129,7 @@ def markdown(result: dict, plots: list[Path]) -> str:
                          f"{ex_p['identical']}/{ex_p['total']}" if ex_p else "–"])
         lines += _table(["peer", "kind", "K", "μ", "tok/s", "speedup vs our plain", "spread", "vs hf_plain",
                          "identical to our plain"], rows) + [""]
+        lines += _peers_per_domain(result)
 
     cost = result.get("cost_model")
     if cost:

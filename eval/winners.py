@@ -15,11 +15,13 @@ def _predicted(result: dict, name: str, domain: str) -> float:
 
 
 def winners(result: dict) -> dict[str, dict[str, Any]]:
-    """domain (and "overall") -> {drafter, length, speedup, predicted_speedup, mu, runner_up, runner_up_speedup}."""
+    """domain (and "overall") -> {drafter, length, speedup, predicted_speedup, mu, runner_up, runner_up_speedup}.
+    The oracle is a ceiling, not a drafter one can deploy: it never wins."""
     lengths = (result.get("settings") or {}).get("draft_length") or {}
+    ceilings = {d["name"] for d in result.get("drafters", []) if d.get("kind") == "oracle"}
     out: dict[str, dict[str, Any]] = {}
     for domain, per in list(result["domains"].items()) + [("overall", result["overall"])]:
-        ranked = sorted(per, key=lambda n: -_finite(per[n]["speedup"]))
+        ranked = sorted((n for n in per if n not in ceilings), key=lambda n: -_finite(per[n]["speedup"]))
         if not ranked:
             continue
         best = ranked[0]

@@ -151,6 +151,9 @@ def test_report_and_plots_written(result, tmp_path):
     assert all(p.stat().st_size > 5000 and p.read_bytes()[:4] == b"\x89PNG" for p in paths["plots"])
     md = paths["markdown"].read_text()
     assert "## μ and speed per domain" in md and "## Sweep: temperature" in md and "hf_prompt_lookup" in md and "9/9" in md
+    per_domain = md[md.index("Speedup over our plain decoding per domain"):]  # prompt lookup beside our n-gram
+    assert "| domain | ngram | hf_prompt_lookup |" in per_domain and "| repeat | " in per_domain
+    assert {w["drafter"] for w in result["winners"].values()} <= {"ngram", "small"}  # the oracle is a ceiling
     assert json.loads(paths["json"].read_text())["exactness"]["identical"] == 9
 
 

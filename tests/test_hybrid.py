@@ -120,9 +120,11 @@ def test_winners_per_domain():
         return {"speedup": speedup, "mu": mu}
 
     result = {"settings": {"draft_length": {"ngram": "auto", "hybrid": "auto"}},
-              "domains": {"edit": {"ngram": block(2.0, 3.0), "hybrid": block(1.9, 2.9)},
-                          "chat": {"ngram": block(1.0, 1.1), "hybrid": block(1.2, 1.5)}},
-              "overall": {"ngram": block(1.4, 2.0), "hybrid": block(1.5, 2.1)},
+              "drafters": [{"name": "ngram", "kind": "ngram"}, {"name": "hybrid", "kind": "hybrid"},
+                           {"name": "ceiling", "kind": "oracle"}],
+              "domains": {"edit": {"ngram": block(2.0, 3.0), "hybrid": block(1.9, 2.9), "ceiling": block(3, 6)},
+                          "chat": {"ngram": block(1.0, 1.1), "hybrid": block(1.2, 1.5), "ceiling": block(3, 6)}},
+              "overall": {"ngram": block(1.4, 2.0), "hybrid": block(1.5, 2.1), "ceiling": block(3, 6)},
               "cost_model": {"drafters": {"hybrid": {"domains": {"chat": {"predicted_speedup": 1.25}},
                                                      "overall": {"predicted_speedup": 1.45}}}}}
     won = winners(result)
