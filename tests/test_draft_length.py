@@ -83,12 +83,51 @@ def test_observe_calibrates_the_keys_it_drafted():
     assert policy.choose([("first", 0.9), ("second", 0.9), ("third", 0.9)]) == 1
 
 
-def test_a_drafter_that_does_not_pay_is_skipped_but_retried():
-    policy = ExpectedGain(CPU, overhead_cost=0.2, explore=4)
+def test_a_drafter_that_does_not_pay_is_skipped_but_retried_ever_less_often():
+    policy = ExpectedGain(CPU, overhead_cost=0.2, explore=4, max_explore=8)
     policy.rate = 0.8
-    assert [policy.should_draft() for _ in range(8)] == [False, False, False, True] * 2
+    tries = [policy.should_draft() for _ in range(4 + 8 + 8)]
+    assert [i for i, t in enumerate(tries) if t] == [3, 11, 19]  # after 4 paused cycles, then 8 (the cap)
     policy.rate = 1.3
-    assert policy.should_draft()
+    assert policy.should_draft()  # paying again: drafts every cycle, and the next pause retries after 4 again
+    policy.rate = 0.8
+    assert [policy.should_draft() for _ in range(4)] == [False, False, False, True]
+
+
+def test_the_rate_is_realized_wall_time_against_a_plain_cycle():
+    policy = ExpectedGain(CPU, overhead_cost=0.2)  # step_seconds 0.1 stands in for a plain cycle until one is timed
+    policy.record_cycle(0.2, 3, worked=True)  # 3 tokens in two steps' time: 1.5 tokens per step
+    assert policy.rate == pytest.approx(1.0 + 0.1 * 0.5)
+    policy.record_cycle(0.05, 1, worked=False)  # a plain cycle here takes 0.05 s
+    assert policy.plain_seconds == 0.05
+    rate = policy.rate
+    policy.record_cycle(0.2, 3, worked=True)  # now four plain steps' time: 0.75 tokens per step
+    assert policy.rate == pytest.approx(rate + 0.1 * (0.75 - rate))
+    policy.record_cycle(0.07, 1, worked=False)
+    assert policy.plain_seconds == pytest.approx(0.05 + 0.1 * 0.02)
+    for _ in range(40):  # a drafter whose cycles cost more than they yield ends up paused
+        policy.record_cycle(0.08, 1, worked=True)
+    assert policy.rate < 1.0 and not policy.should_draft()
+
+
+def test_last_draft_times_the_cycles_it_was_asked_for():
+    seen = []
+
+    class Recorder(FixedLength):
+        def record_cycle(self, seconds, tokens, *, worked):
+            seen.append((tokens, worked, seconds >= 0))
+
+    policy, last = Recorder(), LastDraft()
+    last.settle(policy, torch.tensor([1, 2]))  # never opened (a hybrid's other side drafted): not timed
+    last.open(worked=False)
+    last.settle(policy, torch.tensor([3]))
+    last.open(worked=True)
+    last.tokens = [4, 5]
+    last.settle(policy, torch.tensor([4, 5, 6]))
+    last.open(worked=True)
+    last.verified = False  # proposed but not verified: not this drafter's cycle
+    last.settle(policy, torch.tensor([7]))
+    assert seen == [(1, False, True), (3, True, True)]
     free = ExpectedGain(CPU, overhead_cost=0.001)  # an n-gram lookup: always worth looking
     free.rate = 0.5
     assert all(free.should_draft() for _ in range(8))
@@ -179,3 +218,29 @@ def test_specs_take_a_length(tiny_target_dir, tmp_path):
         build_drafter(f"{folders['eagle3']}:length=often", target)
     with pytest.raises(DrafterSpecError, match="ngram options take integers"):
         build_drafter("ngram:max_n=many", target)
+
+
+def test_paused_drafters_stay_exact_and_in_step(tiny_target_dir, tmp_path):
+    """A drafter the policy pauses does no work those cycles and catches up on the skipped text when it next
+    drafts: outputs stay identical, and a draft model equal to the target (which must then be right every time)
+    still has every draft accepted after pauses."""
+    import itertools
+
+    target = load_target(tiny_target_dir)
+    folders = _folders(target, tmp_path)
+    for spec in (f"model:{tiny_target_dir}", folders["eagle3"], folders["medusa"]):
+        drafter = build_drafter(spec, target)
+        pattern = itertools.cycle([False, False, True])
+        drafter.policy.should_draft = lambda: next(pattern)
+        drafter.policy.offer = lambda signal, policy=drafter.policy: FixedLength.offer(policy, signal)
+        drafter.policy.wants_more = lambda policy=drafter.policy: policy.drafted < policy.cap
+        drafter.policy.choose = lambda signals, policy=drafter.policy: min(len(signals), policy.cap)
+        for text in PROMPTS:
+            ids = torch.tensor([target.tokenizer.encode(text)])
+            ref = plain_generate(target, ids, max_new_tokens=30, eos_token_ids=())
+            got = speculative_generate(target, drafter, ids, max_new_tokens=30, k=3, eos_token_ids=())
+            assert got.output_ids == ref.output_ids, (spec, text)
+            drafted = [d for d in got.stats.drafted_per_cycle]
+            assert 0 in drafted and max(drafted) > 0, spec  # paused cycles and drafting ones
+            if spec.startswith("model:"):
+                assert all(a == d for a, d in zip(got.stats.accepted_per_cycle, drafted)), text

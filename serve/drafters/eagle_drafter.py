@@ -120,7 +120,9 @@ class EagleDrafter(Drafter):
 
     def propose(self, k: int, *, temperature: float = 0.0, generator: torch.Generator | None = None,
                 tree=None) -> Draft:
-        if tree is None and not self.policy.should_draft():
+        worked = tree is not None or self.policy.should_draft()
+        self.last.open(worked=worked)
+        if not worked:
             return Draft(tokens=torch.empty(0, dtype=torch.long))
         with Stopwatch(self.policy.record_overhead):
             self._catch_up()

@@ -17,6 +17,13 @@ passage, a formulaic phrase) last for several tokens, so each cycle should be as
 current situation allows (Leviathan et al. 2023, https://arxiv.org/abs/2211.17192, sec. 3.5, with V and c
 measured rather than assumed).
 
+Whether the drafter runs at all is decided from what its cycles really took: each cycle's wall time, from the
+start of drafting to the end of its verification, against the wall time of a cycle in which the drafter did no
+work (a plain step). That realized rate covers what the model above leaves out (the decoder's own work per
+cycle, a context longer than the one the costs were measured on, a machine busier than then); a drafter whose
+cycles yield less than a plain step's one token per step's time pauses, and is retried ever less often while
+it keeps not paying.
+
 Drafters that draft step by step (EAGLE, a draft model) cannot see a_{i+1} before paying for it: `offer`
 decides token i with a_i known and a_{i+1}, ... projected as a_i. Drafters that see the whole proposal at
 once (n-gram, Medusa) call `choose`. Both decide from information available before a token is sampled, so
@@ -107,17 +114,20 @@ class LengthPolicy:
             n += 1
         return n
 
-    def observe(self, matched: int, checked: int, *, verified: bool = True) -> None:
+    def observe(self, matched: int, checked: int) -> None:
         """Of this cycle's `keys`, the first `matched` tokens equal the target's next tokens and `checked` could
-        be compared (the one after the matched ones, if checked, differs). verified=False: the drafts were not
-        what the target verified (a hybrid's unused proposal): learn how they would have fared, but leave the
-        realized rate."""
+        be compared (the one after the matched ones, if checked, differs). Also called for drafts the target did
+        not verify (a hybrid's unused proposal): how they would have fared."""
 
     def record_step(self, seconds: float) -> None:
         """Wall time of one draft step (what `c` measures)."""
 
     def record_overhead(self, seconds: float) -> None:
         """Wall time of the drafter's per-cycle work outside draft steps (catching up on committed tokens)."""
+
+    def record_cycle(self, seconds: float, tokens: int, *, worked: bool) -> None:
+        """Wall time of a whole cycle (drafting, verification) that produced `tokens`; worked=False: the drafter
+        did nothing this cycle (the cycle was a plain step)."""
 
 
 class FixedLength(LengthPolicy):
@@ -153,21 +163,26 @@ class ExpectedGain(LengthPolicy):
 
     costs: the target's verify costs (or a function returning them, called on first use: measuring takes a
     second). c and o are measured as the drafter runs (seconds over the target's step); `step_cost` and
-    `overhead_cost` set starting values in target steps.
+    `overhead_cost` set starting values in target steps. A drafter whose realized rate falls below 1 pauses; it
+    is retried after `explore` cycles, then after twice as many each time the retry does not lift the rate back,
+    up to `max_explore`.
     """
 
     name = "auto"
 
     def __init__(self, costs: VerifyCosts | Callable[[], VerifyCosts], *, step_cost: float = 0.0,
-                 overhead_cost: float = 0.0, smoothing: float = 0.1, explore: int = 8):
+                 overhead_cost: float = 0.0, smoothing: float = 0.1, explore: int = 8, max_explore: int = 64):
         super().__init__()
         self._costs = costs
         self.step_cost, self.overhead_cost = step_cost, overhead_cost
         self.smoothing = smoothing
-        self.explore = explore  # a drafter that does not pay is still tried every `explore` cycles
-        self._idle = 0
+        self.explore, self.max_explore = explore, max_explore
+        self._idle, self._wait = 0, explore  # paused cycles so far, and how many before the next retry
         self.calibration = {False: Calibration(), True: Calibration()}  # greedy / sampled drafts accept differently
-        self.rate = 1.0  # realized tokens per cost unit, smoothed (what a hybrid compares drafters by)
+        # realized tokens per plain step's wall time over the cycles the drafter worked, smoothed (what decides
+        # whether it runs, and what a hybrid compares drafters by); plain_seconds: a plain cycle's wall time
+        self.rate = 1.0
+        self.plain_seconds: float | None = None
         self._accept: list[float] = []
         self._more = False
         self._measured: set[str] = set()
@@ -189,14 +204,15 @@ class ExpectedGain(LengthPolicy):
         self._accept, self._more = [], False
 
     def should_draft(self) -> bool:
-        """Skip the drafter's work while its realized rate is below a plain step's (1 token per step), but try
-        again every `explore` cycles; a drafter whose work is negligible (n-gram lookup) always runs."""
+        """Skip the drafter's work while its realized rate is below a plain step's (1 token per step), but retry
+        after `explore` paused cycles, twice as many after each retry that left it below; a drafter whose work
+        is negligible (n-gram lookup) always runs."""
         if self.rate >= 1.0 or self.overhead_cost + self.step_cost < 0.02:
-            self._idle = 0
+            self._idle, self._wait = 0, self.explore
             return True
         self._idle += 1
-        if self._idle >= self.explore:
-            self._idle = 0
+        if self._idle >= self._wait:
+            self._idle, self._wait = 0, min(2 * self._wait, self.max_explore)
             return True
         return False
 
@@ -233,13 +249,22 @@ class ExpectedGain(LengthPolicy):
         """Acceptance probabilities of the drafts kept this cycle."""
         return list(self._accept)
 
-    def observe(self, matched: int, checked: int, *, verified: bool = True) -> None:
+    def observe(self, matched: int, checked: int) -> None:
         table = self.calibration[self.sampled]
         for i, key in enumerate(self.keys[: min(matched + 1, checked)]):
             table.update(key, i < matched)
-        if verified:
-            realized = (min(matched, self.drafted) + 1) / self.cost(self.drafted)
-            self.rate += self.smoothing * (realized - self.rate)
+
+    def record_cycle(self, seconds: float, tokens: int, *, worked: bool) -> None:
+        if not (math.isfinite(seconds) and seconds > 0):
+            return
+        if not worked:
+            self.plain_seconds = seconds if self.plain_seconds is None else \
+                self.plain_seconds + self.smoothing * (seconds - self.plain_seconds)
+            return
+        # until a plain cycle has been timed, the 1-token forward measured with the costs stands in for one
+        plain = self.plain_seconds if self.plain_seconds is not None else self.costs.step_seconds
+        if math.isfinite(plain) and plain > 0:
+            self.rate += self.smoothing * (tokens * plain / seconds - self.rate)
 
     def record_step(self, seconds: float) -> None:
         self.step_cost = self._smooth("step", self.step_cost, seconds)
@@ -283,20 +308,29 @@ def matched_prefix(proposed: Sequence[int], produced: Sequence[int]) -> int:
 
 @dataclass
 class LastDraft:
-    """A drafter's last chain, kept until the cycle's tokens are known so its policy can learn from them.
+    """A drafter's last cycle, kept until the cycle's tokens are known so its policy can learn from them.
 
     tokens: the tokens of the policy's `keys` this cycle: the drafted ones, then those it looked at and declined
-    where they are known without sampling (greedy drafts, an n-gram's continuation)."""
+    where they are known without sampling (greedy drafts, an n-gram's continuation).
+    started: when the drafter was asked for this cycle's draft (`open`); worked: whether it did any work for it.
+    A cycle the drafter was not asked for (a hybrid used its other side) is not timed."""
     tokens: list[int] | None = None
     verified: bool = True  # False: proposed but not what the target verified (a hybrid used the other drafter)
+    started: float | None = None
+    worked: bool = False
+
+    def open(self, *, worked: bool) -> None:
+        """At the start of `propose`: the cycle's clock starts; worked=False when the drafter will do nothing."""
+        self.started, self.worked = time.perf_counter(), worked
 
     def settle(self, policy: LengthPolicy, next_tokens) -> None:
-        """next_tokens: (m+1,) what the cycle produced. Observes and forgets the last chain."""
+        """next_tokens: (m+1,) what the cycle produced. Observes, times and forgets the last cycle."""
+        produced = [int(t) for t in next_tokens]
         if self.tokens is not None:
-            produced = [int(t) for t in next_tokens]
-            policy.observe(matched_prefix(self.tokens, produced), min(len(produced), len(self.tokens)),
-                           verified=self.verified)
-        self.tokens, self.verified = None, True
+            policy.observe(matched_prefix(self.tokens, produced), min(len(produced), len(self.tokens)))
+        if self.started is not None and self.verified:
+            policy.record_cycle(time.perf_counter() - self.started, len(produced), worked=self.worked)
+        self.tokens, self.verified, self.started, self.worked = None, True, None, False
 
 
 LENGTHS = ("auto", "fixed")

@@ -137,7 +137,9 @@ class MedusaDrafter(Drafter):
 
     def propose(self, k: int, *, temperature: float = 0.0, generator: torch.Generator | None = None,
                 tree=None) -> Draft:
-        if tree is None and not self.policy.should_draft():
+        worked = tree is not None or self.policy.should_draft()
+        self.last.open(worked=worked)
+        if not worked:
             return Draft(tokens=torch.empty(0, dtype=torch.long))
         with Stopwatch(self.policy.record_overhead):  # every head runs once per drafting cycle
             logits = self._logits
