@@ -56,10 +56,10 @@ def _acc(rates: list) -> str:
 def _peers_per_domain(result: dict) -> list[str]:
     """Speedup per domain of every peer beside our drafters of the same kind (prompt lookup beside n-gram)."""
     peers = [n for n, p in result["peers"].items() if p["kind"] != "hf_generate" and p.get("domains")]
-    kinds = {result["peers"][n]["kind"] for n in peers}
-    ours = [d["name"] for d in result["drafters"] if d["kind"] == "ngram" and "prompt_lookup" in kinds]
     if not peers:
         return []
+    lookup = any(result["peers"][n]["kind"] == "prompt_lookup" for n in peers)
+    ours = [d["name"] for d in result["drafters"] if lookup and d["kind"] == "ngram"]
     rows = [[domain] + [_f(result["domains"][domain][n]["speedup"]) + "×" for n in ours]
             + [_f(result["peers"][n]["domains"].get(domain, {}).get("speedup")) + "×" for n in peers]
             for domain in result["domains"]]
