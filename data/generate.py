@@ -23,7 +23,7 @@ from typing import Any, Hashable, Sequence
 import torch
 
 from serve.kv import cache_kwargs
-from serve.sampling import target_probs
+from serve.sampling import sample, target_probs
 from serve.target import text_config
 
 
@@ -252,7 +252,7 @@ class ContinuousBatcher(RequestQueue):
             tokens = logits.argmax(-1).tolist()
         else:
             probs = target_probs(logits.float(), **self.sampling).cpu()  # (B, V)
-            tokens = [int(torch.multinomial(probs[b], 1, generator=row.generator)) for b, row in enumerate(rows)]
+            tokens = [sample(probs[b], row.generator) for b, row in enumerate(rows)]
         for row, token in zip(rows, tokens):
             row.token_ids.append(int(token))
 

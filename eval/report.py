@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.plots import write_plots
+from eval.stats import exactness_verdict
 from serve.files import write_text_atomic
 
 ANCHORS = ("Published anchors (other targets, GPUs): EAGLE-3 μ ≈ 6.2 and 4.4× on LLaMA-3.1-8B (T=0, dynamic "
@@ -83,7 +84,7 @@ def markdown(result: dict, plots: list[Path]) -> str:
     ex = result["exactness"]
     lines += ["## Exactness at temperature 0", ""]
     if ex.get("checked"):
-        verdict = "all identical" if ex["identical"] == ex["total"] else "**MISMATCH: decoding is not lossless**"
+        verdict = exactness_verdict(ex, s.get("dtype"))
         lines.append(f"{ex['identical']}/{ex['total']} outputs token-identical to plain greedy decoding ({verdict}).")
         for name, b in (ex.get("by_drafter") or {}).items():
             lines.append(f"- {name}: {b['identical']}/{b['total']}")

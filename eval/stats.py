@@ -138,6 +138,22 @@ def exactness(reference: Sequence[Record], candidate: Sequence[Record]) -> dict[
     return {"identical": identical, "total": len(reference)}
 
 
+# Dtypes whose CPU and GPU kernels accumulate in a shape-dependent order: a verify over several tokens and a 1-token
+# step can round the same logits apart and flip a near-tie (bf16 on an AMX CPU: 11 of 18 greedy outputs diverged).
+REDUCED_PRECISION = ("bfloat16", "float16", "bf16", "fp16")
+
+
+def exactness_verdict(exactness_block: dict, dtype: str | None) -> str:
+    """One line on what a temperature-0 comparison with plain decoding shows."""
+    if exactness_block["identical"] == exactness_block["total"]:
+        return "all identical"
+    if dtype in REDUCED_PRECISION:
+        return (f"**MISMATCH**: in {dtype} the target's kernels are not batch-invariant (a multi-token verify rounds "
+                f"differently from a 1-token step), so a near-tie can flip; rerun with --dtype float32 to check that "
+                f"decoding is lossless")
+    return "**MISMATCH: decoding is not lossless**"
+
+
 def first_mismatch(reference: Sequence[int], candidate: Sequence[int]) -> int | None:
     """Index of the first differing token (or the shorter length when one is a prefix); None if equal."""
     for i, (a, b) in enumerate(zip(reference, candidate)):

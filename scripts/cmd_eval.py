@@ -107,4 +107,10 @@ def run(args) -> int:
         print(f"wandb run {log_to_wandb(result, plots, project=args.wandb_project, directory=args.report)}")
     ex = result["exactness"]
     # a lossy decoder is a failed evaluation, whatever the speed
-    return 1 if ex.get("checked") and ex["identical"] != ex["total"] else 0
+    if ex.get("checked") and ex["identical"] != ex["total"]:
+        from eval.stats import exactness_verdict
+
+        print(f"{ex['identical']}/{ex['total']} outputs identical to plain greedy decoding: "
+              f"{exactness_verdict(ex, result['settings'].get('dtype')).replace('**', '')}", file=sys.stderr)
+        return 1
+    return 0

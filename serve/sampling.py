@@ -35,8 +35,20 @@ def target_probs(logits: torch.Tensor, *, temperature: float, top_k: int = 0, to
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """(V,) probabilities -> one token id."""
-    return int(torch.multinomial(probs, 1, generator=generator))
+    """(V,) probabilities (need not sum to 1) -> one token id, an exact draw from them.
+
+    One uniform draw inverts the CDF. torch.multinomial draws one exponential per vocabulary entry instead: ~1 ms
+    over a 49k vocabulary on CPU, 2% of a decoding step, spent on every token. A one-hot (greedy decoding, top_k=1)
+    returns its token without drawing."""
+    top, index = probs.max(-1)
+    if float(top) > 0 and int(probs.count_nonzero()) == 1:
+        return int(index)
+    cdf = probs.double().cumsum(-1)  # (V,)
+    u = torch.rand((), generator=generator, dtype=torch.float64).to(cdf.device)
+    token = int(torch.searchsorted(cdf, u * cdf[-1], right=True))  # the first entry whose CDF exceeds u·total
+    if token >= cdf.numel() or float(probs[token]) <= 0:  # u·total rounded up to the total: the last token drawn
+        token = int(probs.nonzero()[-1])
+    return token
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

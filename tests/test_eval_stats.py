@@ -104,3 +104,10 @@ def test_predicted_speedup_and_best_k_on_hand_numbers():
     assert cm.drafting_cycles([4, 4, 1], [4, 4, 1], 4) == (0.0, 5.0)
     assert cm.drafting_cycles([0, 1, 0], [0, 2, 0], 4) == (pytest.approx(2 / 3), 2.0)
     assert cm.tokens_per_cycle(code["alpha"], 4) == pytest.approx(3.0)
+
+
+def test_exactness_verdict_names_reduced_precision_as_the_likely_cause():
+    assert stats.exactness_verdict({"identical": 4, "total": 4}, "bfloat16") == "all identical"
+    assert "not lossless" in stats.exactness_verdict({"identical": 3, "total": 4}, "float32")
+    bf16 = stats.exactness_verdict({"identical": 3, "total": 4}, "bfloat16")
+    assert "batch-invariant" in bf16 and "--dtype float32" in bf16

@@ -2,7 +2,7 @@
 import torch
 
 from serve.drafters.ngram import lookup
-from serve.sampling import process_logits, residual, target_probs
+from serve.sampling import process_logits, residual, sample, target_probs
 from serve.tree import ancestor_mask, node_depths, path_to, static_tree_parents
 from serve.verify import verify_chain, verify_tree
 
@@ -16,6 +16,22 @@ def test_residual_is_normalized_positive_part():
     q = torch.tensor([0.2, 0.6, 0.2])
     assert torch.allclose(residual(p, q), torch.tensor([1.0, 0.0, 0.0]))
     assert torch.allclose(residual(p, p), p)  # empty residual falls back to p
+
+
+def test_sample_draws_each_token_at_its_probability_and_never_a_zero_one():
+    p = torch.tensor([0.5, 0.0, 0.3, 0.0, 0.2])
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.bincount(torch.tensor([sample(p, gen) for _ in range(20000)]), minlength=5).double() / 20000
+    assert draws[1] == 0 and draws[3] == 0
+    assert torch.allclose(draws, p.double(), atol=0.015)  # 4.5 standard errors at 20k draws
+    assert sample(p * 7.0, torch.Generator().manual_seed(1)) in (0, 2, 4)  # unnormalized weights work too
+
+
+def test_sample_of_a_one_hot_takes_its_token_without_drawing():
+    gen = torch.Generator().manual_seed(0)
+    state = gen.get_state()
+    assert sample(onehot(3), gen) == 3 and sample(onehot(3) * 0.5, gen) == 3
+    assert torch.equal(gen.get_state(), state)
 
 
 def test_top_k_top_p_filtering():

@@ -6,6 +6,7 @@ import torch
 
 from serve.drafters.length import Signal
 from serve.drafters.vocab import full_vocab_probs
+from serve.sampling import sample
 
 CONFIDENCE_BINS = 10
 
@@ -27,7 +28,7 @@ def sample_chain_token(logits: torch.Tensor, *, temperature: float, generator: t
     if temperature <= 0:
         return int(torch.argmax(logits)), None
     probs = torch.softmax(logits.float() / temperature, dim=-1)
-    token = int(torch.multinomial(probs.cpu(), 1, generator=generator))
+    token = sample(probs.cpu(), generator)
     return token, full_vocab_probs(probs, d2t, vocab_size)
 
 
