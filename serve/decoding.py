@@ -175,7 +175,7 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, m
         budget = min(k, max_new_tokens - len(output) - 1)
         t0 = time.perf_counter()
         draft = drafter.propose(budget, temperature=temperature, generator=gen, tree=tree) if budget > 0 \
-            else Draft(torch.empty(0, dtype=torch.long))
+            else Draft.empty()
         t1 = time.perf_counter()
         past = cache.get_seq_length()
         ids, positions, mask = _verify_inputs(pending, draft, cache, device)

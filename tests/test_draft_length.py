@@ -119,12 +119,14 @@ def test_last_draft_times_the_cycles_it_was_asked_for():
 
     policy, last = Recorder(), LastDraft()
     last.settle(policy, torch.tensor([1, 2]))  # never opened (a hybrid's other side drafted): not timed
-    last.open(worked=False)
+    policy.should_draft = lambda: False  # paused
+    assert not last.open(policy)
     last.settle(policy, torch.tensor([3]))
-    last.open(worked=True)
+    assert last.open(policy, always=True)  # a tree drafts whatever the length policy says
     last.tokens = [4, 5]
     last.settle(policy, torch.tensor([4, 5, 6]))
-    last.open(worked=True)
+    policy.should_draft = lambda: True
+    assert last.open(policy)
     last.verified = False  # proposed but not verified: not this drafter's cycle
     last.settle(policy, torch.tensor([7]))
     assert seen == [(1, False, True), (3, True, True)]

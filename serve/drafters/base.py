@@ -41,6 +41,11 @@ class Draft:
     parents: torch.Tensor | None = None
     q: torch.Tensor | None = None
 
+    @classmethod
+    def empty(cls) -> "Draft":
+        """No drafts: the cycle is a plain step."""
+        return cls(torch.empty(0, dtype=torch.long))
+
     def __len__(self) -> int:
         return int(self.tokens.numel())
 

@@ -120,10 +120,8 @@ class EagleDrafter(Drafter):
 
     def propose(self, k: int, *, temperature: float = 0.0, generator: torch.Generator | None = None,
                 tree=None) -> Draft:
-        worked = tree is not None or self.policy.should_draft()
-        self.last.open(worked=worked)
-        if not worked:
-            return Draft(tokens=torch.empty(0, dtype=torch.long))
+        if not self.last.open(self.policy, always=tree is not None):
+            return Draft.empty()
         with Stopwatch(self.policy.record_overhead):
             self._catch_up()
         assert self._last_logits is not None, "begin() must run before propose()"

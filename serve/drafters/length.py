@@ -319,9 +319,11 @@ class LastDraft:
     started: float | None = None
     worked: bool = False
 
-    def open(self, *, worked: bool) -> None:
-        """At the start of `propose`: the cycle's clock starts; worked=False when the drafter will do nothing."""
-        self.started, self.worked = time.perf_counter(), worked
+    def open(self, policy: LengthPolicy, *, always: bool = False) -> bool:
+        """At the start of `propose`: the cycle's clock starts. Returns whether the drafter works this cycle: not
+        while its policy has it paused, unless `always` (a tree, whose shape no length policy chooses)."""
+        self.started, self.worked = time.perf_counter(), always or policy.should_draft()
+        return self.worked
 
     def settle(self, policy: LengthPolicy, next_tokens) -> None:
         """next_tokens: (m+1,) what the cycle produced. Observes, times and forgets the last cycle."""

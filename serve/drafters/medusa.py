@@ -137,10 +137,8 @@ class MedusaDrafter(Drafter):
 
     def propose(self, k: int, *, temperature: float = 0.0, generator: torch.Generator | None = None,
                 tree=None) -> Draft:
-        worked = tree is not None or self.policy.should_draft()
-        self.last.open(worked=worked)
-        if not worked:
-            return Draft(tokens=torch.empty(0, dtype=torch.long))
+        if not self.last.open(self.policy, always=tree is not None):
+            return Draft.empty()
         with Stopwatch(self.policy.record_overhead):  # every head runs once per drafting cycle
             logits = self._logits
         assert logits is not None, "begin() must run before propose()"

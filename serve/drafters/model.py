@@ -67,10 +67,8 @@ class ModelDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, k, *, temperature=0.0, generator=None, tree=None) -> Draft:
-        worked = self.policy.should_draft()
-        self.last.open(worked=worked)
-        if not worked:  # the cache catches up on the skipped text when the model next drafts
-            return Draft(torch.empty(0, dtype=torch.long))
+        if not self.last.open(self.policy):  # paused: the cache catches up on the skipped text when it next drafts
+            return Draft.empty()
         device = self.model.device
         # The cache may hold drafts of the last cycle: keep only the prefix that matches the accepted text.
         valid = min(self.cached, len(self.tokens) - 1)
