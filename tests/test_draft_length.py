@@ -89,9 +89,27 @@ def test_a_drafter_that_does_not_pay_is_skipped_but_retried_ever_less_often():
     tries = [policy.should_draft() for _ in range(4 + 8 + 8)]
     assert [i for i, t in enumerate(tries) if t] == [3, 11, 19]  # after 4 paused cycles, then 8 (the cap)
     policy.rate = 1.3
-    assert policy.should_draft()  # paying again: drafts every cycle, and the next pause retries after 4 again
+    assert policy.should_draft()  # paying again: drafts every cycle
+    policy.rate = 0.8  # ... but one cycle does not forgive the back-off: the next retry comes after 8 still
+    assert [policy.should_draft() for _ in range(8)] == [False] * 7 + [True]
+    policy.rate = 1.3
+    assert all(policy.should_draft() for _ in range(8))  # paid for as long as it last waited: forgiven
     policy.rate = 0.8
     assert [policy.should_draft() for _ in range(4)] == [False, False, False, True]
+
+
+def test_a_retry_that_pays_resumes_the_drafter_and_one_that_does_not_keeps_it_paused():
+    policy = ExpectedGain(CPU, overhead_cost=0.2, explore=2)
+    policy.plain_seconds = 0.1
+    policy.rate = 0.7
+    assert [policy.should_draft() for _ in range(2)] == [False, True]
+    policy.record_cycle(0.25, 2, worked=True)  # the retry: 2 tokens in 2.5 steps' time, 0.8 per step: not enough
+    assert policy.rate < 1.0
+    assert [policy.should_draft() for _ in range(4)] == [False, False, False, True]
+    policy.record_cycle(0.1, 3, worked=True)  # this retry yields 3 tokens in one step's time
+    assert policy.rate == pytest.approx(3.0) and policy.should_draft()  # resumed at that cycle's rate
+    policy.record_cycle(0.1, 1, worked=True)  # an ordinary cycle moves the smoothed rate only
+    assert policy.rate == pytest.approx(3.0 + 0.1 * (1.0 - 3.0))
 
 
 def test_the_rate_is_realized_wall_time_against_a_plain_cycle():

@@ -164,8 +164,10 @@ class ExpectedGain(LengthPolicy):
     costs: the target's verify costs (or a function returning them, called on first use: measuring takes a
     second). c and o are measured as the drafter runs (seconds over the target's step); `step_cost` and
     `overhead_cost` set starting values in target steps. A drafter whose realized rate falls below 1 pauses; it
-    is retried after `explore` cycles, then after twice as many each time the retry does not lift the rate back,
-    up to `max_explore`.
+    is retried after `explore` cycles, then after twice as many each time the retry does not pay, up to
+    `max_explore`. A retry is judged on its own cycle: one that paid resumes the drafter at that cycle's rate (one
+    good cycle could not lift a smoothed rate back above 1, so a paused drafter never resumed when the text turned
+    its way); the back-off is forgiven once the drafter has paid for as many cycles as it last waited.
     """
 
     name = "auto"
@@ -178,6 +180,8 @@ class ExpectedGain(LengthPolicy):
         self.smoothing = smoothing
         self.explore, self.max_explore = explore, max_explore
         self._idle, self._wait = 0, explore  # paused cycles so far, and how many before the next retry
+        self._paying = 0  # cycles in a row at a rate of 1 or more
+        self._retry = False  # this cycle is a retry after a pause
         self.calibration = {False: Calibration(), True: Calibration()}  # greedy / sampled drafts accept differently
         # realized tokens per plain step's wall time over the cycles the drafter worked, smoothed (what decides
         # whether it runs, and what a hybrid compares drafters by); plain_seconds: a plain cycle's wall time
@@ -208,11 +212,13 @@ class ExpectedGain(LengthPolicy):
         after `explore` paused cycles, twice as many after each retry that left it below; a drafter whose work
         is negligible (n-gram lookup) always runs."""
         if self.rate >= 1.0 or self.overhead_cost + self.step_cost < 0.02:
-            self._idle, self._wait = 0, self.explore
+            self._idle, self._paying = 0, self._paying + 1
+            if self._paying >= self._wait:
+                self._wait = self.explore
             return True
-        self._idle += 1
+        self._idle, self._paying = self._idle + 1, 0
         if self._idle >= self._wait:
-            self._idle, self._wait = 0, min(2 * self._wait, self.max_explore)
+            self._idle, self._wait, self._retry = 0, min(2 * self._wait, self.max_explore), True
             return True
         return False
 
@@ -264,7 +270,11 @@ class ExpectedGain(LengthPolicy):
         # until a plain cycle has been timed, the 1-token forward measured with the costs stands in for one
         plain = self.plain_seconds if self.plain_seconds is not None else self.costs.step_seconds
         if math.isfinite(plain) and plain > 0:
-            self.rate += self.smoothing * (tokens * plain / seconds - self.rate)
+            realized = tokens * plain / seconds
+            self.rate += self.smoothing * (realized - self.rate)
+            if self._retry:
+                self.rate = max(self.rate, realized)
+        self._retry = False
 
     def record_step(self, seconds: float) -> None:
         self.step_cost = self._smooth("step", self.step_cost, seconds)
