@@ -85,6 +85,7 @@ def markdown(result: dict, plots: list[Path]) -> str:
     lines += ["## Exactness at temperature 0", ""]
     if ex.get("checked"):
         verdict = exactness_verdict(ex, s.get("dtype"))
+        verdict = verdict if ex["identical"] == ex["total"] else f"**{verdict}**"
         lines.append(f"{ex['identical']}/{ex['total']} outputs token-identical to plain greedy decoding ({verdict}).")
         for name, b in (ex.get("by_drafter") or {}).items():
             lines.append(f"- {name}: {b['identical']}/{b['total']}")

@@ -144,14 +144,14 @@ REDUCED_PRECISION = ("bfloat16", "float16", "bf16", "fp16")
 
 
 def exactness_verdict(exactness_block: dict, dtype: str | None) -> str:
-    """One line on what a temperature-0 comparison with plain decoding shows."""
+    """One line (plain text) on what a temperature-0 comparison with plain decoding shows."""
     if exactness_block["identical"] == exactness_block["total"]:
         return "all identical"
     if dtype in REDUCED_PRECISION:
-        return (f"**MISMATCH**: in {dtype} the target's kernels are not batch-invariant (a multi-token verify rounds "
+        return (f"MISMATCH: in {dtype} the target's kernels are not batch-invariant (a multi-token verify rounds "
                 f"differently from a 1-token step), so a near-tie can flip; rerun with --dtype float32 to check that "
                 f"decoding is lossless")
-    return "**MISMATCH: decoding is not lossless**"
+    return "MISMATCH: decoding is not lossless"
 
 
 def first_mismatch(reference: Sequence[int], candidate: Sequence[int]) -> int | None:

@@ -111,6 +111,6 @@ def run(args) -> int:
         from eval.stats import exactness_verdict
 
         print(f"{ex['identical']}/{ex['total']} outputs identical to plain greedy decoding: "
-              f"{exactness_verdict(ex, result['settings'].get('dtype')).replace('**', '')}", file=sys.stderr)
+              f"{exactness_verdict(ex, result['settings'].get('dtype'))}", file=sys.stderr)
         return 1
     return 0
