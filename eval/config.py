@@ -15,7 +15,7 @@ class EvalConfig:
                                          "threads": "target.threads", "target": "target.spec",
                                          "limit": "per_domain_limit"}
     RANGES: ClassVar[dict[str, str]] = {"k": ">= 1", "temperature": ">= 0", "top_k": ">= 0", "top_p": "(0, 1]",
-                                        "max_new_tokens": ">= 1", "seed": ">= 0", "per_domain_limit": ">= 1",
+                                        "max_new_tokens": ">= 1", "seed": ">= 0", "per_domain_limit": ">= 1", "repeats": ">= 1",
                                         "bootstrap_samples": ">= 1", "ci_level": "(0, 1)",
                                         "cost_context_tokens": ">= 1", "cost_repeats": ">= 1", "cost_ks": ">= 1"}
     target: TargetConfig = field(default_factory=TargetConfig)  # `--target` sets target.spec
@@ -34,6 +34,9 @@ class EvalConfig:
     hf_plain: bool = True  # transformers' plain generate too (what the peers' speedups are relative to)
     cost_model: bool = True  # measure c and verify ratios, fit the cost model
     warmup: bool = True  # one short untimed run of every method before timing, and of plain decoding per prompt
+    # each method runs this many times per prompt (interleaved: every method once, then again); its fastest run
+    # is kept, the machine's interference is what the others add. `--repeats`
+    repeats: int = 1
     sweep: list[str] = field(default_factory=list)  # e.g. ["k=1,2,3,5,8", "temperature=0,0.7,1.0"]
     # statistics
     bootstrap_samples: int = 1000

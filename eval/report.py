@@ -45,6 +45,17 @@ def _spread(s: dict | None) -> str:
             f"(CI {_f(s.get('ci_low'))}–{_f(s.get('ci_high'))})")
 
 
+def _timing(s: dict) -> str:
+    repeats = int(s.get("repeats") or 1)
+    if repeats == 1:
+        return ("Timing: one run per method and prompt (`--repeats N` keeps the fastest of N, for speedups that "
+                "differ by less than a noisy machine's run-to-run spread).")
+    return (f"Timing: the fastest of {repeats} runs per method and prompt; repeated runs of one method on one "
+            f"prompt differed by a median {100 * s['timing_spread']:.1f}% in time (the run's resolution)."
+            if isinstance(s.get("timing_spread"), (int, float)) else
+            f"Timing: the fastest of {repeats} runs per method and prompt.")
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"] + \
            ["| " + " | ".join(r) + " |" for r in rows]
@@ -76,7 +87,7 @@ def markdown(result: dict, plots: list[Path]) -> str:
              f"({', '.join(f'{d}: {n}' for d, n in s['domains'].items())}); {s['dtype']} on {s['device']}, "
              f"{s['torch_threads']} threads ({s['machine']}); torch {s['torch']}, transformers {s['transformers']}.",
              "", f"Methods run interleaved per prompt in this order: {', '.join(s['order'])}. "
-             f"Speedup: {s['speedup']}.", ""] + [f"Note: {n}." for n in s.get("notes") or []] + [""]
+             f"Speedup: {s['speedup']}.", "", _timing(s), ""] + [f"Note: {n}." for n in s.get("notes") or []] + [""]
     lengths = s.get("draft_length") or {}
     lines += ["## Drafters", ""] + _table(["name", "kind", "draft length", "path"],
                                           [[d["name"], d["kind"], lengths.get(d["name"], "fixed"),

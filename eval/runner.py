@@ -96,14 +96,27 @@ def _timed(fn: Callable[[], dict[str, Any]], device: torch.device) -> dict[str, 
     return out
 
 
+def fastest_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One record from repeated runs of one method on one prompt: the fastest, with every run's seconds
+    (`repeat_seconds`, in the order run) and whether any run's output differed from it (`repeats_differ`: a
+    deterministic decoder repeats itself; at temperature 0 a difference is an exactness failure)."""
+    best = min(runs, key=lambda r: r["seconds"])
+    return {**best, "repeat_seconds": [r["seconds"] for r in runs],
+            "repeats_differ": any(r["output_token_ids"] != best["output_token_ids"] for r in runs)}
+
+
 def run_methods(target: Any, entries: Sequence[DrafterEntry], peers: Sequence[Peer], prompts: Sequence[EvalPrompt],
-                decoding: Decoding, *, warmup: bool = True, progress: bool = True,
+                decoding: Decoding, *, warmup: bool = True, progress: bool = True, repeats: int = 1,
                 desc: str = "eval") -> dict[str, list[dict[str, Any]]]:
-    """Run plain decoding, every drafter and every peer on every prompt, interleaved prompt by prompt.
+    """Run plain decoding, every drafter and every peer on every prompt, interleaved prompt by prompt; with
+    `repeats` > 1 every method runs that many times per prompt (all methods once, then again) and its fastest
+    run is kept (`fastest_run`).
 
     Returns method name -> records aligned with `prompts`.
     """
     decoding.check()
+    if repeats < 1:
+        raise DraftsmithError(f"repeats must be >= 1, got {repeats}")
     device = next(target.model.parameters()).device
 
     def methods(p: EvalPrompt, seed: int, d: Decoding) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
@@ -126,18 +139,22 @@ def run_methods(target: Any, entries: Sequence[DrafterEntry], peers: Sequence[Pe
 
     names = [BASELINE] + [e.name for e in entries] + [p.name for p in peers]
     records: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    bar = _progress(total=len(prompts) * len(names), desc=desc, enabled=progress)
+    bar = _progress(total=len(prompts) * len(names) * repeats, desc=desc, enabled=progress)
     try:
         for i, p in enumerate(prompts):
             if warmup:
                 # A prompt's first run pays for shapes this process has not run yet (its prefill length): up to
                 # 10% of a 128-token generation on CPU. Untimed, so the method timed first is not charged for it.
                 methods(p, decoding.seed + i, short)[0][1]()
-            for name, fn in methods(p, decoding.seed + i, decoding):
-                rec = {"accepted_per_cycle": None, **_timed(fn, device)}
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+            for _ in range(repeats):
+                for name, fn in methods(p, decoding.seed + i, decoding):
+                    runs[name].append({"accepted_per_cycle": None, **_timed(fn, device)})
+                    bar.update(1)
+            for name in names:
+                rec = fastest_run(runs[name]) if repeats > 1 else runs[name][0]
                 records[name].append({"id": p.id, "domain": p.domain, "drafter": name,
                                       "prompt_token_ids": list(p.input_ids), **rec})
-                bar.update(1)
             bar.set_postfix(_running_speedups(records, entries), refresh=False)
     finally:
         bar.close()
@@ -164,7 +181,7 @@ def mark_exactness(records: Mapping[str, list[dict]], names: Sequence[str]) -> N
     for name in names:
         for ref, rec in zip(base, records[name]):
             pos = stats.first_mismatch(ref["output_token_ids"], rec["output_token_ids"])
-            rec["matches_plain"] = pos is None
+            rec["matches_plain"] = stats.same_output(ref, rec)
             rec["first_mismatch"] = pos
 
 
@@ -266,7 +283,11 @@ def settings_block(config: EvalConfig, sources: Sequence[str], prompts: Sequence
         "domains": {d: len(idx) for d, idx in group_by_domain(prompts).items()},
         "order": [BASELINE] + [e.name for e in entries] + [p.name for p in peers],
         "draft_length": {e.name: length_policy(e.drafter) for e in entries},
-        "interleaving": "per prompt, every method back to back in `order`",
+        "interleaving": "per prompt, every method back to back in `order`"
+                        + (f", {config.repeats} times over" if config.repeats > 1 else ""),
+        "repeats": config.repeats,
+        "timing": "one run per method and prompt" if config.repeats == 1 else
+                  f"the fastest of {config.repeats} runs per method and prompt",
         "speedup": "drafter tokens/s over plain tokens/s on the same prompts (= plain seconds / drafter seconds "
                    "at temperature 0, where outputs are identical); spread = per-prompt min/median/max and a "
                    "bootstrap CI over prompts",
@@ -322,7 +343,7 @@ def evaluate(target: Any, drafters: Mapping[str, Any], prompts: Any, config: Eva
                         device=config.target.resolved_device()) if config.peers else []
     decoding = Decoding.from_config(config)
     records = run_methods(target, entries, peers, eval_prompts, decoding, warmup=config.warmup,
-                          progress=config.progress)
+                          progress=config.progress, repeats=config.repeats)
     names = [e.name for e in entries]
     mark_exactness(records, names + [p.name for p in peers])
     domains, overall = summarize_methods(records, names, eval_prompts, k=decoding.k, config=config)
@@ -339,6 +360,7 @@ def evaluate(target: Any, drafters: Mapping[str, Any], prompts: Any, config: Eva
         "exactness": exactness_block(records, names, decoding.temperature),
         "records": [rec for name in records for rec in records[name]],
     }
+    result["settings"]["timing_spread"] = stats.timing_spread(result["records"])
     result["winners"] = winners(result)
     if config.sweep:
         result["sweeps"] = run_sweeps(target, entries, eval_prompts, config, base=result)

@@ -129,12 +129,26 @@ def speedup_spread(baseline: Sequence[Record], drafted: Sequence[Record], *, sam
     return out
 
 
+def timing_spread(records: Iterable[Record]) -> float:
+    """How far repeated runs of one method on one prompt differ in time: the median over records with
+    `repeat_seconds` of (slowest / fastest - 1). The resolution of the run's speedups; NaN without repeats."""
+    spreads = [max(t) / min(t) - 1.0 for r in records
+               if len(t := list(r.get("repeat_seconds") or ())) > 1 and min(t) > 0]  # type: ignore[call-overload]
+    return statistics.median(spreads) if spreads else float("nan")
+
+
+def same_output(reference: Record, candidate: Record) -> bool:
+    """Token-identical outputs, from runs that repeated themselves (`repeats_differ` unset on both)."""
+    return (list(reference["output_token_ids"]) == list(candidate["output_token_ids"])  # type: ignore[call-overload]
+            and not reference.get("repeats_differ") and not candidate.get("repeats_differ"))
+
+
 def exactness(reference: Sequence[Record], candidate: Sequence[Record]) -> dict[str, int]:
-    """How many candidate outputs are token-identical to the reference output of the same prompt."""
+    """How many candidate outputs are token-identical to the reference output of the same prompt (a prompt
+    whose repeated runs gave different outputs counts as not identical)."""
     if len(reference) != len(candidate):
         raise ValueError(f"paired records differ in number: {len(reference)} vs {len(candidate)}")
-    identical = sum(1 for r, c in zip(reference, candidate)
-                    if list(r["output_token_ids"]) == list(c["output_token_ids"]))  # type: ignore[call-overload]
+    identical = sum(1 for r, c in zip(reference, candidate) if same_output(r, c))
     return {"identical": identical, "total": len(reference)}
 
 

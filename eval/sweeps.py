@@ -67,7 +67,8 @@ def run_sweeps(target: Any, entries: Sequence[Any], prompts: Sequence[Any], conf
                 point = _point(base["domains"], base["overall"], names, base["exactness"])
             else:
                 records = runner.run_methods(target, entries, [], prompts, decoding, warmup=False,
-                                             progress=config.progress, desc=f"sweep {axis}={value}")
+                                             progress=config.progress, repeats=config.repeats,
+                                             desc=f"sweep {axis}={value}")
                 runner.mark_exactness(records, names)
                 domains, overall = runner.summarize_methods(records, names, prompts, k=decoding.k, config=config)
                 point = _point(domains, overall, names,

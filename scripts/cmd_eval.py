@@ -34,6 +34,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--sweep", action="append", default=[], metavar="AXIS=V1,V2,...",
                         help="re-run varying one setting: k, temperature, max_new_tokens, top_p, top_k; repeatable")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="time every method N times per prompt, interleaved, and keep the fastest run (default 1; "
+                             "2-3 on a shared or noisy machine)")
     parser.add_argument("--no-peers", action="store_true", help="skip transformers' assisted generation")
     parser.add_argument("--no-cost-model", action="store_true", help="skip measuring c and verify ratios")
     parser.add_argument("--dtype", default=None, help="target compute dtype (default float32; = target.dtype)")
@@ -54,7 +57,7 @@ def load_eval_config(args):
     flags = {"target.spec": args.target, "k": args.k, "temperature": args.temperature, "top_k": args.top_k,
              "top_p": args.top_p, "max_new_tokens": args.max_new_tokens, "per_domain_limit": args.limit,
              "seed": args.seed, "domain_field": args.domain_field, "target.dtype": args.dtype,
-             "target.device": args.device, "target.threads": args.threads, "sweep": args.sweep or None,
+             "target.device": args.device, "target.threads": args.threads, "sweep": args.sweep or None, "repeats": args.repeats,
              "peers": False if args.no_peers else None, "cost_model": False if args.no_cost_model else None,
              "progress": False if args.quiet else None}
     return load_config(EvalConfig, config_file=args.config, section="eval", overrides=args.overrides, flags=flags)
@@ -70,6 +73,10 @@ def print_summary(result: dict, file=None) -> None:
         print(f"  {name:<16} mu {b['mu']:.2f}  speedup {b['speedup']:.2f}x  ({per})", file=file)
     for name, p in (result.get("peers") or {}).items():
         print(f"  {name:<16} mu {p['mu']:.2f}  speedup {p['speedup']:.2f}x", file=file)
+    settings = result["settings"]
+    if settings.get("repeats", 1) > 1 and isinstance(settings.get("timing_spread"), float):
+        print(f"  timing: the fastest of {settings['repeats']} runs per method and prompt; repeats differed by a "
+              f"median {100 * settings['timing_spread']:.1f}%", file=file)
     ex = result["exactness"]
     if ex.get("checked"):
         print(f"  exactness: {ex['identical']}/{ex['total']} identical to plain greedy", file=file)
