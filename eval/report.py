@@ -121,7 +121,8 @@ def markdown(result: dict, plots: list[Path]) -> str:
                   "Best measured speedup of this run; `length` is how it chose its draft length (`auto`: per step, "
                   "from its calibrated confidence and the measured costs; `fixed`: K every cycle).", ""]
         rows = [[d, f"{w['drafter']}", w["length"], _f(w["speedup"]) + "×", _f(w["predicted_speedup"]) + "×",
-                 _f(w["mu"]), f"{w['runner_up'] or '–'} ({_f(w['runner_up_speedup'])}×)"]
+                 _f(w["mu"]), f"{w['runner_up'] or '–'} ({_f(w['runner_up_speedup'])}×"
+                 + (", a tie: closer than the run's resolution)" if w.get("tie") else ")")]
                 for d, w in result["winners"].items()]
         lines += _table(["domain", "drafter", "length", "measured", "predicted", "μ", "runner-up"], rows) + [""]
 

@@ -15,9 +15,11 @@ def _predicted(result: dict, name: str, domain: str) -> float:
 
 
 def winners(result: dict) -> dict[str, dict[str, Any]]:
-    """domain (and "overall") -> {drafter, length, speedup, predicted_speedup, mu, runner_up, runner_up_speedup}.
-    The oracle is a ceiling, not a drafter one can deploy: it never wins."""
+    """domain (and "overall") -> {drafter, length, speedup, predicted_speedup, mu, runner_up, runner_up_speedup,
+    tie}. The oracle is a ceiling, not a drafter one can deploy: it never wins. `tie`: the runner-up is closer than
+    the run's resolution (`settings.timing_spread`, the median spread of repeated timings; only with --repeats)."""
     lengths = (result.get("settings") or {}).get("draft_length") or {}
+    resolution = (result.get("settings") or {}).get("timing_spread")
     ceilings = {d["name"] for d in result.get("drafters", []) if d.get("kind") == "oracle"}
     out: dict[str, dict[str, Any]] = {}
     for domain, per in list(result["domains"].items()) + [("overall", result["overall"])]:
@@ -28,8 +30,15 @@ def winners(result: dict) -> dict[str, dict[str, Any]]:
         second = ranked[1] if len(ranked) > 1 else None
         out[domain] = {"drafter": best, "length": lengths.get(best, "fixed"), "speedup": per[best]["speedup"],
                        "predicted_speedup": _predicted(result, best, domain), "mu": per[best]["mu"],
-                       "runner_up": second, "runner_up_speedup": per[second]["speedup"] if second else float("nan")}
+                       "runner_up": second, "runner_up_speedup": per[second]["speedup"] if second else float("nan"),
+                       "tie": second is not None and _tie(per[best]["speedup"], per[second]["speedup"], resolution)}
     return out
+
+
+def _tie(best: Any, second: Any, resolution: Any) -> bool:
+    """The runner-up's speedup within `resolution` (a relative spread) of the best; never without a resolution."""
+    values = [_finite(v) for v in (best, second, resolution)]
+    return all(math.isfinite(v) for v in values) and values[1] * (1 + values[2]) >= values[0]
 
 
 def _finite(x: Any) -> float:

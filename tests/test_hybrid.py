@@ -130,5 +130,9 @@ def test_winners_per_domain():
     won = winners(result)
     assert won["edit"]["drafter"] == "ngram" and won["edit"]["runner_up"] == "hybrid"
     assert won["chat"] == {"drafter": "hybrid", "length": "auto", "speedup": 1.2, "predicted_speedup": 1.25,
-                           "mu": 1.5, "runner_up": "ngram", "runner_up_speedup": 1.0}
+                           "mu": 1.5, "runner_up": "ngram", "runner_up_speedup": 1.0, "tie": False}
     assert won["overall"]["predicted_speedup"] == 1.45
+    assert not won["edit"]["tie"]  # no repeats: no resolution to call a tie by
+    result["settings"]["timing_spread"] = 0.06  # repeats differed by 6%: 2.0 against 1.9 is a tie, 1.2 against 1.0 not
+    won = winners(result)
+    assert won["edit"]["tie"] and not won["chat"]["tie"] and won["edit"]["drafter"] == "ngram"
