@@ -15,7 +15,8 @@ class EvalConfig:
                                          "threads": "target.threads", "target": "target.spec",
                                          "limit": "per_domain_limit"}
     RANGES: ClassVar[dict[str, str]] = {"k": ">= 1", "temperature": ">= 0", "top_k": ">= 0", "top_p": "(0, 1]",
-                                        "max_new_tokens": ">= 1", "seed": ">= 0", "per_domain_limit": ">= 1", "repeats": ">= 1",
+                                        "max_new_tokens": ">= 1", "seed": ">= 0", "per_domain_limit": ">= 1",
+                                        "repeats": ">= 1",
                                         "bootstrap_samples": ">= 1", "ci_level": "(0, 1)",
                                         "cost_context_tokens": ">= 1", "cost_repeats": ">= 1", "cost_ks": ">= 1"}
     target: TargetConfig = field(default_factory=TargetConfig)  # `--target` sets target.spec

@@ -57,7 +57,8 @@ def load_eval_config(args):
     flags = {"target.spec": args.target, "k": args.k, "temperature": args.temperature, "top_k": args.top_k,
              "top_p": args.top_p, "max_new_tokens": args.max_new_tokens, "per_domain_limit": args.limit,
              "seed": args.seed, "domain_field": args.domain_field, "target.dtype": args.dtype,
-             "target.device": args.device, "target.threads": args.threads, "sweep": args.sweep or None, "repeats": args.repeats,
+             "target.device": args.device, "target.threads": args.threads, "sweep": args.sweep or None,
+             "repeats": args.repeats,
              "peers": False if args.no_peers else None, "cost_model": False if args.no_cost_model else None,
              "progress": False if args.quiet else None}
     return load_config(EvalConfig, config_file=args.config, section="eval", overrides=args.overrides, flags=flags)
