@@ -50,10 +50,11 @@ def _timing(s: dict) -> str:
     if repeats == 1:
         return ("Timing: one run per method and prompt (`--repeats N` keeps the fastest of N, for speedups that "
                 "differ by less than a noisy machine's run-to-run spread).")
-    return (f"Timing: the fastest of {repeats} runs per method and prompt; repeated runs of one method on one "
-            f"prompt differed by a median {100 * s['timing_spread']:.1f}% in time (the run's resolution)."
-            if isinstance(s.get("timing_spread"), (int, float)) else
-            f"Timing: the fastest of {repeats} runs per method and prompt.")
+    timing = f"Timing: {s.get('timing') or f'the fastest of {repeats} runs per method and prompt'}"
+    if isinstance(s.get("timing_spread"), (int, float)):
+        return (f"{timing}; repeated runs of one method on one prompt differed by a median "
+                f"{100 * s['timing_spread']:.1f}% in time (the run's resolution).")
+    return timing + "."
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:

@@ -147,8 +147,9 @@ def run_methods(target: Any, entries: Sequence[DrafterEntry], peers: Sequence[Pe
                 # 10% of a 128-token generation on CPU. Untimed, so the method timed first is not charged for it.
                 methods(p, decoding.seed + i, short)[0][1]()
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+            timed = methods(p, decoding.seed + i, decoding)
             for _ in range(repeats):
-                for name, fn in methods(p, decoding.seed + i, decoding):
+                for name, fn in timed:
                     runs[name].append({"accepted_per_cycle": None, **_timed(fn, device)})
                     bar.update(1)
             for name in names:
