@@ -151,11 +151,13 @@ def record_finished(out: Path, stage: str, inputs: dict) -> None:
 
 
 def mu_table(result: dict) -> str:
-    """Markdown-ish console table: mu (and speedup) per domain per drafter."""
+    """Markdown-ish console table: mu (and speedup) per domain per drafter, and which drafter was fastest (a tie
+    names both when the runner-up is within the run's timing resolution, measured with eval.repeats > 1)."""
     drafters = [d["name"] for d in result["drafters"]]
     domains = sorted(result["domains"])
+    best = result.get("winners") or {}
     width = max(12, *(len(d) for d in drafters))
-    lines = [f"{'domain':<14}" + "".join(f"{d:>{width}}" for d in drafters)]
+    lines = [f"{'domain':<14}" + "".join(f"{d:>{width}}" for d in drafters) + "  fastest"]
     for domain in domains + ["overall"]:
         cells = result["overall"] if domain == "overall" else result["domains"][domain]
         row = f"{domain:<14}"
@@ -163,6 +165,9 @@ def mu_table(result: dict) -> str:
             entry = cells.get(d)
             row += f"{'-':>{width}}" if not entry else \
                 f"{entry['mu']:>{width - 7}.2f} ({entry['speedup']:.2f}x)"
+        won = best.get(domain)
+        if won:
+            row += f"  {won['drafter']}" + (f" = {won['runner_up']} (tie)" if won.get("tie") else "")
         lines.append(row)
     return "\n".join(lines)
 
@@ -282,6 +287,10 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     log(f"mu per domain (tokens per target forward; speedup over plain decoding), K={config.eval.k}, "
         f"T={config.eval.temperature}:")
     log(mu_table(result))
+    settings = result.get("settings") or {}
+    if settings.get("repeats", 1) > 1 and isinstance(settings.get("timing_spread"), float):
+        log(f"timing: {settings['timing']}; repeats differed by a median {100 * settings['timing_spread']:.1f}% "
+            f"(a tie: within that)")
     log(f"exactness at T=0: {result['exactness']['identical']}/{result['exactness']['total']} outputs identical "
         f"to plain greedy decoding")
     log(f"\nlive generation ({best}): {text.strip()[:300]}")

@@ -63,3 +63,25 @@ def test_a_stage_is_reused_only_for_the_same_inputs(tmp_path):
     again = {"drafters": {"eagle3": _spec_digest(str(drafter)), "hybrid": _spec_digest(f"hybrid:{drafter}")}}
     assert again != inputs and not finished(tmp_path, "eval", again)
     assert _spec_digest("ngram") == "ngram"
+
+
+def test_the_demo_table_names_the_fastest_drafter_and_a_tie():
+    from eval.winners import winners
+    from scripts.demo import mu_table
+
+    def cell(mu, speedup):
+        return {"mu": mu, "speedup": speedup}
+
+    result = {"drafters": [{"name": "eagle3", "kind": "eagle3"}, {"name": "ngram", "kind": "ngram"},
+                           {"name": "hybrid", "kind": "hybrid"}],
+              "settings": {"repeats": 2, "timing_spread": 0.01},
+              "domains": {"code": {"eagle3": cell(1.2, 1.05), "ngram": cell(1.8, 1.50), "hybrid": cell(2.0, 1.60)},
+                          "chat": {"eagle3": cell(1.2, 1.08), "ngram": cell(1.1, 1.00), "hybrid": cell(1.3, 1.085)}},
+              "overall": {"eagle3": cell(1.2, 1.06), "ngram": cell(1.4, 1.2), "hybrid": cell(1.6, 1.3)}}
+    result["winners"] = winners(result)
+    rows = {line.split()[0]: line for line in mu_table(result).splitlines()}
+    assert rows["domain"].endswith("fastest")
+    assert rows["code"].endswith("  hybrid")  # 1.60 against 1.50: outside the 1% resolution
+    assert rows["chat"].endswith("  hybrid = eagle3 (tie)")  # 1.085 against 1.08: within it
+    assert rows["overall"].endswith("  hybrid")
+    assert "1.60x" in rows["code"] and "2.00" in rows["code"]
