@@ -45,6 +45,14 @@ def _spread(s: dict | None) -> str:
             f"(CI {_f(s.get('ci_low'))}–{_f(s.get('ci_high'))})")
 
 
+def timing_line(settings: dict) -> str | None:
+    """The console's line on timing (eval and demo): how runs were timed and how much repeats differed; None for
+    one run per method and prompt, which has no resolution to state."""
+    if settings.get("repeats", 1) > 1 and isinstance(settings.get("timing_spread"), float):
+        return f"timing: {settings['timing']}; repeats differed by a median {100 * settings['timing_spread']:.1f}%"
+    return None
+
+
 def _timing(s: dict) -> str:
     repeats = int(s.get("repeats") or 1)
     if repeats == 1:

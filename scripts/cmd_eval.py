@@ -65,6 +65,8 @@ def load_eval_config(args):
 
 
 def print_summary(result: dict, file=None) -> None:
+    from eval.report import timing_line
+
     file = file or sys.stdout  # looked up at call time: sys.stdout may have been replaced since import
     print(f"target {result['target']['name']}: K={result['settings']['k']}, "
           f"T={result['settings']['temperature']}, plain {result['baseline']['tokens_per_second']:.1f} tok/s",
@@ -74,10 +76,9 @@ def print_summary(result: dict, file=None) -> None:
         print(f"  {name:<16} mu {b['mu']:.2f}  speedup {b['speedup']:.2f}x  ({per})", file=file)
     for name, p in (result.get("peers") or {}).items():
         print(f"  {name:<16} mu {p['mu']:.2f}  speedup {p['speedup']:.2f}x", file=file)
-    settings = result["settings"]
-    if settings.get("repeats", 1) > 1 and isinstance(settings.get("timing_spread"), float):
-        print(f"  timing: {settings['timing']}; repeats differed by a median {100 * settings['timing_spread']:.1f}%",
-              file=file)
+    timing = timing_line(result["settings"])
+    if timing:
+        print(f"  {timing}", file=file)
     ex = result["exactness"]
     if ex.get("checked"):
         print(f"  exactness: {ex['identical']}/{ex['total']} identical to plain greedy", file=file)

@@ -178,7 +178,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
 
     from data.build import build_dataset
     from data.capture import dataset_digest
-    from eval.report import write_report
+    from eval.report import timing_line, write_report
     from eval.runner import evaluate
     from serve.config import ConfigError
     from serve.decoding import speculative_generate
@@ -287,10 +287,9 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     log(f"mu per domain (tokens per target forward; speedup over plain decoding), K={config.eval.k}, "
         f"T={config.eval.temperature}:")
     log(mu_table(result))
-    settings = result.get("settings") or {}
-    if settings.get("repeats", 1) > 1 and isinstance(settings.get("timing_spread"), float):
-        log(f"timing: {settings['timing']}; repeats differed by a median {100 * settings['timing_spread']:.1f}% "
-            f"(a tie: within that)")
+    timing = timing_line(result.get("settings") or {})
+    if timing:
+        log(f"{timing} (a tie: within that)")
     log(f"exactness at T=0: {result['exactness']['identical']}/{result['exactness']['total']} outputs identical "
         f"to plain greedy decoding")
     log(f"\nlive generation ({best}): {text.strip()[:300]}")

@@ -91,3 +91,12 @@ def test_cli_repeats_flag(tiny_target_dir, tmp_path, capsys):
         main(["eval", "--target", str(tiny_target_dir), "--repeats", "0"])
     assert err.value.code == 2
     assert "repeats" in capsys.readouterr().err
+
+
+def test_the_console_states_the_timing_only_when_runs_were_repeated():
+    from eval.report import timing_line
+
+    assert timing_line({"repeats": 1, "timing": "one run per method and prompt"}) is None
+    assert timing_line({"repeats": 2, "timing": "the fastest of 2 runs per method and prompt"}) is None  # no spread
+    line = timing_line({"repeats": 2, "timing": "the fastest of 2 runs per method and prompt", "timing_spread": 0.0123})
+    assert line == "timing: the fastest of 2 runs per method and prompt; repeats differed by a median 1.2%"
