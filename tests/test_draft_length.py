@@ -84,32 +84,59 @@ def test_observe_calibrates_the_keys_it_drafted():
 
 
 def test_a_drafter_that_does_not_pay_is_skipped_but_retried_ever_less_often():
-    policy = ExpectedGain(CPU, overhead_cost=0.2, explore=4, max_explore=8)
+    policy = ExpectedGain(CPU, overhead_cost=0.2, explore=4, max_explore=8, trial=1)
+    policy.plain_seconds = 0.1
+
+    def run(cycles: int) -> list[bool]:
+        tries = []
+        for _ in range(cycles):
+            tries.append(policy.should_draft())
+            if tries[-1] and policy.rate < 1.0:  # a retry that yields a token in two steps' time
+                policy.record_cycle(0.2, 1, worked=True)
+        return tries
+
     policy.rate = 0.8
-    tries = [policy.should_draft() for _ in range(4 + 8 + 8)]
-    assert [i for i, t in enumerate(tries) if t] == [3, 11, 19]  # after 4 paused cycles, then 8 (the cap)
+    assert [i for i, t in enumerate(run(4 + 8 + 8)) if t] == [3, 11, 19]  # after 4 paused cycles, then 8 (cap)
     policy.rate = 1.3
     assert policy.should_draft()  # paying again: drafts every cycle
     policy.rate = 0.8  # ... but one cycle does not forgive the back-off: the next retry comes after 8 still
-    assert [policy.should_draft() for _ in range(8)] == [False] * 7 + [True]
+    assert run(8) == [False] * 7 + [True]
     policy.rate = 1.3
     assert all(policy.should_draft() for _ in range(8))  # paid for as long as it last waited: forgiven
     policy.rate = 0.8
-    assert [policy.should_draft() for _ in range(4)] == [False, False, False, True]
+    assert run(4) == [False, False, False, True]
 
 
-def test_a_retry_that_pays_resumes_the_drafter_and_one_that_does_not_keeps_it_paused():
-    policy = ExpectedGain(CPU, overhead_cost=0.2, explore=2)
+def test_a_retry_is_a_trial_of_several_cycles_judged_together():
+    policy = ExpectedGain(CPU, overhead_cost=0.2, explore=2, trial=2)
+    policy.plain_seconds = 0.1
+    policy.rate = 0.7
+    assert [policy.should_draft() for _ in range(2)] == [False, True]  # the retry opens a 2-cycle trial
+    policy.record_cycle(0.1, 1, worked=True)  # its first draft rejected: one token in a step's time ...
+    assert policy.rate < 1.0 and policy.should_draft()  # ... but the trial goes on
+    policy.record_cycle(0.1, 3, worked=True)  # 3 tokens in a step: 4 in 2 steps together
+    assert policy.rate == pytest.approx(2.0) and policy.should_draft()  # resumed at the trial's rate
+    policy.record_cycle(0.1, 1, worked=True)  # an ordinary cycle moves the smoothed rate only
+    assert policy.rate == pytest.approx(2.0 + 0.1 * (1.0 - 2.0))
+
+
+def test_a_trial_that_does_not_pay_pauses_the_drafter_at_its_rate():
+    policy = ExpectedGain(CPU, overhead_cost=0.2, explore=2, trial=2)
     policy.plain_seconds = 0.1
     policy.rate = 0.7
     assert [policy.should_draft() for _ in range(2)] == [False, True]
-    policy.record_cycle(0.25, 2, worked=True)  # the retry: 2 tokens in 2.5 steps' time, 0.8 per step: not enough
-    assert policy.rate < 1.0
-    assert [policy.should_draft() for _ in range(4)] == [False, False, False, True]
-    policy.record_cycle(0.1, 3, worked=True)  # this retry yields 3 tokens in one step's time
-    assert policy.rate == pytest.approx(3.0) and policy.should_draft()  # resumed at that cycle's rate
-    policy.record_cycle(0.1, 1, worked=True)  # an ordinary cycle moves the smoothed rate only
-    assert policy.rate == pytest.approx(3.0 + 0.1 * (1.0 - 3.0))
+    policy.record_cycle(0.25, 2, worked=True)
+    assert policy.should_draft()
+    policy.record_cycle(0.15, 1, worked=True)  # 3 tokens in 4 steps' time: 0.75 per step
+    assert policy.rate == pytest.approx(0.75)
+    assert [policy.should_draft() for _ in range(4)] == [False, False, False, True]  # the wait doubled
+    active = ExpectedGain(CPU, overhead_cost=0.2, trial=2)  # a drafter in use, probed (a hybrid's head) ...
+    active.plain_seconds, active.rate = 0.1, 1.4
+    active.probe()
+    for seconds in (0.2, 0.2):  # ... that yields 1 token in 2 steps' time: paused
+        assert active.should_draft()
+        active.record_cycle(seconds, 1, worked=True)
+    assert active.rate == pytest.approx(0.5) and not active.should_draft()
 
 
 def test_the_rate_is_realized_wall_time_against_a_plain_cycle():

@@ -74,6 +74,20 @@ def test_without_a_match_the_head_drafts():
     assert accepted == pytest.approx(1.0, abs=0.01) and tried == pytest.approx(2.0, abs=0.01)
 
 
+def test_after_explore_ngram_cycles_in_a_row_the_head_is_put_on_trial():
+    # the head's rate was last measured low (0.5), so every n-gram match wins; its rate is stale
+    context = [5, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6]
+    drafter, head = hybrid([9, 9, 9], context, head_rate=0.5)
+    drafter.explore, drafter.trees = 3, False
+    for _ in range(3):
+        assert drafter.propose(2).tokens.tolist() == [7, 8]
+    assert head.proposals == 0 and drafter.choices == {"ngram": 3}
+    head.policy.trial = 2
+    assert drafter.propose(2).tokens.tolist() == [9, 9]  # the 4th: the head drafts, on trial
+    assert head.proposals == 1 and head.policy.should_draft()  # a paused head drafts while on trial
+    assert drafter.propose(2).tokens.tolist() == [7, 8]  # the run starts over: the n-gram side again
+
+
 def test_a_tree_holds_both_when_verification_is_cheap():
     # a short match the head (at a high realized rate) beats on its own, but verifying both costs nothing extra
     drafter, head = hybrid([9, 8, 7], [1, 2, 3, 4, 5, 1, 2], head_rate=5.0)

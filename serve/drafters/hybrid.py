@@ -5,7 +5,10 @@ the extra verified tokens are expected to pay for themselves.
 The two are complementary: the n-gram drafter is nearly free and wins where the answer copies the prompt
 (edit, extraction, summarization, code); a trained head wins in free text (chat, creative writing, math).
 Both see every cycle's tokens (`commit`), so either can draft the next cycle; each one's length policy
-learns from every verification, including how its unused proposals would have fared.
+learns from every verification, including how its unused proposals would have fared. The head's rate is measured
+only on the cycles it drafts, so after `explore` n-gram cycles in a row the head is put on trial (a few cycles of
+its own drafts): without it, a head whose rate was last measured on a stretch it did badly on never drafted
+again, however well it would now do.
 """
 from __future__ import annotations
 
@@ -44,8 +47,9 @@ def tree_tokens(head: list[float], ngram: list[float], shared: int) -> float:
 class HybridDrafter(Drafter):
     kind: ClassVar[str] = "hybrid"
 
-    def __init__(self, head: Drafter, ngram: NgramDrafter, *, trees: bool = True):
-        self.head, self.ngram, self.trees = head, ngram, trees
+    def __init__(self, head: Drafter, ngram: NgramDrafter, *, trees: bool = True, explore: int = 16):
+        self.head, self.ngram, self.trees, self.explore = head, ngram, trees, explore
+        self._ngram_run = 0  # n-gram cycles in a row since the head last drafted
         self.target_layers = tuple(head.target_layers)
         self.policy = head.policy
         self.default_k, self.default_tree = head.default_k, head.default_tree  # what the head's folder records
@@ -97,11 +101,21 @@ class HybridDrafter(Drafter):
         head_rate = expected_tokens(head.kept)[-1] / (spent + head.costs.ratio(len(head_draft)))
         return tree_rate > head_rate
 
+    def _probe_head(self) -> bool:
+        """After `explore` n-gram cycles in a row: put the head on trial (its rate is stale) and let it draft."""
+        gains = self._gains()
+        if gains is None or self._ngram_run < self.explore:
+            return False
+        gains[1].probe()
+        return True
+
     def propose(self, k, *, temperature=0.0, generator=None, tree=None) -> Draft:
         ngram = self.ngram.propose(k, temperature=temperature, generator=generator)
-        if self._ngram_wins(ngram):
+        if self._ngram_wins(ngram) and not self._probe_head():
+            self._ngram_run += 1
             self.choices["ngram"] += 1
             return ngram
+        self._ngram_run = 0
         self.ngram.last.verified = False  # learn how it would have fared, but it is not this cycle's draft
         draft = self.head.propose(k, temperature=temperature, generator=generator, tree=tree)
         if len(ngram) and draft.is_tree:  # the head drafted a tree: the n-gram chain joins it as a branch

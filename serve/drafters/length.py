@@ -165,23 +165,27 @@ class ExpectedGain(LengthPolicy):
     second). c and o are measured as the drafter runs (seconds over the target's step); `step_cost` and
     `overhead_cost` set starting values in target steps. A drafter whose realized rate falls below 1 pauses; it
     is retried after `explore` cycles, then after twice as many each time the retry does not pay, up to
-    `max_explore`. A retry is judged on its own cycle: one that paid resumes the drafter at that cycle's rate (one
-    good cycle could not lift a smoothed rate back above 1, so a paused drafter never resumed when the text turned
-    its way); the back-off is forgiven once the drafter has paid for as many cycles as it last waited.
+    `max_explore`; the back-off is forgiven once the drafter has paid for as many cycles as it last waited. A retry
+    is a trial of `trial` drafting cycles judged by their joint realized rate: one that paid resumes the drafter
+    at that rate, one that did not pauses it at that rate. One cycle is too few to judge by: a one-cycle retry
+    failed whenever its first draft was rejected, even for a drafter that pays on average, doubled its wait each
+    time, and the drafter sat out whole prompts it would have sped up; one good cycle could not lift a smoothed
+    rate back above 1 either, so the trial's rate replaces the smoothed one.
     """
 
     name = "auto"
 
     def __init__(self, costs: VerifyCosts | Callable[[], VerifyCosts], *, step_cost: float = 0.0,
-                 overhead_cost: float = 0.0, smoothing: float = 0.1, explore: int = 8, max_explore: int = 64):
+                 overhead_cost: float = 0.0, smoothing: float = 0.1, explore: int = 8, max_explore: int = 64,
+                 trial: int = 4):
         super().__init__()
         self._costs = costs
         self.step_cost, self.overhead_cost = step_cost, overhead_cost
         self.smoothing = smoothing
-        self.explore, self.max_explore = explore, max_explore
+        self.explore, self.max_explore, self.trial = explore, max_explore, max(1, trial)
         self._idle, self._wait = 0, explore  # paused cycles so far, and how many before the next retry
         self._paying = 0  # cycles in a row at a rate of 1 or more
-        self._retry = False  # this cycle is a retry after a pause
+        self._trial_left, self._trial_tokens, self._trial_seconds = 0, 0, 0.0  # the trial under way, if any
         self.calibration = {False: Calibration(), True: Calibration()}  # greedy / sampled drafts accept differently
         # realized tokens per plain step's wall time over the cycles the drafter worked, smoothed (what decides
         # whether it runs, and what a hybrid compares drafters by); plain_seconds: a plain cycle's wall time
@@ -210,7 +214,9 @@ class ExpectedGain(LengthPolicy):
     def should_draft(self) -> bool:
         """Skip the drafter's work while its realized rate is below a plain step's (1 token per step), but retry
         after `explore` paused cycles, twice as many after each retry that left it below; a drafter whose work
-        is negligible (n-gram lookup) always runs."""
+        is negligible (n-gram lookup) always runs, and so does one on trial."""
+        if self._trial_left > 0:
+            return True
         if self.rate >= 1.0 or self.overhead_cost + self.step_cost < 0.02:
             self._idle, self._paying = 0, self._paying + 1
             if self._paying >= self._wait:
@@ -218,9 +224,16 @@ class ExpectedGain(LengthPolicy):
             return True
         self._idle, self._paying = self._idle + 1, 0
         if self._idle >= self._wait:
-            self._idle, self._wait, self._retry = 0, min(2 * self._wait, self.max_explore), True
+            self._idle, self._wait = 0, min(2 * self._wait, self.max_explore)
+            self.probe()
             return True
         return False
+
+    def probe(self) -> None:
+        """Put the drafter on trial: it drafts the next `trial` cycles it is asked for, and their joint realized
+        rate replaces its rate (a retry after a pause; a hybrid trying a head it has not used for a while)."""
+        if self._trial_left == 0:
+            self._trial_left, self._trial_tokens, self._trial_seconds = self.trial, 0, 0.0
 
     def offer(self, signal: Signal) -> bool:
         n = len(self._accept)
@@ -269,12 +282,15 @@ class ExpectedGain(LengthPolicy):
             return
         # until a plain cycle has been timed, the 1-token forward measured with the costs stands in for one
         plain = self.plain_seconds if self.plain_seconds is not None else self.costs.step_seconds
-        if math.isfinite(plain) and plain > 0:
-            realized = tokens * plain / seconds
-            self.rate += self.smoothing * (realized - self.rate)
-            if self._retry:
-                self.rate = max(self.rate, realized)
-        self._retry = False
+        if not (math.isfinite(plain) and plain > 0):
+            return
+        self.rate += self.smoothing * (tokens * plain / seconds - self.rate)
+        if self._trial_left > 0:
+            self._trial_left -= 1
+            self._trial_tokens, self._trial_seconds = self._trial_tokens + tokens, self._trial_seconds + seconds
+            if self._trial_left == 0:
+                joint = self._trial_tokens * plain / self._trial_seconds
+                self.rate = max(self.rate, joint) if joint >= 1.0 else joint
 
     def record_step(self, seconds: float) -> None:
         self.step_cost = self._smooth("step", self.step_cost, seconds)

@@ -1,0 +1,210 @@
+"""Draft-length and hybrid policies compared on a modelled clock: the same decisions every run, whatever the machine.
+
+A policy decides from wall time (serve/drafters/length.py), so on a noisy machine two runs of one policy already
+differ, and a paused head that retries a cycle later can sit out a whole prompt: wall-clock A/Bs of a policy
+change need more prompts and repeats than a CPU-hour holds. Here the decoder's clock advances only by modelled
+costs, measured once at the start and shared by every arm: a target forward over n new tokens costs V(n-1) steps
+(serve/costs.py), an EAGLE head's catch-up over L committed pairs and its draft step what they took when timed
+here. Arms then differ only by their policy; each keeps its drafter (and its learned state) across prompts, as
+eval does. Prefill is left out (the same for every arm): the speedups are the decode phase's.
+
+    python scripts/policy_sim.py --head runs/demo/eagle3/drafter --prompts held.jsonl --limit 3 \
+        --arm e3-old=HEAD@trial=1 --arm e3=HEAD --arm hybrid-old=hybrid:HEAD@trial=1,explore=0 --arm hybrid=hybrid:HEAD
+
+HEAD in an arm's spec stands for --head. `@trial=N` sets the head's trial length (1: one-cycle retries, the
+previous behaviour), `@explore=N` the hybrid's n-gram run before its head is tried (0: never).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import types
+from contextlib import ExitStack
+from unittest import mock
+
+
+class ModelledClock:
+    """Stands in for `time` in the decoder and the length policy: `perf_counter` reads the modelled seconds."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def perf_counter(self) -> float:
+        return self.t
+
+
+def _median_seconds(fn, repeats: int = 15) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def head_costs(drafter, step_seconds: float) -> tuple[dict[int, float], float, float]:
+    """An EAGLE drafter's costs in target steps: catch-up over L pairs {L: steps}, a draft step's head forward, and
+    its logits over one row. Timed on a fresh cache (the head is one layer: its context length matters little)."""
+    import torch
+    from transformers import DynamicCache
+
+    from serve.drafters.masks import causal_allowed
+    from serve.kv import rollback
+
+    width, vocab = drafter.config.hidden_size, drafter.embed.num_embeddings
+    catch_up = {}
+    with torch.no_grad():
+        for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
+            hidden = {layer: torch.randn(n, width) for layer in drafter.target_layers}
+
+            def consume(n=n, hidden=hidden):
+                drafter._cache, drafter.n = DynamicCache(), 0
+                drafter._consume(torch.arange(n) % vocab, hidden)
+            catch_up[n] = _median_seconds(consume) / step_seconds
+        last = drafter._last_out
+
+        def step():
+            drafter._run(last[None], torch.tensor([1]), torch.tensor([drafter.n]),
+                         causal_allowed(1, drafter._cache.get_seq_length()))
+            rollback(drafter._cache, drafter.n)
+        step_cost = _median_seconds(step) / step_seconds
+        logits_cost = _median_seconds(lambda: drafter._logits_of(last[None])) / step_seconds
+    return catch_up, step_cost, logits_cost
+
+
+def interpolate(table: dict[int, float], n: int) -> float:
+    """Piecewise linear in n through the measured points; linear from the origin past the last."""
+    points = sorted(table.items())
+    if n <= points[0][0]:
+        return points[0][1]
+    for (n0, c0), (n1, c1) in zip(points, points[1:]):
+        if n <= n1:
+            return c0 + (c1 - c0) * (n - n0) / (n1 - n0)
+    return points[-1][1] * n / points[-1][0]
+
+
+def modelled(stack: ExitStack, clock: ModelledClock, target, costs, head) -> None:
+    """Patch the decoder so that `clock` advances by the modelled cost of every target forward and head forward."""
+    import serve.decoding
+    import serve.drafters.length
+    from serve.drafters.eagle_drafter import EagleDrafter
+
+    seconds = costs.step_seconds
+    catch_up, step_cost, logits_cost = head_costs(head, seconds) if head is not None else ({1: 0.0}, 0.0, 0.0)
+    print("modelled costs in target steps: verify V(n) " +
+          ", ".join(f"{n}:{costs.ratio(n):.2f}" for n in range(9)) +
+          f"; head catch-up over 1/64/512 pairs {interpolate(catch_up, 1):.3f}/{interpolate(catch_up, 64):.3f}/"
+          f"{interpolate(catch_up, 512):.3f}, draft step {step_cost + logits_cost:.3f}", flush=True)
+    fake = types.SimpleNamespace(perf_counter=clock.perf_counter)
+    stack.enter_context(mock.patch.object(serve.drafters.length, "time", fake))
+    stack.enter_context(mock.patch.object(serve.decoding, "time", fake))
+    inside = {"catch_up": False}
+    run, logits, consume = EagleDrafter._run, EagleDrafter._logits_of, EagleDrafter._consume
+
+    def timed_run(self, hidden_in, token_ids, positions, allowed):
+        if not inside["catch_up"]:
+            clock.t += step_cost * seconds * int(token_ids.numel())
+        return run(self, hidden_in, token_ids, positions, allowed)
+
+    def timed_logits(self, out):
+        if not inside["catch_up"]:
+            clock.t += logits_cost * seconds * out.shape[0]
+        return logits(self, out)
+
+    def timed_consume(self, next_tokens, hidden_states):
+        clock.t += interpolate(catch_up, int(next_tokens.numel())) * seconds
+        inside["catch_up"] = True
+        try:
+            return consume(self, next_tokens, hidden_states)
+        finally:
+            inside["catch_up"] = False
+
+    stack.enter_context(mock.patch.object(EagleDrafter, "_run", timed_run))
+    stack.enter_context(mock.patch.object(EagleDrafter, "_logits_of", timed_logits))
+    stack.enter_context(mock.patch.object(EagleDrafter, "_consume", timed_consume))
+
+    def forward_cost(module, args, kwargs, output):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and ids.shape[1] <= 32:  # a verify forward; a prefill is left out
+            clock.t += costs.ratio(int(ids.shape[1]) - 1) * seconds
+    stack.callback(target.model.register_forward_hook(forward_cost, with_kwargs=True).remove)
+
+
+def build_arm(spec: str, head: str, target):
+    """`SPEC[@trial=N,explore=N]` -> the drafter, with its policy settings applied."""
+    from serve.drafters import build_drafter
+    from serve.drafters.hybrid import HybridDrafter
+    from serve.errors import DraftsmithError
+
+    spec, _, options = spec.partition("@")
+    drafter = build_drafter(spec.replace("HEAD", head), target)
+    for option in filter(None, options.split(",")):
+        key, _, value = option.partition("=")
+        policy = (drafter.head if isinstance(drafter, HybridDrafter) else drafter).policy
+        if key == "trial" and hasattr(policy, "trial"):
+            policy.trial = int(value)
+        elif key == "explore" and isinstance(drafter, HybridDrafter):
+            drafter.explore = int(value) if int(value) > 0 else 10 ** 9
+        else:
+            raise DraftsmithError(f"arm option {option!r}: takes trial=N (auto length) or explore=N (hybrid)")
+    return drafter
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--head", required=True, help="a trained EAGLE drafter folder (HEAD in the arms' specs)")
+    parser.add_argument("--arm", action="append", required=True, metavar="NAME=SPEC[@trial=N,explore=N]")
+    parser.add_argument("--prompts", action="append", default=[], help="prompt sources (default: builtin)")
+    parser.add_argument("--target", default="demo")
+    parser.add_argument("--limit", type=int, default=None, help="prompts per domain")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    args = parser.parse_args()
+
+    import torch
+
+    from eval.config import EvalConfig
+    from eval.prompts import prepare_prompts
+    from eval.runner import _as_rows
+    from serve.costs import verify_costs_for
+    from serve.decoding import speculative_generate
+    from serve.drafters import build_drafter
+    from serve.drafters.eagle_drafter import EagleDrafter
+    from serve.target import load_target
+
+    torch.set_num_threads(1)
+    target = load_target(args.target)
+    rows, _ = _as_rows(args.prompts or ["builtin"], EvalConfig(per_domain_limit=args.limit))
+    prompts = prepare_prompts(target.tokenizer, rows)  # in eval's order
+    head = build_drafter(args.head, target)
+    costs = verify_costs_for(target.model)
+    with ExitStack() as stack:
+        clock = ModelledClock()
+        modelled(stack, clock, target, costs, head if isinstance(head, EagleDrafter) else None)
+        arms = {name: build_arm(spec, args.head, target) for name, spec in (a.split("=", 1) for a in args.arm)}
+        plain, spent = {}, {name: {} for name in arms}  # domain -> steps
+        for p in prompts:
+            reference, cells = None, []
+            for name, drafter in arms.items():
+                clock.t = 0.0
+                result = speculative_generate(target, drafter, torch.tensor([p.input_ids]),
+                                              max_new_tokens=args.max_new_tokens)
+                reference = reference or result.output_ids
+                if result.output_ids != reference:
+                    raise SystemExit(f"{name} left the other arms' greedy output on {p.id}")
+                steps = result.stats.seconds / costs.step_seconds
+                spent[name][p.domain] = spent[name].get(p.domain, 0.0) + steps
+                cells.append(f"{name} {(len(reference) - 1) / steps:.3f}x μ{result.stats.mu:.2f}")
+            plain[p.domain] = plain.get(p.domain, 0) + len(reference) - 1  # a plain step per token after the first
+            print(f"{p.domain:<14} {p.id[:16]:<16} " + "  ".join(cells), flush=True)
+    width = max(12, *(len(n) + 2 for n in arms))
+    print("\nmodelled decode-phase speedup over plain decoding")
+    print(f"{'domain':<14}" + "".join(f"{n:>{width}}" for n in arms))
+    for domain in list(plain) + ["overall"]:
+        total = sum(plain.values()) if domain == "overall" else plain[domain]
+        cells = [total / (sum(spent[n].values()) if domain == "overall" else spent[n][domain]) for n in arms]
+        print(f"{domain:<14}" + "".join(f"{c:>{width}.3f}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
