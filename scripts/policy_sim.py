@@ -91,7 +91,7 @@ def modelled(stack: ExitStack, clock: ModelledClock, target, costs, head) -> Non
     from serve.drafters.eagle_drafter import EagleDrafter
 
     seconds = costs.step_seconds
-    catch_up, step_cost, logits_cost = head_costs(head, seconds) if head is not None else ({1: 0.0}, 0.0, 0.0)
+    catch_up, step_cost, logits_cost = head_costs(head, seconds)
     print("modelled costs in target steps: verify V(n) " +
           ", ".join(f"{n}:{costs.ratio(n):.2f}" for n in range(9)) +
           f"; head catch-up over 1/64/512 pairs {interpolate(catch_up, 1):.3f}/{interpolate(catch_up, 64):.3f}/"
@@ -124,11 +124,12 @@ def modelled(stack: ExitStack, clock: ModelledClock, target, costs, head) -> Non
     stack.enter_context(mock.patch.object(EagleDrafter, "_logits_of", timed_logits))
     stack.enter_context(mock.patch.object(EagleDrafter, "_consume", timed_consume))
 
-    def forward_cost(module, args, kwargs, output):
+    def forward_cost(module, args, kwargs):
         ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None and ids.shape[1] <= 32:  # a verify forward; a prefill is left out
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if ids is not None and cache is not None and cache.get_seq_length() > 0:  # a verify; the prefill is left out
             clock.t += costs.ratio(int(ids.shape[1]) - 1) * seconds
-    stack.callback(target.model.register_forward_hook(forward_cost, with_kwargs=True).remove)
+    stack.callback(target.model.register_forward_pre_hook(forward_cost, with_kwargs=True).remove)
 
 
 def build_arm(spec: str, head: str, target):
@@ -170,6 +171,7 @@ def main() -> None:
     from serve.decoding import speculative_generate
     from serve.drafters import build_drafter
     from serve.drafters.eagle_drafter import EagleDrafter
+    from serve.errors import DraftsmithError
     from serve.target import load_target
 
     torch.set_num_threads(1)
@@ -177,10 +179,13 @@ def main() -> None:
     rows, _ = _as_rows(args.prompts or ["builtin"], EvalConfig(per_domain_limit=args.limit))
     prompts = prepare_prompts(target.tokenizer, rows)  # in eval's order
     head = build_drafter(args.head, target)
+    if not isinstance(head, EagleDrafter):
+        raise DraftsmithError(f"--head {args.head} is a {head.kind} drafter: the modelled clock times EAGLE heads only "
+                              "(their catch-up and draft step); give an EAGLE-1 or EAGLE-3 drafter folder")
     costs = verify_costs_for(target.model)
     with ExitStack() as stack:
         clock = ModelledClock()
-        modelled(stack, clock, target, costs, head if isinstance(head, EagleDrafter) else None)
+        modelled(stack, clock, target, costs, head)
         arms = {name: build_arm(spec, args.head, target) for name, spec in (a.split("=", 1) for a in args.arm)}
         plain, spent = {}, {name: {} for name in arms}  # domain -> steps
         for p in prompts:
@@ -207,4 +212,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from serve.errors import DraftsmithError
+
+    try:
+        main()
+    except DraftsmithError as err:
+        raise SystemExit(f"error: {err}") from None
