@@ -9,6 +9,7 @@ import torch
 
 from serve.errors import TargetError
 from serve.identity import config_hash, tokenizer_hash
+from serve.packed import pack_linears, packing_wanted
 from serve.target_config import DTYPE_NAMES
 
 __all__ = ["DTYPES", "SUPPORTED_MODEL_TYPES", "Target", "TargetError", "eos_token_ids", "load_target", "text_config"]
@@ -88,12 +89,15 @@ def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", device: str = "cpu",
-                require_chat_template: bool = False, cache_dir: str | None = None, weights: bool = True) -> Target:
+                require_chat_template: bool = False, cache_dir: str | None = None, weights: bool = True,
+                packed_weights: str = "auto") -> Target:
     """Load a frozen target and its tokenizer from `spec`.
 
     `spec` is `demo` / `demo:<name>` (the embedded default targets, built on first use), a folder
     written by `save_pretrained`, a `.gguf` file, or a hub id (needs the network). `weights=False` loads
     the config, generation config and tokenizer only (a server generates; the identity hashes still work).
+    `packed_weights` (auto | on | off): CPU forwards over several tokens through oneDNN's packed linear
+    (serve/packed.py).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -142,4 +146,6 @@ def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", devic
     if getattr(model, "hf_quantizer", None) is not None and "gguf_file" in kwargs:
         model.hf_quantizer.remove_quantization_config(model)
     model.to(device).eval().requires_grad_(False)
+    if packing_wanted(model, packed_weights):
+        pack_linears(model)
     return Target(model=model, tokenizer=tokenizer, name=display, path=path)

@@ -11,6 +11,7 @@ from serve.errors import TargetError
 from serve.ranges import check_ranges
 
 DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+PACKED_SETTINGS = ("auto", "on", "off")  # serve/packed.py's SETTINGS (kept free of torch here)
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 
 
@@ -22,11 +23,15 @@ class TargetConfig:
     device: str = "auto"  # auto = cuda when available, else cpu; or cpu | cuda | cuda:N
     threads: Optional[int] = None  # torch CPU threads; None: torch's default, lowered to the cores idle at start
                                    # (serve/threads.py)
+    packed_weights: str = "auto"  # CPU forwards over 4+ tokens through oneDNN's packed linear (serve/packed.py):
+                                  # auto (float32 on the CPU, when a second copy of the weights fits) | on | off
 
     def validate(self, *, key: str = "target") -> None:
         check_ranges(self, prefix=f"{key}.")
         if self.dtype not in DTYPE_NAMES and self.dtype != "auto":
             raise TargetError(f"{key}.dtype={self.dtype!r}: choose one of {', '.join(DTYPE_NAMES)}")
+        if self.packed_weights not in PACKED_SETTINGS:
+            raise TargetError(f"{key}.packed_weights={self.packed_weights!r}: choose {', '.join(PACKED_SETTINGS)}")
         if not _DEVICE.match(self.device):
             raise TargetError(f"{key}.device={self.device!r}: choose auto, cpu, cuda or cuda:N")
 
@@ -51,4 +56,5 @@ class TargetConfig:
 
         self.validate()
         dtype = "float32" if self.dtype == "auto" else self.dtype
+        kwargs.setdefault("packed_weights", self.packed_weights)
         return load_target(self.spec, dtype=dtype, device=self.resolved_device(), **kwargs)

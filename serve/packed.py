@@ -1,0 +1,123 @@
+"""CPU forwards over several tokens (verification, prefill) through oneDNN's linear on prepacked weights.
+
+A small target's forward on a CPU is bound by reading its weights from memory. `F.linear` calls MKL's sgemm, which
+reads each weight matrix once for up to 3 rows but twice or more from 4 rows on: on the default target (fp32, one
+thread) a verify forward over 4 tokens costs 1.67 single-token steps against 1.16 over 3, over 6 tokens 1.81 and
+over 9 2.24. oneDNN's linear over a weight packed once into its blocked layout reads it once for any small row
+count: 1.28, 1.36 and 1.49 (serve/costs.py measures the curve the decoder then plans with). At 1 to 3 rows MKL is
+the faster kernel, so those stay on `F.linear`: a plain decoding step is unchanged.
+
+The packed copy doubles the memory of the linear weights. `auto` packs a float32 model on the CPU when oneDNN is
+there and the copy fits in a quarter of the machine's memory; `on` packs wherever it can, `off` never. Outputs
+differ from `F.linear`'s by float rounding only, as any two GEMM kernels do (sgemm's 1-row and 4-row paths differ
+from each other too); greedy speculative output stays token-identical to plain decoding in the tests and the demo.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from serve.errors import DraftsmithError
+
+MIN_ROWS = 4  # rows from which oneDNN's packed linear beats MKL's sgemm (below, sgemm reads the weight once)
+SETTINGS = ("auto", "on", "off")
+
+# module -> (the weight's version when packed, the packed weight); kept outside the module, so copying a model
+# (deepcopy, state_dict) never copies an opaque oneDNN tensor: a copy packs its own weights on first use
+_PACKED: "weakref.WeakKeyDictionary[nn.Module, tuple[int, torch.Tensor]]" = weakref.WeakKeyDictionary()
+
+
+def onednn_available() -> bool:
+    return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+class PackedLinear(nn.Linear):
+    """An nn.Linear (same parameters, same state dict) whose forward over MIN_ROWS rows or more, without autograd,
+    on float32 CPU tensors, runs oneDNN's linear over a packed copy of its weight (repacked when the weight
+    changes in place). Anything else runs `F.linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # the common case first and cheap: a decoding step (1 row) pays two checks over F.linear
+        if x.numel() < MIN_ROWS * self.in_features or torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        weight = self.weight
+        if x.dtype != torch.float32 or x.device.type != "cpu" or weight.dtype != torch.float32 \
+                or weight.device.type != "cpu":
+            return F.linear(x, weight, self.bias)
+        try:
+            y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self._packed_weight(), self.bias,
+                                                   "none", [], "")  # (rows, out)
+        except RuntimeError:  # this build or CPU cannot run it after all: this layer stays on F.linear
+            _PACKED.pop(self, None)
+            self.__class__ = nn.Linear
+            return F.linear(x, weight, self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _packed_weight(self) -> torch.Tensor:
+        version = _version(self.weight)
+        held = _PACKED.get(self)
+        if held is None or held[0] != version:
+            held = (version, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), None))
+            _PACKED[self] = held
+        return held[1]
+
+
+def _version(weight: torch.Tensor) -> int:
+    try:
+        return int(weight._version)
+    except RuntimeError:  # an inference tensor has no version counter; it cannot change in place outside one
+        return -1
+
+
+def linear_weight_bytes(model: nn.Module) -> int:
+    seen, total = set(), 0
+    for module in model.modules():
+        if type(module) is nn.Linear and id(module.weight) not in seen:
+            seen.add(id(module.weight))
+            total += module.weight.numel() * module.weight.element_size()
+    return total
+
+
+def machine_memory_bytes() -> int | None:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def packing_wanted(model: nn.Module, setting: str = "auto") -> bool:
+    """Whether `setting` (auto | on | off) packs `model`'s linear layers (see the module docstring)."""
+    if setting not in SETTINGS:
+        raise DraftsmithError(f"packed weights: choose one of {', '.join(SETTINGS)}, got {setting!r}")
+    if setting == "off" or not onednn_available():
+        return False
+    param = next(model.parameters(), None)
+    if param is None or param.device.type != "cpu" or param.dtype != torch.float32:
+        return False
+    if setting == "on":
+        return True
+    memory = machine_memory_bytes()
+    return memory is not None and 4 * linear_weight_bytes(model) <= memory
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Turn every plain nn.Linear of `model` into a PackedLinear (in place; weights are packed on first use).
+    Returns how many were turned."""
+    turned = 0
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = PackedLinear
+            turned += 1
+    return turned
+
+
+def unpack_linears(model: nn.Module) -> None:
+    """Undo `pack_linears`: every PackedLinear back to nn.Linear, its packed copy dropped."""
+    for module in model.modules():
+        if type(module) is PackedLinear:
+            _PACKED.pop(module, None)
+            module.__class__ = nn.Linear
