@@ -2,10 +2,10 @@
 
 A small target's forward on a CPU is bound by reading its weights from memory. `F.linear` calls MKL's sgemm, which
 reads each weight matrix once for up to 3 rows but twice or more from 4 rows on: on the default target (fp32, one
-thread) a verify forward over 4 tokens costs 1.67 single-token steps against 1.16 over 3, over 6 tokens 1.81 and
-over 9 2.24. oneDNN's linear over a weight packed once into its blocked layout reads it once for any small row
-count: 1.28, 1.36 and 1.49 (serve/costs.py measures the curve the decoder then plans with). At 1 to 3 rows MKL is
-the faster kernel, so those stay on `F.linear`: a plain decoding step is unchanged.
+thread) verifying 3 drafts (4 tokens) costs 1.70 single-token steps against 1.18 for 2, 5 drafts 1.85 and 8 drafts
+2.29. oneDNN's linear over a weight packed once into its blocked layout reads it once for any small row count:
+1.41, 1.48 and 1.59 with this module (serve/costs.py measures the curve the decoder then plans with). At 1 to 3
+rows MKL is the faster kernel, so those stay on `F.linear`: a plain decoding step is unchanged.
 
 The packed copy doubles the memory of the linear weights. `auto` packs a float32 model on the CPU when oneDNN is
 there and the copy fits in a quarter of the machine's memory; `on` packs wherever it can, `off` never. Outputs
@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from serve.errors import DraftsmithError
+from serve.target_config import PACKED_SETTINGS as SETTINGS
 
 MIN_ROWS = 4  # rows from which oneDNN's packed linear beats MKL's sgemm (below, sgemm reads the weight once)
-SETTINGS = ("auto", "on", "off")
 
 # module -> (the weight's version when packed, the packed weight); kept outside the module, so copying a model
 # (deepcopy, state_dict) never copies an opaque oneDNN tensor: a copy packs its own weights on first use

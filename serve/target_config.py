@@ -11,7 +11,7 @@ from serve.errors import TargetError
 from serve.ranges import check_ranges
 
 DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
-PACKED_SETTINGS = ("auto", "on", "off")  # serve/packed.py's SETTINGS (kept free of torch here)
+PACKED_SETTINGS = ("auto", "on", "off")  # target.packed_weights (serve/packed.py)
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 
 
