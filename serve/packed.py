@@ -4,8 +4,11 @@ A small target's forward on a CPU is bound by reading its weights from memory. `
 reads each weight matrix once for up to 3 rows but twice or more from 4 rows on: on the default target (fp32, one
 thread) verifying 3 drafts (4 tokens) costs 1.70 single-token steps against 1.18 for 2, 5 drafts 1.85 and 8 drafts
 2.29. oneDNN's linear over a weight packed once into its blocked layout reads it once for any small row count:
-1.41, 1.48 and 1.59 with this module (serve/costs.py measures the curve the decoder then plans with). At 1 to 3
-rows MKL is the faster kernel, so those stay on `F.linear`: a plain decoding step is unchanged.
+1.41, 1.48 and 1.59 with this module (serve/costs.py measures the curve the decoder then plans with). At 2 and 3
+rows which kernel is faster depends on the CPU: on that machine they tied, on an AMD EPYC (AVX-512) sgemm took
+1.6-1.7x a 1-token step over 2 rows and 2.0-2.1x over 3, packed 1.1x over 2 to 9 rows. `tune_packed_rows` times
+the model's own forwards over 2 and 3 tokens both ways when the target is loaded and keeps the faster (serve/
+target.py). A 1-row forward always stays on `F.linear`: a plain decoding step is unchanged.
 
 The packed copy doubles the memory of the linear weights. `auto` packs a float32 model on the CPU when oneDNN is
 there and the copy fits in a quarter of the machine's memory; `on` packs wherever it can, `off` never. Outputs
@@ -15,7 +18,9 @@ from each other too); greedy speculative output stays token-identical to plain d
 from __future__ import annotations
 
 import os
+import time
 import weakref
+from typing import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +30,7 @@ from serve.errors import DraftsmithError
 from serve.target_config import PACKED_SETTINGS as SETTINGS
 
 MIN_ROWS = 4  # rows from which oneDNN's packed linear beats MKL's sgemm (below, sgemm reads the weight once)
+TUNED_ROWS = (2, 3)  # row counts below MIN_ROWS whose faster kernel is timed per machine (tune_packed_rows)
 
 # module -> (the weight's version when packed, the packed weight); kept outside the module, so copying a model
 # (deepcopy, state_dict) never copies an opaque oneDNN tensor: a copy packs its own weights on first use
@@ -38,11 +44,13 @@ def onednn_available() -> bool:
 class PackedLinear(nn.Linear):
     """An nn.Linear (same parameters, same state dict) whose forward over MIN_ROWS rows or more, without autograd,
     on float32 CPU tensors, runs oneDNN's linear over a packed copy of its weight (repacked when the weight
-    changes in place). Anything else runs `F.linear`."""
+    changes in place). Anything else runs `F.linear`. `min_rows`: MIN_ROWS, or what tune_packed_rows chose."""
+
+    min_rows: int = MIN_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the common case first and cheap: a decoding step (1 row) pays two checks over F.linear
-        if x.numel() < MIN_ROWS * self.in_features or torch.is_grad_enabled():
+        if x.numel() < self.min_rows * self.in_features or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         weight = self.weight
         if x.dtype != torch.float32 or x.device.type != "cpu" or weight.dtype != torch.float32 \
@@ -115,9 +123,63 @@ def pack_linears(model: nn.Module) -> int:
     return turned
 
 
+def first_packed_rows(seconds: Mapping[int, tuple[float, float]], *, margin: float = 0.05) -> int:
+    """seconds[rows] = (forward on sgemm, forward on packed weights) for row counts below MIN_ROWS -> the fewest
+    rows from which forwards run packed: every row count from there up to MIN_ROWS must be faster packed by
+    `margin` (a tie keeps sgemm, the kernel a plain step runs)."""
+    start = MIN_ROWS
+    for rows in sorted(seconds, reverse=True):
+        if rows != start - 1:
+            break
+        sgemm, on_packed = seconds[rows]
+        if not on_packed < (1.0 - margin) * sgemm:
+            break
+        start = rows
+    return start
+
+
+def set_min_rows(model: nn.Module, rows: int) -> None:
+    for module in model.modules():
+        if type(module) is PackedLinear:
+            module.min_rows = rows
+
+
+@torch.inference_mode()
+def tune_packed_rows(model: nn.Module, *, rounds: int = 4, context_tokens: int = 64) -> int:
+    """Time `model`'s forwards over TUNED_ROWS new tokens on a cached context with those rows on sgemm and on
+    packed weights (interleaved, the fastest of `rounds` kept, as serve/costs.py times verification), keep the
+    faster per first_packed_rows on every PackedLinear of `model`, and return that row count. ~2 s on the
+    default target; a model without PackedLinear layers is left as it is."""
+    from serve.costs import context_ids
+    from serve.kv import cache_kwargs, new_cache, rollback
+
+    if not any(type(m) is PackedLinear for m in model.modules()):
+        return MIN_ROWS
+    config = getattr(model.config, "text_config", None) or model.config
+    context = context_ids(int(getattr(config, "vocab_size", 2)), context_tokens)  # (1, T)
+    cache = new_cache(model)
+    model(input_ids=context, logits_to_keep=1, **cache_kwargs(model, cache))
+    settings = (MIN_ROWS, min(TUNED_ROWS))  # sgemm below MIN_ROWS; packed from the fewest tuned rows
+    best = {(start, rows): float("inf") for start in settings for rows in TUNED_ROWS}
+    for r in range(rounds + 1):  # round 0 warms every shape (and packs the weights) up
+        for start in settings:
+            set_min_rows(model, start)
+            for rows in TUNED_ROWS:
+                began = time.perf_counter()
+                model(input_ids=context[:, :rows], **cache_kwargs(model, cache))
+                elapsed = time.perf_counter() - began
+                rollback(cache, context_tokens)
+                if r > 0:
+                    best[start, rows] = min(best[start, rows], elapsed)
+    chosen = first_packed_rows({rows: (best[settings[0], rows], best[settings[1], rows]) for rows in TUNED_ROWS})
+    set_min_rows(model, chosen)
+    return chosen
+
+
 def unpack_linears(model: nn.Module) -> None:
     """Undo `pack_linears`: every PackedLinear back to nn.Linear, its packed copy dropped."""
     for module in model.modules():
         if type(module) is PackedLinear:
             _PACKED.pop(module, None)
+            module.__dict__.pop("min_rows", None)
             module.__class__ = nn.Linear

@@ -11,7 +11,8 @@ from serve import packed
 from serve.decoding import plain_generate, speculative_generate
 from serve.drafters import build_drafter
 from serve.errors import DraftsmithError, TargetError
-from serve.packed import MIN_ROWS, PackedLinear, pack_linears, packing_wanted, unpack_linears
+from serve.packed import (MIN_ROWS, PackedLinear, first_packed_rows, pack_linears, packing_wanted, set_min_rows,
+                          tune_packed_rows, unpack_linears)
 from serve.target import load_target
 from serve.target_config import TargetConfig
 
@@ -92,6 +93,33 @@ def test_unpack_restores_plain_linears():
     assert [type(m) for m in model] == [nn.Linear, nn.ReLU, nn.Linear]
 
 
+def test_first_packed_rows_takes_the_packed_kernel_from_where_it_is_faster_up_to_min_rows():
+    assert first_packed_rows({2: (1.6, 1.1), 3: (1.9, 1.1)}) == 2  # AMD EPYC: sgemm's 2 and 3 rows are slow
+    assert first_packed_rows({2: (1.1, 1.1), 3: (1.9, 1.1)}) == 3  # a tie stays on sgemm
+    assert first_packed_rows({2: (1.6, 1.1), 3: (1.2, 1.2)}) == MIN_ROWS  # packed must win at every row count up
+    assert first_packed_rows({2: (1.0, 0.97), 3: (1.0, 0.97)}) == MIN_ROWS  # within the margin: not faster
+    assert first_packed_rows({}) == MIN_ROWS
+
+
+def test_tuning_times_both_kernels_and_sets_every_packed_layer(tiny_target_dir, monkeypatch):
+    target = load_target(tiny_target_dir, packed_weights="on")
+    seen = {}
+
+    def choose(seconds):
+        seen.update(seconds)
+        return 2
+    monkeypatch.setattr(packed, "first_packed_rows", choose)
+    assert tune_packed_rows(target.model) == 2
+    assert set(seen) == {2, 3} and all(0 < t < 10 for pair in seen.values() for t in pair)
+    layers = [m for m in target.model.modules() if type(m) is PackedLinear]
+    assert layers and all(m.min_rows == 2 for m in layers)
+    packed._PACKED.clear()
+    with torch.inference_mode():
+        layers[0](torch.randn(2, layers[0].in_features))
+    assert layers[0] in packed._PACKED  # 2 rows now run packed
+    assert tune_packed_rows(nn.Sequential(nn.Linear(8, 8))) == MIN_ROWS  # nothing packed: nothing timed
+
+
 @pytest.mark.parametrize("k", [3, 5, 8])
 def test_packed_target_decodes_exactly(tiny_target_dir, k):
     """Plain decoding is the same on the packed and the plain target, and speculative decoding on the packed one
@@ -100,7 +128,8 @@ def test_packed_target_decodes_exactly(tiny_target_dir, k):
     target = load_target(tiny_target_dir, packed_weights="on")
     assert any(type(m) is PackedLinear for m in target.model.modules())
     assert not any(type(m) is PackedLinear for m in plain_target.model.modules())
-    for spec in ("oracle", "ngram"):
+    for spec, rows in (("oracle", MIN_ROWS), ("ngram", 2)):  # 2: verify forwards of 2 and 3 tokens run packed too
+        set_min_rows(target.model, rows)
         drafter = build_drafter(spec, target)
         for text in ("hello hello hello world", "abcabcabcabc", "def f(x):\n    return x"):
             ids = torch.tensor([target.tokenizer.encode(text)])
