@@ -8,12 +8,15 @@ nothing. Proposals append entries for the head's own drafted pairs; the next cat
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from transformers import DynamicCache
 
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.heads_common import confidence_signal, grow_tree, sample_chain_token
 from serve.drafters.identity import check_target_identity
+from serve.drafters.leaves import leaf_tree, runner_ups
 from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
 from serve.drafters.masks import additive, causal_allowed
 from serve.kv import rollback
@@ -22,9 +25,16 @@ from serve.kv import rollback
 class EagleDrafter(Drafter):
     """Drives an Eagle1Head or Eagle3Head against a target (embeddings and, for EAGLE-1, lm_head from it)."""
 
-    def __init__(self, head, target, *, check: bool = True, policy: LengthPolicy | None = None):
+    # runner-ups looked at per drafted position (and learned from), and at most how many a greedy chain carries as
+    # leaves (serve/drafters/leaves.py; the length policy chooses, 0 = chains only)
+    LEAF_RANKS = 3
+
+    def __init__(self, head, target, *, check: bool = True, policy: LengthPolicy | None = None, leaves: int = 8):
         self.head = head.eval().requires_grad_(False)
         self.policy = policy or FixedLength()  # how many tokens each chain drafts
+        if leaves < 0:
+            raise ValueError(f"leaves must be >= 0, got {leaves}")
+        self.max_leaves = leaves
         self.last = LastDraft()  # the last chain proposed, until its verification is known
         self.target = target
         self.config = head.config
@@ -132,16 +142,20 @@ class EagleDrafter(Drafter):
         out, logits = self._last_out, self._last_logits
         self.policy.start(k, sampled=temperature > 0)
         declined: list[int] = []  # a greedy draft the policy looked at and left out: still learned from
+        greedy = temperature <= 0
+        candidates = []  # runner-ups of the drafted positions (greedy), the chain's possible leaves
         for i in range(k):
             # decided from the draft distribution before sampling from it: a sampled chain stays exact
             if not self.policy.offer(confidence_signal(logits, min(i, 1))):
-                declined = [int(torch.argmax(logits))] if temperature <= 0 else []
+                declined = [int(torch.argmax(logits))] if greedy else []
                 break
             token, q = sample_chain_token(logits, temperature=temperature, generator=generator, d2t=self.d2t,
                                           vocab_size=vocab)
             tokens.append(token)
             if q is not None:
                 qs.append(q.cpu())
+            if greedy and self.max_leaves:
+                candidates += runner_ups(logits, i + 1, self.LEAF_RANKS)
             if not self.policy.wants_more():
                 break
             with Stopwatch(self.policy.record_step):
@@ -153,6 +167,14 @@ class EagleDrafter(Drafter):
                 logits = self._logits_of(out[None])[0]
         ids = self._to_target(torch.tensor(tokens, dtype=torch.long))
         self.last.tokens = self._to_target(torch.tensor(tokens + declined, dtype=torch.long)).tolist()
+        if candidates:
+            candidates = [replace(c, token=int(self._to_target(torch.tensor([c.token]))[0])) for c in candidates]
+            self.last.leaves = candidates  # all of them learn, hung on the chain or not
+            chosen = self.policy.leaves(candidates, limit=self.max_leaves)
+            if chosen:
+                tree_tokens, parents = leaf_tree(ids.tolist(), chosen)
+                return Draft(tokens=torch.tensor(tree_tokens, dtype=torch.long),
+                             parents=torch.tensor(parents, dtype=torch.long))
         return Draft(tokens=ids, q=torch.stack(qs) if qs else None)
 
     def _propose_tree(self, spec) -> Draft:

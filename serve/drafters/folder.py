@@ -47,18 +47,20 @@ def build_head(config: HeadConfig) -> nn.Module:
     raise DraftsmithError(f"unknown drafter method {config.method!r}; choose one of {', '.join(METHODS)}")
 
 
-# `DIR:length=fixed`, `DIR:min_confidence=0.3` (serve.drafters.build_drafter)
-DRAFTER_OPTIONS = {"min_confidence": float, "length": str}
+# `DIR:length=fixed`, `DIR:min_confidence=0.3`, `DIR:leaves=0` (serve.drafters.build_drafter)
+DRAFTER_OPTIONS = {"min_confidence": float, "length": str, "leaves": int}
 
 
 def make_drafter(head: nn.Module, target, *, check: bool = True, min_confidence: float | None = None,
-                 length: str = "fixed"):
+                 length: str = "fixed", leaves: int | None = None):
     """Wrap a head module (trained or not) into the Drafter the decoder drives; it drafts as its config records
     (K, tree, min_confidence) unless told otherwise.
 
     length: `fixed` drafts K tokens every cycle; `auto` drafts while the expected gain of one more token exceeds
     its cost (serve/drafters/length.py). min_confidence > 0: chains stop where the draft's top-1 probability
-    falls below it (the policy then; 0 = the length policy decides)."""
+    falls below it (the policy then; 0 = the length policy decides). leaves: at most this many runner-up drafts
+    an EAGLE head's greedy chain carries where the `auto` policy expects them to pay (serve/drafters/leaves.py;
+    None: EagleDrafter's default, 0: plain chains)."""
     from serve.costs import verify_costs_for
     from serve.drafters.length import build_policy
 
@@ -68,10 +70,13 @@ def make_drafter(head: nn.Module, target, *, check: bool = True, min_confidence:
                           else None, min_confidence=min_confidence)
     if config.method == "medusa":
         from serve.drafters.medusa import MedusaDrafter
+        if leaves is not None:
+            raise DraftsmithError("leaves= applies to EAGLE heads' chains; Medusa drafts its trees with @tree")
         drafter = MedusaDrafter(head, target, check=check, policy=policy)
     else:
         from serve.drafters.eagle_drafter import EagleDrafter
-        drafter = EagleDrafter(head, target, check=check, policy=policy)
+        drafter = EagleDrafter(head, target, check=check, policy=policy,
+                               **({} if leaves is None else {"leaves": leaves}))
     drafter.default_k = config.num_speculative_tokens
     drafter.default_tree = tree_from_record(config.tree)
     return drafter

@@ -88,15 +88,16 @@ class HybridDrafter(Drafter):
         if gains is None:
             return False
         ng, head = gains
+        chain = head_draft.tokens[: len(head.kept)]  # a chain with leaves lists the chain first
         shared = 0
-        for a, b in zip(ngram.tokens.tolist(), head_draft.tokens.tolist()):
+        for a, b in zip(ngram.tokens.tolist(), chain.tolist()):
             if a != b:
                 break
             shared += 1
         if shared == len(ngram):
             return False  # the head's chain already holds the n-gram's
-        nodes = len(head_draft) + len(ngram) - shared
-        spent = head.overhead_cost + ng.overhead_cost + len(head_draft) * head.step_cost
+        nodes = len(head_draft) + len(ngram) - shared  # the head's leaves are verified either way
+        spent = head.overhead_cost + ng.overhead_cost + len(chain) * head.step_cost
         tree_rate = tree_tokens(head.kept, ng.kept, shared) / (spent + head.costs.ratio(nodes))
         head_rate = expected_tokens(head.kept)[-1] / (spent + head.costs.ratio(len(head_draft)))
         return tree_rate > head_rate
@@ -118,13 +119,15 @@ class HybridDrafter(Drafter):
         self._ngram_run = 0
         self.ngram.last.verified = False  # learn how it would have fared, but it is not this cycle's draft
         draft = self.head.propose(k, temperature=temperature, generator=generator, tree=tree)
-        if len(ngram) and draft.is_tree:  # the head drafted a tree: the n-gram chain joins it as a branch
+        if len(ngram) and draft.is_tree and tree is not None:  # the head drafted a tree: the n-gram chain joins it
             tokens, parents = add_chain(draft.tokens, draft.parents, ngram.tokens)
             self.choices["tree"] += 1
             return Draft(tokens=tokens, parents=parents)
         if len(ngram) and temperature <= 0 and self.trees and self._tree_pays(ngram, draft):
-            # one-hot proposals in a tree verify exactly; greedy only, so a sampled head chain keeps its q
-            tokens, parents = add_chain(draft.tokens, chain_parents(len(draft)), ngram.tokens)
+            # one-hot proposals in a tree verify exactly; greedy only, so a sampled head chain keeps its q. A
+            # greedy chain may carry leaves (serve/drafters/leaves.py): the n-gram chain joins them as a branch
+            parents = draft.parents if draft.is_tree else chain_parents(len(draft))
+            tokens, parents = add_chain(draft.tokens, parents, ngram.tokens)
             self.choices["tree"] += 1
             return Draft(tokens=tokens, parents=parents)
         self.choices["head" if len(draft) else "none"] += 1

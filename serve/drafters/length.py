@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
 from serve.costs import VerifyCosts
+from serve.drafters.leaves import Leaf, choose_leaves, leaf_gains
 from serve.errors import DraftsmithError
 
 Signal = tuple[Hashable, float]  # (calibration key, prior acceptance for that key)
@@ -118,6 +119,14 @@ class LengthPolicy:
         """Of this cycle's `keys`, the first `matched` tokens equal the target's next tokens and `checked` could
         be compared (the one after the matched ones, if checked, differs). Also called for drafts the target did
         not verify (a hybrid's unused proposal): how they would have fared."""
+
+    def leaves(self, candidates: Sequence[Leaf], *, limit: int) -> list[Leaf]:
+        """Which runner-up drafts (serve/drafters/leaves.py) to hang off this cycle's greedy chain: none here."""
+        return []
+
+    def observe_leaves(self, leaves: Sequence[Leaf], matched: int, target_token: int | None) -> None:
+        """The chain's first `matched` drafts were the target's tokens and `target_token` is the target's token at
+        position matched + 1 (None: not known): the leaves at that depth were right iff they equal it."""
 
     def record_step(self, seconds: float) -> None:
         """Wall time of one draft step (what `c` measures)."""
@@ -273,6 +282,29 @@ class ExpectedGain(LengthPolicy):
         for i, key in enumerate(self.keys[: min(matched + 1, checked)]):
             table.update(key, i < matched)
 
+    def leaves(self, candidates: Sequence[Leaf], *, limit: int) -> list[Leaf]:
+        """The leaves that raise this cycle's expected rate, best first, for the chain kept this cycle (greedy: its
+        b's are learned in the greedy table)."""
+        chain = self._accept
+        usable = [leaf for leaf in candidates if 1 <= leaf.depth <= len(chain)]
+        if not usable or limit <= 0:
+            return []
+        table = self.calibration[False]
+        gains = leaf_gains(chain, [(leaf.depth, table.predict(leaf.key, leaf.prior)) for leaf in usable])
+        drafted = len(chain)
+        chosen = choose_leaves(expected_tokens(chain)[-1], drafted, gains,
+                               lambda nodes: self.overhead_cost + drafted * self.step_cost + self.costs.ratio(nodes),
+                               limit=limit)
+        return [usable[i] for i in chosen]
+
+    def observe_leaves(self, leaves: Sequence[Leaf], matched: int, target_token: int | None) -> None:
+        if target_token is None:
+            return
+        table = self.calibration[False]
+        for leaf in leaves:
+            if leaf.depth == matched + 1:
+                table.update(leaf.key, leaf.token == target_token)
+
     def record_cycle(self, seconds: float, tokens: int, *, worked: bool) -> None:
         if not (math.isfinite(seconds) and seconds > 0):
             return
@@ -341,6 +373,7 @@ class LastDraft:
     started: when the drafter was asked for this cycle's draft (`open`); worked: whether it did any work for it.
     A cycle the drafter was not asked for (a hybrid used its other side) is not timed."""
     tokens: list[int] | None = None
+    leaves: list[Leaf] = field(default_factory=list)  # candidate leaves (target ids) whose fate is learned from
     verified: bool = True  # False: proposed but not what the target verified (a hybrid used the other drafter)
     started: float | None = None
     worked: bool = False
@@ -355,10 +388,13 @@ class LastDraft:
         """next_tokens: (m+1,) what the cycle produced. Observes, times and forgets the last cycle."""
         produced = [int(t) for t in next_tokens]
         if self.tokens is not None:
-            policy.observe(matched_prefix(self.tokens, produced), min(len(produced), len(self.tokens)))
+            matched = matched_prefix(self.tokens, produced)
+            policy.observe(matched, min(len(produced), len(self.tokens)))
+            if self.leaves:
+                policy.observe_leaves(self.leaves, matched, produced[matched] if matched < len(produced) else None)
         if self.started is not None and self.verified:
             policy.record_cycle(time.perf_counter() - self.started, len(produced), worked=self.worked)
-        self.tokens, self.verified, self.started, self.worked = None, True, None, False
+        self.tokens, self.leaves, self.verified, self.started, self.worked = None, [], True, None, False
 
 
 LENGTHS = ("auto", "fixed")

@@ -5,7 +5,8 @@
     DRAFTER   ngram | ngram:max_n=4,min_n=2    prompt lookup
               oracle                           the target's own answer (the ceiling for a decoder at this K)
               model:PATH                       a small causal LM with the target's tokenizer
-              DIR | DIR:min_confidence=0.3     a trained drafter folder (options override what it records)
+              DIR | DIR:min_confidence=0.3     a trained drafter folder (options override what it records;
+                                               DIR:leaves=0 drafts EAGLE chains without runner-up leaves)
               hybrid:DIR | hybrid:model:PATH   the n-gram continuation where the context holds a good match,
                                                that drafter's draft elsewhere (its options as above)
     :length=  auto (default): the draft length is chosen per step; fixed: K every cycle (ngram, model, DIR,
