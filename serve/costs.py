@@ -8,6 +8,7 @@ process and model, in a second or two, with the threads and device the decoder w
 """
 from __future__ import annotations
 
+import statistics
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -17,9 +18,9 @@ import torch
 
 from serve.kv import cache_kwargs, new_cache, rollback
 
-# Verify sizes measured by default (new tokens = drafted + 1); others are interpolated.
-DEFAULT_SIZES = (1, 2, 3, 4, 6, 9, 17)
-
+# Verify sizes measured by default (new tokens = drafted + 1); others are interpolated. 13: the width of a chain
+# carrying leaves (serve/drafters/leaves.py), where the curve bends on a CPU.
+DEFAULT_SIZES = (1, 2, 3, 4, 6, 9, 13, 17)
 
 def verify_ratio_at(ratios: Mapping[int, float], k: int) -> float:
     """verify_ratio(K) from measured points: piecewise linear, linear extrapolation past the last two."""
@@ -90,20 +91,23 @@ def forward_times(model, context: torch.Tensor, ns: Sequence[int], *, repeats: i
     return times
 
 
-def measure_verify_costs(model, *, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 2,
+def measure_verify_costs(model, *, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 4,
                          context_tokens: int = 256) -> VerifyCosts:
-    """Time forwards over `sizes` new tokens on a `context_tokens` cache; the fastest repeat of each (the least
-    disturbed by other work on the machine) gives the ratios."""
+    """Time forwards over `sizes` new tokens on a `context_tokens` cache, interleaved. Each round's forwards are
+    divided by that round's 1-token step and the median over rounds gives the ratio: a machine whose speed drifts
+    (another process, a neighbour on a VM) moves a round's forwards together, so their ratio holds, where the
+    fastest of each size can pair a lucky 1-token step with an unlucky wide forward (on a VM whose step time swung
+    by 20% the fastest of 2 put 16 drafts at 1.35 steps; the median of rounds at 1.6, as a longer timing did)."""
     vocab = int(getattr(getattr(model.config, "text_config", None) or model.config, "vocab_size", 2))
     times = forward_times(model, context_ids(vocab, context_tokens), sorted(set(sizes) | {1}), repeats=repeats)
-    fastest = {n: min(ts) for n, ts in times.items()}
-    # A forward over more tokens never costs less; a noisy repeat must not make drafting look free.
+    step = statistics.median(times[1])
+    ratios = {n: statistics.median(t / one for t, one in zip(ts, times[1])) for n, ts in times.items()}
+    # A forward over more tokens never costs less; a noisy round must not make drafting look free.
     running = 0.0
-    for n in sorted(fastest):
-        running = max(running, fastest[n])
-        fastest[n] = running
-    return VerifyCosts.from_forward_seconds(fastest)
-
+    for n in sorted(ratios):
+        running = max(running, ratios[n])
+        ratios[n] = running
+    return VerifyCosts.from_forward_seconds({n: r * step for n, r in ratios.items()})
 
 _MEASURED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, VerifyCosts]]" = weakref.WeakKeyDictionary()
 

@@ -59,11 +59,13 @@ def keep_positions(cache: DynamicCache, start: int, offsets: list[int]) -> None:
             continue
         # keys, values: (B, kv_heads, S_layer, head_dim); the last (seq_length - start) entries are the new ones
         stored = layer.keys.shape[2]
-        fresh = layer.get_seq_length() - start
-        index = torch.tensor(list(range(stored - fresh)) + [stored - fresh + o for o in offsets],
-                             device=layer.keys.device)
-        layer.keys = layer.keys.index_select(2, index)
-        layer.values = layer.values.index_select(2, index)
+        base = stored - layer.get_seq_length() + start  # where this forward's entries begin in the stored ones
+        kept = torch.tensor([base + o for o in offsets], device=layer.keys.device)
+        # move the path's entries next to the context and drop the rest: a copy of the path, not of the context
+        layer.keys[:, :, base: base + len(offsets)] = layer.keys.index_select(2, kept)
+        layer.values[:, :, base: base + len(offsets)] = layer.values.index_select(2, kept)
+        layer.keys = layer.keys[:, :, : base + len(offsets)]
+        layer.values = layer.values[:, :, : base + len(offsets)]
         if getattr(layer, "is_sliding", False):
             layer.cumulative_length = start + len(offsets)
             layer.crop(0)  # restrict to the window again

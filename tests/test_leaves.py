@@ -10,7 +10,6 @@ from serve.decoding import plain_generate, speculative_generate
 from serve.drafters import DrafterSpecError, build_drafter
 from serve.drafters.length import ExpectedGain, FixedLength, LastDraft
 from serve.drafters.leaves import Leaf, choose_leaves, leaf_gains, leaf_tree, runner_ups
-from serve.errors import DraftsmithError
 from serve.target import load_target
 from serve.tree import ancestor_mask
 
@@ -84,21 +83,23 @@ def test_the_policy_hangs_leaves_only_where_rows_are_cheap():
         assert policy.leaves(leaves, limit=0) == []
 
 
-def _eagle_folder(target, tmp_path):
+def _folder(target, tmp_path, method="eagle3"):
     from serve.drafters.eagle3 import eagle3_config
     from serve.drafters.folder import build_head, save_drafter
+    from serve.drafters.medusa import medusa_config
 
-    cfg = eagle3_config(target, aux_layer_ids=[0, 1, 1])
+    cfg = eagle3_config(target, aux_layer_ids=[0, 1, 1]) if method == "eagle3" else medusa_config(target, num_heads=3)
     torch.manual_seed(0)
-    return str(save_drafter(build_head(cfg), cfg, tmp_path / "eagle3"))
+    return str(save_drafter(build_head(cfg), cfg, tmp_path / method))
 
 
-@pytest.mark.parametrize("spec", ["{}", "hybrid:{}"])
+@pytest.mark.parametrize("spec", ["eagle3", "hybrid:eagle3", "medusa"])
 def test_greedy_identity_with_leaves_on_every_cycle(tiny_target_dir, tmp_path, spec):
     """Rows free and a head that always pays: every drafting cycle verifies a tree of chain and leaves, and the
     output stays token-identical to plain greedy decoding."""
     target = load_target(tiny_target_dir)
-    drafter = build_drafter(spec.format(_eagle_folder(target, tmp_path)), target)
+    method = spec.rpartition(":")[2]
+    drafter = build_drafter(spec.replace(method, _folder(target, tmp_path, method)), target)
     head = drafter.head if spec.startswith("hybrid") else drafter
     head.policy = ExpectedGain(FLAT, step_cost=0.001)
     head.policy.rate = 10.0  # never paused
@@ -117,22 +118,20 @@ def test_greedy_identity_with_leaves_on_every_cycle(tiny_target_dir, tmp_path, s
             assert got.output_ids == ref.output_ids, (spec, k, text)
             assert max(got.stats.drafted_per_cycle) <= k
     assert sum(map(bool, hung)) > 10  # cycles verified a chain with leaves
-    assert any(key[0] == "leaf" for key in head.policy.calibration[False].counts)  # and learned from them
+    leaf_counts = [c for key, c in head.policy.calibration[False].counts.items() if key[0] == "leaf"]
+    assert leaf_counts  # learned from
+    if method == "eagle3":  # this random head's runner-ups are sometimes right: accepted leaves were committed too
+        assert any(accepted > 0 for accepted, _ in leaf_counts)
 
 
 def test_leaves_option(tiny_target_dir, tmp_path):
-    from serve.drafters.folder import build_head, save_drafter
-    from serve.drafters.medusa import medusa_config
-
     target = load_target(tiny_target_dir)
-    folder = _eagle_folder(target, tmp_path)
+    folder = _folder(target, tmp_path)
     assert build_drafter(folder, target).max_leaves == 8
     assert build_drafter(f"{folder}:leaves=0", target).max_leaves == 0
     with pytest.raises(DrafterSpecError, match="bad drafter option"):
         build_drafter(f"{folder}:leaves=many", target)
     with pytest.raises(DrafterSpecError, match="leaves must be >= 0"):
         build_drafter(f"{folder}:leaves=-1", target)
-    cfg = medusa_config(target, num_heads=2)
-    medusa = str(save_drafter(build_head(cfg), cfg, tmp_path / "medusa"))
-    with pytest.raises(DraftsmithError, match="leaves= applies to EAGLE"):
-        build_drafter(f"{medusa}:leaves=2", target)
+    medusa = _folder(target, tmp_path, "medusa")
+    assert build_drafter(f"{medusa}:leaves=2", target).max_leaves == 2

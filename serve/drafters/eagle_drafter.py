@@ -8,15 +8,13 @@ nothing. Proposals append entries for the head's own drafted pairs; the next cat
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from transformers import DynamicCache
 
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.heads_common import confidence_signal, grow_tree, sample_chain_token
 from serve.drafters.identity import check_target_identity
-from serve.drafters.leaves import leaf_tree, runner_ups
+from serve.drafters.leaves import LEAF_RANKS, MAX_LEAVES, check_leaves, hang_leaves, runner_ups
 from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
 from serve.drafters.masks import additive, causal_allowed
 from serve.kv import rollback
@@ -25,16 +23,11 @@ from serve.kv import rollback
 class EagleDrafter(Drafter):
     """Drives an Eagle1Head or Eagle3Head against a target (embeddings and, for EAGLE-1, lm_head from it)."""
 
-    # runner-ups looked at per drafted position (and learned from), and at most how many a greedy chain carries as
-    # leaves (serve/drafters/leaves.py; the length policy chooses, 0 = chains only)
-    LEAF_RANKS = 3
-
-    def __init__(self, head, target, *, check: bool = True, policy: LengthPolicy | None = None, leaves: int = 8):
+    def __init__(self, head, target, *, check: bool = True, policy: LengthPolicy | None = None,
+                 leaves: int = MAX_LEAVES):
         self.head = head.eval().requires_grad_(False)
         self.policy = policy or FixedLength()  # how many tokens each chain drafts
-        if leaves < 0:
-            raise ValueError(f"leaves must be >= 0, got {leaves}")
-        self.max_leaves = leaves
+        self.max_leaves = check_leaves(leaves)  # at most this many runner-ups a greedy chain carries
         self.last = LastDraft()  # the last chain proposed, until its verification is known
         self.target = target
         self.config = head.config
@@ -155,7 +148,7 @@ class EagleDrafter(Drafter):
             if q is not None:
                 qs.append(q.cpu())
             if greedy and self.max_leaves:
-                candidates += runner_ups(logits, i + 1, self.LEAF_RANKS)
+                candidates += runner_ups(logits, i + 1, LEAF_RANKS)
             if not self.policy.wants_more():
                 break
             with Stopwatch(self.policy.record_step):
@@ -167,14 +160,9 @@ class EagleDrafter(Drafter):
                 logits = self._logits_of(out[None])[0]
         ids = self._to_target(torch.tensor(tokens, dtype=torch.long))
         self.last.tokens = self._to_target(torch.tensor(tokens + declined, dtype=torch.long)).tolist()
-        if candidates:
-            candidates = [replace(c, token=int(self._to_target(torch.tensor([c.token]))[0])) for c in candidates]
-            self.last.leaves = candidates  # all of them learn, hung on the chain or not
-            chosen = self.policy.leaves(candidates, limit=self.max_leaves)
-            if chosen:
-                tree_tokens, parents = leaf_tree(ids.tolist(), chosen)
-                return Draft(tokens=torch.tensor(tree_tokens, dtype=torch.long),
-                             parents=torch.tensor(parents, dtype=torch.long))
+        if greedy:
+            return hang_leaves(ids, candidates, self.policy, self.last, limit=self.max_leaves,
+                               to_target=self._to_target)
         return Draft(tokens=ids, q=torch.stack(qs) if qs else None)
 
     def _propose_tree(self, spec) -> Draft:

@@ -19,6 +19,7 @@ from torch import nn
 
 from serve.drafters.head_config import FORMAT_KEY, FORMAT_VERSION, HeadConfig, METHODS
 from serve.drafters.identity import check_target_identity
+from serve.drafters.leaves import MAX_LEAVES
 from serve.drafters.settings import tree_from_record
 from serve.errors import DraftsmithError
 from serve.files import atomic_path, write_text_atomic
@@ -52,15 +53,15 @@ DRAFTER_OPTIONS = {"min_confidence": float, "length": str, "leaves": int}
 
 
 def make_drafter(head: nn.Module, target, *, check: bool = True, min_confidence: float | None = None,
-                 length: str = "fixed", leaves: int | None = None):
+                 length: str = "fixed", leaves: int = MAX_LEAVES):
     """Wrap a head module (trained or not) into the Drafter the decoder drives; it drafts as its config records
     (K, tree, min_confidence) unless told otherwise.
 
     length: `fixed` drafts K tokens every cycle; `auto` drafts while the expected gain of one more token exceeds
     its cost (serve/drafters/length.py). min_confidence > 0: chains stop where the draft's top-1 probability
     falls below it (the policy then; 0 = the length policy decides). leaves: at most this many runner-up drafts
-    an EAGLE head's greedy chain carries where the `auto` policy expects them to pay (serve/drafters/leaves.py;
-    None: EagleDrafter's default, 0: plain chains)."""
+    a head's greedy chain carries where the `auto` policy expects them to pay (serve/drafters/leaves.py; 0: plain
+    chains)."""
     from serve.costs import verify_costs_for
     from serve.drafters.length import build_policy
 
@@ -69,14 +70,10 @@ def make_drafter(head: nn.Module, target, *, check: bool = True, min_confidence:
     policy = build_policy(length, costs=verify_costs_for(target.model) if length == "auto" and not min_confidence
                           else None, min_confidence=min_confidence)
     if config.method == "medusa":
-        from serve.drafters.medusa import MedusaDrafter
-        if leaves is not None:
-            raise DraftsmithError("leaves= applies to EAGLE heads' chains; Medusa drafts its trees with @tree")
-        drafter = MedusaDrafter(head, target, check=check, policy=policy)
+        from serve.drafters.medusa import MedusaDrafter as drafter_class
     else:
-        from serve.drafters.eagle_drafter import EagleDrafter
-        drafter = EagleDrafter(head, target, check=check, policy=policy,
-                               **({} if leaves is None else {"leaves": leaves}))
+        from serve.drafters.eagle_drafter import EagleDrafter as drafter_class
+    drafter = drafter_class(head, target, check=check, policy=policy, leaves=leaves)
     drafter.default_k = config.num_speculative_tokens
     drafter.default_tree = tree_from_record(config.tree)
     return drafter

@@ -15,16 +15,28 @@ verifications, with q_i(rank r) / (1 - q_i(d_i)) as the prior. This is the first
 (https://arxiv.org/abs/2406.16858) without its extra draft steps: every node beyond the chain is a leaf.
 
 A tree of deterministic proposals verifies exactly (serve/verify.py), at any temperature; leaves are only hung
-on greedy chains, whose tokens are the argmax (a sampled chain is verified against its q).
+on greedy chains, whose tokens are the argmax (a sampled chain is verified against its q). EAGLE heads (each
+position's distribution read from the head's own previous draft) and Medusa heads (one head per position) both
+hang them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Hashable, Sequence
 
 import torch
 
+from serve.drafters.base import Draft
+
 LEAF_BINS = 10
+LEAF_RANKS = 3  # runner-ups looked at (and learned from) per drafted position
+MAX_LEAVES = 8  # at most this many hung on one chain, by default (the length policy chooses how many pay)
+
+
+def check_leaves(leaves: int) -> int:
+    if leaves < 0:
+        raise ValueError(f"leaves must be >= 0, got {leaves}")
+    return int(leaves)
 
 
 @dataclass(frozen=True)
@@ -99,3 +111,20 @@ def leaf_tree(chain: Sequence[int], leaves: Sequence[Leaf]) -> tuple[list[int], 
         tokens.append(leaf.token)
         parents.append(leaf.depth - 2)
     return tokens, parents
+
+
+def hang_leaves(chain: torch.Tensor, candidates: Sequence[Leaf], policy, last, *, limit: int,
+                to_target: Callable[[torch.Tensor], torch.Tensor]) -> Draft:
+    """chain: (n,) the greedy chain's target ids; candidates: runner-ups in draft ids. Every candidate is recorded on
+    `last` (a LastDraft: all of them are learned from, hung or not); returns the chain with the leaves `policy`
+    chose as a tree, or the plain chain."""
+    if not candidates:
+        return Draft(tokens=chain)
+    ids = to_target(torch.tensor([c.token for c in candidates], dtype=torch.long)).tolist()
+    candidates = [replace(c, token=int(t)) for c, t in zip(candidates, ids)]
+    last.leaves = candidates
+    chosen = policy.leaves(candidates, limit=limit)
+    if not chosen:
+        return Draft(tokens=chain)
+    tokens, parents = leaf_tree(chain.tolist(), chosen)
+    return Draft(tokens=torch.tensor(tokens, dtype=torch.long), parents=torch.tensor(parents, dtype=torch.long))

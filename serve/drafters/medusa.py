@@ -17,6 +17,7 @@ from serve.drafters.base import Draft, Drafter
 from serve.drafters.head_config import HeadConfig
 from serve.drafters.heads_common import confidence_signal, grow_tree, sample_chain_token
 from serve.drafters.identity import check_target_identity
+from serve.drafters.leaves import LEAF_RANKS, MAX_LEAVES, check_leaves, hang_leaves, runner_ups
 from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
 from serve.drafters.vocab import draft_token_ids, identity_vocab
 from serve.layers import FINAL
@@ -92,9 +93,11 @@ class MedusaDrafter(Drafter):
     kind = "medusa"
     target_layers = (FINAL,)
 
-    def __init__(self, heads: MedusaHeads, target, *, check: bool = True, policy: LengthPolicy | None = None):
+    def __init__(self, heads: MedusaHeads, target, *, check: bool = True, policy: LengthPolicy | None = None,
+                 leaves: int = MAX_LEAVES):
         self.heads = heads.eval().requires_grad_(False)
         self.policy = policy or FixedLength()  # how many heads' tokens each chain drafts
+        self.max_leaves = check_leaves(leaves)  # at most this many runner-ups a greedy chain carries
         self.last = LastDraft()  # the last chain proposed, until its verification is known
         self.target = target
         self.vocab_size = heads.config.vocab_size
@@ -162,4 +165,8 @@ class MedusaDrafter(Drafter):
         # greedy: every head's draft is known, drafted or not, and is learned from
         seen = self._to_target(logits[: self.policy.cap].argmax(-1)).cpu() if temperature <= 0 else ids
         self.last.tokens = seen.tolist()
+        if temperature <= 0:
+            candidates = [leaf for i in range(n) if self.max_leaves for leaf in runner_ups(logits[i], i + 1, LEAF_RANKS)]
+            return hang_leaves(ids, candidates, self.policy, self.last, limit=self.max_leaves,
+                               to_target=lambda draft: self._to_target(draft.to(self.heads.d2t.device)).cpu())
         return Draft(tokens=ids, q=torch.stack(qs).cpu() if qs else None)
