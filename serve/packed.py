@@ -6,9 +6,12 @@ thread) verifying 3 drafts (4 tokens) costs 1.70 single-token steps against 1.18
 2.29. oneDNN's linear over a weight packed once into its blocked layout reads it once for any small row count:
 1.41, 1.48 and 1.59 with this module (serve/costs.py measures the curve the decoder then plans with). At 2 and 3
 rows which kernel is faster depends on the CPU: on that machine they tied, on an AMD EPYC (AVX-512) sgemm took
-1.6-1.7x a 1-token step over 2 rows and 2.0-2.1x over 3, packed 1.1x over 2 to 9 rows. `tune_packed_rows` times
-the model's own forwards over 2 and 3 tokens both ways when the target is loaded and keeps the faster (serve/
-target.py). A 1-row forward always stays on `F.linear`: a plain decoding step is unchanged.
+1.6-1.7x a 1-token step over 2 rows and 2.0-2.1x over 3, packed 1.1x over 2 to 9 rows. On a later EPYC VM oneDNN's
+own kernel over 2 rows was slow too (1.2x a 1-row sgemm step) while its 4-row kernel was the fastest of all (0.9x):
+there, a forward over 1 to 3 rows runs fastest zero-padded to 4 rows, a plain decoding step included (0.91x).
+`tune_small_rows` times the model's own forwards over 1, 2 and 3 tokens on each kernel (sgemm, packed, packed
+and padded to 4 rows) when the target is loaded and keeps the fastest per row count, sgemm unless another is
+faster by 5% (serve/target.py).
 
 The packed copy doubles the memory of the linear weights. `auto` packs a float32 model on the CPU when oneDNN is
 there and the copy fits in a quarter of the machine's memory; `on` packs wherever it can, `off` never. Outputs
@@ -18,6 +21,7 @@ from each other too); greedy speculative output stays token-identical to plain d
 from __future__ import annotations
 
 import os
+import statistics
 import time
 import weakref
 from typing import Mapping
@@ -30,7 +34,9 @@ from serve.errors import DraftsmithError
 from serve.target_config import PACKED_SETTINGS as SETTINGS
 
 MIN_ROWS = 4  # rows from which oneDNN's packed linear beats MKL's sgemm (below, sgemm reads the weight once)
-TUNED_ROWS = (2, 3)  # row counts below MIN_ROWS whose faster kernel is timed per machine (tune_packed_rows)
+# the kernels a forward over fewer rows may run, timed per machine (tune_small_rows): MKL's sgemm (F.linear), oneDNN
+# on the packed weight, or oneDNN over the rows zero-padded to MIN_ROWS (its fastest kernel on some CPUs)
+KERNELS = ("sgemm", "packed", "padded")
 
 # module -> (the weight's version when packed, the packed weight); kept outside the module, so copying a model
 # (deepcopy, state_dict) never copies an opaque oneDNN tensor: a copy packs its own weights on first use
@@ -44,26 +50,31 @@ def onednn_available() -> bool:
 class PackedLinear(nn.Linear):
     """An nn.Linear (same parameters, same state dict) whose forward over MIN_ROWS rows or more, without autograd,
     on float32 CPU tensors, runs oneDNN's linear over a packed copy of its weight (repacked when the weight
-    changes in place). Anything else runs `F.linear`. `min_rows`: MIN_ROWS, or what tune_packed_rows chose."""
+    changes in place). Forwards over fewer rows run the kernel `small` names for that row count (sgemm unless
+    tune_small_rows found another faster); anything else runs `F.linear`."""
 
-    min_rows: int = MIN_ROWS
+    small: tuple[str, ...] = ("sgemm",) * (MIN_ROWS - 1)  # the kernel of a forward over 1, 2, 3 rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # the common case first and cheap: a decoding step (1 row) pays two checks over F.linear
-        if x.numel() < self.min_rows * self.in_features or torch.is_grad_enabled():
+        # the common case first and cheap: a decoding step (1 row) on sgemm pays three checks over F.linear
+        rows = x.numel() // self.in_features
+        kernel = self.small[rows - 1] if 0 < rows < MIN_ROWS else "packed" if rows else "sgemm"
+        if kernel == "sgemm" or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         weight = self.weight
         if x.dtype != torch.float32 or x.device.type != "cpu" or weight.dtype != torch.float32 \
                 or weight.device.type != "cpu":
             return F.linear(x, weight, self.bias)
+        flat = x.reshape(rows, self.in_features)  # (rows, in)
+        if kernel == "padded":
+            flat = torch.cat([flat, flat.new_zeros(MIN_ROWS - rows, self.in_features)])  # (MIN_ROWS, in)
         try:
-            y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self._packed_weight(), self.bias,
-                                                   "none", [], "")  # (rows, out)
+            y = torch.ops.mkldnn._linear_pointwise(flat, self._packed_weight(), self.bias, "none", [], "")
         except RuntimeError:  # this build or CPU cannot run it after all: this layer stays on F.linear
             _PACKED.pop(self, None)
             self.__class__ = nn.Linear
             return F.linear(x, weight, self.bias)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return y[:rows].reshape(*x.shape[:-1], self.out_features)
 
     def _packed_weight(self) -> torch.Tensor:
         version = _version(self.weight)
@@ -123,56 +134,58 @@ def pack_linears(model: nn.Module) -> int:
     return turned
 
 
-def first_packed_rows(seconds: Mapping[int, tuple[float, float]], *, margin: float = 0.05) -> int:
-    """seconds[rows] = (forward on sgemm, forward on packed weights) for row counts below MIN_ROWS -> the fewest
-    rows from which forwards run packed: every row count from there up to MIN_ROWS must be faster packed by
-    `margin` (a tie keeps sgemm, the kernel a plain step runs)."""
-    start = MIN_ROWS
-    for rows in sorted(seconds, reverse=True):
-        if rows != start - 1:
-            break
-        sgemm, on_packed = seconds[rows]
-        if not on_packed < (1.0 - margin) * sgemm:
-            break
-        start = rows
-    return start
+def choose_kernels(ratios: Mapping[int, Mapping[str, float]], *, margin: float = 0.05) -> tuple[str, ...]:
+    """ratios[rows][kernel] = a forward's time on that kernel over its time on sgemm, for rows 1..MIN_ROWS-1 ->
+    the kernel of each row count: the fastest, if it beats sgemm by `margin` (a tie keeps sgemm, the kernel of
+    an unpacked model); a row count not timed stays on sgemm."""
+    chosen = []
+    for rows in range(1, MIN_ROWS):
+        timed = {k: r for k, r in ratios.get(rows, {}).items() if k != "sgemm"}
+        best = min(timed, key=timed.get, default="sgemm")
+        chosen.append(best if best != "sgemm" and timed[best] < 1.0 - margin else "sgemm")
+    return tuple(chosen)
 
 
-def set_min_rows(model: nn.Module, rows: int) -> None:
+def set_small_kernels(model: nn.Module, kernels: tuple[str, ...]) -> None:
+    """Every PackedLinear of `model` runs forwards over 1..MIN_ROWS-1 rows on `kernels` (one of KERNELS each)."""
+    if len(kernels) != MIN_ROWS - 1 or set(kernels) - set(KERNELS):
+        raise ValueError(f"small-row kernels: {MIN_ROWS - 1} of {KERNELS}, got {kernels}")
     for module in model.modules():
         if type(module) is PackedLinear:
-            module.min_rows = rows
+            module.small = tuple(kernels)
 
 
 @torch.inference_mode()
-def tune_packed_rows(model: nn.Module, *, rounds: int = 4, context_tokens: int = 64) -> int:
-    """Time `model`'s forwards over TUNED_ROWS new tokens on a cached context with those rows on sgemm and on
-    packed weights (interleaved, the fastest of `rounds` kept, as serve/costs.py times verification), keep the
-    faster per first_packed_rows on every PackedLinear of `model`, and return that row count. ~2 s on the
-    default target; a model without PackedLinear layers is left as it is."""
+def tune_small_rows(model: nn.Module, *, rounds: int = 4, context_tokens: int = 64) -> tuple[str, ...]:
+    """Time `model`'s forwards over 1..MIN_ROWS-1 new tokens on a cached context on every kernel of KERNELS
+    (interleaved; each round's times over that round's sgemm time, the median over rounds, as serve/costs.py
+    times verification), set the kernels choose_kernels picks on every PackedLinear of `model`, and return them.
+    ~3 s on the default target; a model without PackedLinear layers is left as it is."""
     from serve.costs import context_ids
     from serve.kv import cache_kwargs, new_cache, rollback
 
     if not any(type(m) is PackedLinear for m in model.modules()):
-        return MIN_ROWS
+        return PackedLinear.small
     config = getattr(model.config, "text_config", None) or model.config
     context = context_ids(int(getattr(config, "vocab_size", 2)), context_tokens)  # (1, T)
     cache = new_cache(model)
     model(input_ids=context, logits_to_keep=1, **cache_kwargs(model, cache))
-    settings = (MIN_ROWS, min(TUNED_ROWS))  # sgemm below MIN_ROWS; packed from the fewest tuned rows
-    best = {(start, rows): float("inf") for start in settings for rows in TUNED_ROWS}
+    seconds = {(kernel, rows): [] for kernel in KERNELS for rows in range(1, MIN_ROWS)}
     for r in range(rounds + 1):  # round 0 warms every shape (and packs the weights) up
-        for start in settings:
-            set_min_rows(model, start)
-            for rows in TUNED_ROWS:
+        for kernel in KERNELS:
+            set_small_kernels(model, (kernel,) * (MIN_ROWS - 1))
+            for rows in range(1, MIN_ROWS):
                 began = time.perf_counter()
                 model(input_ids=context[:, :rows], **cache_kwargs(model, cache))
                 elapsed = time.perf_counter() - began
                 rollback(cache, context_tokens)
                 if r > 0:
-                    best[start, rows] = min(best[start, rows], elapsed)
-    chosen = first_packed_rows({rows: (best[settings[0], rows], best[settings[1], rows]) for rows in TUNED_ROWS})
-    set_min_rows(model, chosen)
+                    seconds[kernel, rows].append(elapsed)
+    ratios = {rows: {kernel: statistics.median(t / base for t, base in zip(seconds[kernel, rows],
+                                                                          seconds["sgemm", rows]))
+                     for kernel in KERNELS} for rows in range(1, MIN_ROWS)}
+    chosen = choose_kernels(ratios)
+    set_small_kernels(model, chosen)
     return chosen
 
 
@@ -181,5 +194,5 @@ def unpack_linears(model: nn.Module) -> None:
     for module in model.modules():
         if type(module) is PackedLinear:
             _PACKED.pop(module, None)
-            module.__dict__.pop("min_rows", None)
+            module.__dict__.pop("small", None)
             module.__class__ = nn.Linear

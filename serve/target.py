@@ -9,7 +9,7 @@ import torch
 
 from serve.errors import TargetError
 from serve.identity import config_hash, tokenizer_hash
-from serve.packed import pack_linears, packing_wanted, tune_packed_rows
+from serve.packed import pack_linears, packing_wanted, tune_small_rows
 from serve.target_config import DTYPE_NAMES
 
 __all__ = ["DTYPES", "SUPPORTED_MODEL_TYPES", "Target", "TargetError", "eos_token_ids", "load_target", "text_config"]
@@ -148,5 +148,5 @@ def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", devic
     model.to(device).eval().requires_grad_(False)
     if packing_wanted(model, packed_weights):
         pack_linears(model)
-        tune_packed_rows(model)  # the fewest rows packed forwards run from on this CPU
+        tune_small_rows(model)  # which kernel forwards over 1 to 3 tokens run fastest on, on this CPU
     return Target(model=model, tokenizer=tokenizer, name=display, path=path)

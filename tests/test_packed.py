@@ -11,8 +11,8 @@ from serve import packed
 from serve.decoding import plain_generate, speculative_generate
 from serve.drafters import build_drafter
 from serve.errors import DraftsmithError, TargetError
-from serve.packed import (MIN_ROWS, PackedLinear, first_packed_rows, pack_linears, packing_wanted, set_min_rows,
-                          tune_packed_rows, unpack_linears)
+from serve.packed import (MIN_ROWS, PackedLinear, choose_kernels, pack_linears, packing_wanted, set_small_kernels,
+                          tune_small_rows, unpack_linears)
 from serve.target import load_target
 from serve.target_config import TargetConfig
 
@@ -29,13 +29,16 @@ def test_packed_linear_matches_f_linear_at_every_row_count():
     twin = packed_twin(linear)
     assert type(twin) is PackedLinear and twin.state_dict().keys() == linear.state_dict().keys()
     with torch.inference_mode():
-        for rows in (1, 2, 3, 4, 5, 9, 33):
-            x = torch.randn(1, rows, 48)  # (B, T, in) as a decoder layer calls it
-            got = twin(x)
-            assert got.shape == (1, rows, 80)
-            torch.testing.assert_close(got, linear(x), rtol=1e-5, atol=1e-5)
-            assert (twin in packed._PACKED) == (rows >= MIN_ROWS)
-            packed._PACKED.pop(twin, None)
+        for kernels in (("sgemm",) * 3, ("packed",) * 3, ("padded",) * 3, ("sgemm", "padded", "packed")):
+            twin.small = kernels
+            for rows in (1, 2, 3, 4, 5, 9, 33):
+                x = torch.randn(1, rows, 48)  # (B, T, in) as a decoder layer calls it
+                got = twin(x)
+                assert got.shape == (1, rows, 80)
+                torch.testing.assert_close(got, linear(x), rtol=1e-5, atol=1e-5)
+                assert (twin in packed._PACKED) == (rows >= MIN_ROWS or kernels[rows - 1] != "sgemm"), (kernels, rows)
+                packed._PACKED.pop(twin, None)
+        assert twin(torch.randn(0, 48)).shape == (0, 80)
 
 
 def test_a_weight_changed_in_place_is_packed_again():
@@ -93,31 +96,35 @@ def test_unpack_restores_plain_linears():
     assert [type(m) for m in model] == [nn.Linear, nn.ReLU, nn.Linear]
 
 
-def test_first_packed_rows_takes_the_packed_kernel_from_where_it_is_faster_up_to_min_rows():
-    assert first_packed_rows({2: (1.6, 1.1), 3: (1.9, 1.1)}) == 2  # AMD EPYC: sgemm's 2 and 3 rows are slow
-    assert first_packed_rows({2: (1.1, 1.1), 3: (1.9, 1.1)}) == 3  # a tie stays on sgemm
-    assert first_packed_rows({2: (1.6, 1.1), 3: (1.2, 1.2)}) == MIN_ROWS  # packed must win at every row count up
-    assert first_packed_rows({2: (1.0, 0.97), 3: (1.0, 0.97)}) == MIN_ROWS  # within the margin: not faster
-    assert first_packed_rows({}) == MIN_ROWS
+def test_choose_kernels_takes_the_fastest_per_row_count_when_it_beats_sgemm():
+    epyc_vm = {1: {"sgemm": 1.0, "packed": 1.02, "padded": 0.92}, 2: {"sgemm": 1.0, "packed": 0.75, "padded": 0.7},
+               3: {"sgemm": 1.0, "packed": 0.66, "padded": 0.7}}
+    assert choose_kernels(epyc_vm) == ("padded", "padded", "packed")
+    tie = {1: {"sgemm": 1.0, "packed": 0.97, "padded": 0.99}}  # within the margin: sgemm stays
+    assert choose_kernels(tie) == ("sgemm",) * 3
+    assert choose_kernels({}) == ("sgemm",) * 3
 
 
-def test_tuning_times_both_kernels_and_sets_every_packed_layer(tiny_target_dir, monkeypatch):
+def test_tuning_times_every_kernel_and_sets_every_packed_layer(tiny_target_dir, monkeypatch):
     target = load_target(tiny_target_dir, packed_weights="on")
     seen = {}
 
-    def choose(seconds):
-        seen.update(seconds)
-        return 2
-    monkeypatch.setattr(packed, "first_packed_rows", choose)
-    assert tune_packed_rows(target.model) == 2
-    assert set(seen) == {2, 3} and all(0 < t < 10 for pair in seen.values() for t in pair)
+    def choose(ratios):
+        seen.update(ratios)
+        return ("padded", "packed", "sgemm")
+    monkeypatch.setattr(packed, "choose_kernels", choose)
+    assert tune_small_rows(target.model) == ("padded", "packed", "sgemm")
+    assert set(seen) == {1, 2, 3} and all(set(r) == set(packed.KERNELS) for r in seen.values())
+    assert all(r["sgemm"] == 1.0 and 0 < min(r.values()) for r in seen.values())
     layers = [m for m in target.model.modules() if type(m) is PackedLinear]
-    assert layers and all(m.min_rows == 2 for m in layers)
+    assert layers and all(m.small == ("padded", "packed", "sgemm") for m in layers)
     packed._PACKED.clear()
     with torch.inference_mode():
-        layers[0](torch.randn(2, layers[0].in_features))
-    assert layers[0] in packed._PACKED  # 2 rows now run packed
-    assert tune_packed_rows(nn.Sequential(nn.Linear(8, 8))) == MIN_ROWS  # nothing packed: nothing timed
+        layers[0](torch.randn(1, layers[0].in_features))
+    assert layers[0] in packed._PACKED  # a 1-row forward now runs packed (padded)
+    assert tune_small_rows(nn.Sequential(nn.Linear(8, 8))) == ("sgemm",) * 3  # nothing packed: nothing timed
+    with pytest.raises(ValueError, match="small-row kernels"):
+        set_small_kernels(target.model, ("fast",) * 3)
 
 
 @pytest.mark.parametrize("k", [3, 5, 8])
@@ -128,8 +135,9 @@ def test_packed_target_decodes_exactly(tiny_target_dir, k):
     target = load_target(tiny_target_dir, packed_weights="on")
     assert any(type(m) is PackedLinear for m in target.model.modules())
     assert not any(type(m) is PackedLinear for m in plain_target.model.modules())
-    for spec, rows in (("oracle", MIN_ROWS), ("ngram", 2)):  # 2: verify forwards of 2 and 3 tokens run packed too
-        set_min_rows(target.model, rows)
+    for spec, kernels in (("oracle", ("sgemm",) * 3), ("ngram", ("sgemm", "packed", "packed")),
+                          ("ngram", ("padded",) * 3)):  # plain steps and 2- and 3-token verifies off sgemm too
+        set_small_kernels(target.model, kernels)
         drafter = build_drafter(spec, target)
         for text in ("hello hello hello world", "abcabcabcabc", "def f(x):\n    return x"):
             ids = torch.tensor([target.tokenizer.encode(text)])
