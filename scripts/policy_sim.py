@@ -11,7 +11,8 @@ eval does. Prefill is left out (the same for every arm): the speedups are the de
     python scripts/policy_sim.py --head runs/demo/eagle3/drafter --prompts held.jsonl --limit 3 \
         --arm e3-old=HEAD@trial=1 --arm e3=HEAD --arm hybrid-old=hybrid:HEAD@trial=1,explore=0 --arm hybrid=hybrid:HEAD
 
-HEAD in an arm's spec stands for --head. `@trial=N` sets the head's trial length (1: one-cycle retries, the
+HEAD in an arm's spec stands for --head, with the spec's options (`--arm chains=HEAD:leaves=0`: chains without
+runner-up leaves). `@trial=N` sets the head's trial length (1: one-cycle retries, the
 previous behaviour), `@explore=N` the hybrid's n-gram run before its head is tried (0: never).
 """
 from __future__ import annotations

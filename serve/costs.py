@@ -4,7 +4,7 @@ A target forward over n new tokens on a cached context costs more than a 1-token
 depends on the hardware: ~1.4-2.1x for n = 2..8 on a 2-core CPU, ~1x on a GPU until the batch is
 compute-bound. The draft-length policy (serve/drafters/length.py) weighs every draft token against it, and
 eval's cost model (eval/cost_model.py) fits its predictions with the same numbers. Measured once per
-process and model, in a second or two, with the threads and device the decoder will run on.
+process and model, in about 3 s on the default target, with the threads and device the decoder will run on.
 """
 from __future__ import annotations
 
@@ -96,8 +96,9 @@ def measure_verify_costs(model, *, sizes: Sequence[int] = DEFAULT_SIZES, repeats
     """Time forwards over `sizes` new tokens on a `context_tokens` cache, interleaved. Each round's forwards are
     divided by that round's 1-token step and the median over rounds gives the ratio: a machine whose speed drifts
     (another process, a neighbour on a VM) moves a round's forwards together, so their ratio holds, where the
-    fastest of each size can pair a lucky 1-token step with an unlucky wide forward (on a VM whose step time swung
-    by 20% the fastest of 2 put 16 drafts at 1.35 steps; the median of rounds at 1.6, as a longer timing did)."""
+    fastest of each size can pair a lucky 1-token step with an unlucky wide forward. On a 2-core VM whose step time
+    swung by 20%, three measurements of 16 drafts gave 1.41-1.74 steps with the fastest of 2 and 1.40-1.44 with
+    the median of 4 rounds; a 30-round timing gave 1.51."""
     vocab = int(getattr(getattr(model.config, "text_config", None) or model.config, "vocab_size", 2))
     times = forward_times(model, context_ids(vocab, context_tokens), sorted(set(sizes) | {1}), repeats=repeats)
     step = statistics.median(times[1])
