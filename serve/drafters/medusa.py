@@ -166,7 +166,8 @@ class MedusaDrafter(Drafter):
         seen = self._to_target(logits[: self.policy.cap].argmax(-1)).cpu() if temperature <= 0 else ids
         self.last.tokens = seen.tolist()
         if temperature <= 0:
-            candidates = [leaf for i in range(n) if self.max_leaves for leaf in runner_ups(logits[i], i + 1, LEAF_RANKS)]
+            ranks = LEAF_RANKS if self.max_leaves else 0
+            candidates = [leaf for i in range(n) for leaf in runner_ups(logits[i], i + 1, ranks)]
             return hang_leaves(ids, candidates, self.policy, self.last, limit=self.max_leaves,
                                to_target=lambda draft: self._to_target(draft.to(self.heads.d2t.device)).cpu())
         return Draft(tokens=ids, q=torch.stack(qs).cpu() if qs else None)
