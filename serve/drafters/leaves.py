@@ -27,6 +27,7 @@ from typing import Callable, Hashable, Sequence
 import torch
 
 from serve.drafters.base import Draft
+from serve.tree import chain_parents
 
 LEAF_BINS = 10
 LEAF_RANKS = 3  # runner-ups looked at (and learned from) per drafted position
@@ -106,7 +107,7 @@ def leaf_tree(chain: Sequence[int], leaves: Sequence[Leaf]) -> tuple[list[int], 
     """The chain d_1..d_n (parents -1, 0, .., n-2), then each leaf as a child of d_{depth-1} (the root for depth
     1) -> (tokens, parents) in topological order."""
     tokens = list(chain)
-    parents = list(range(-1, len(chain) - 1))
+    parents = chain_parents(len(chain)).tolist()
     for leaf in leaves:
         tokens.append(leaf.token)
         parents.append(leaf.depth - 2)

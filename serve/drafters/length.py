@@ -210,8 +210,9 @@ class ExpectedGain(LengthPolicy):
             self._costs = self._costs()
         return self._costs
 
-    def cost(self, n: int) -> float:
-        return self.overhead_cost + n * self.step_cost + self.costs.ratio(n)
+    def cost(self, n: int, nodes: int | None = None) -> float:
+        """C(n) of a cycle drafting n tokens; `nodes`: the verify forward holds that many (a chain with leaves)."""
+        return self.overhead_cost + n * self.step_cost + self.costs.ratio(n if nodes is None else nodes)
 
     def accept_probability(self, signal: Signal) -> float:
         return self.calibration[self.sampled].predict(*signal)
@@ -291,10 +292,8 @@ class ExpectedGain(LengthPolicy):
             return []
         table = self.calibration[False]
         gains = leaf_gains(chain, [(leaf.depth, table.predict(leaf.key, leaf.prior)) for leaf in usable])
-        drafted = len(chain)
-        chosen = choose_leaves(expected_tokens(chain)[-1], drafted, gains,
-                               lambda nodes: self.overhead_cost + drafted * self.step_cost + self.costs.ratio(nodes),
-                               limit=limit)
+        chosen = choose_leaves(expected_tokens(chain)[-1], len(chain), gains,
+                               lambda nodes: self.cost(len(chain), nodes), limit=limit)
         return [usable[i] for i in chosen]
 
     def observe_leaves(self, leaves: Sequence[Leaf], matched: int, target_token: int | None) -> None:
