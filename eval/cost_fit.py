@@ -21,6 +21,17 @@ def _cycles(records: Sequence[dict]) -> tuple[list[int], list[int]] | None:
     return None if drafted is None else (stats.accepted_lengths(records), drafted)
 
 
+def decode_phase(baseline: Sequence[dict], drafted: Sequence[dict], cycle_cost: float) -> dict[str, float]:
+    """The decode phase (after the prefill's token) predicted against measured: the model's speedup is tokens per
+    cycle over the cycle's cost in target steps, and `engine_efficiency` is the share of it the decoder realized.
+    For the oracle (every draft accepted, nothing to compute) the shortfall is the decoder's own overhead: its
+    work between forwards, and forwards on real contexts costing other than the timed ones."""
+    predicted = stats.decode_tokens_per_cycle(drafted) / cycle_cost if cycle_cost > 0 else float("nan")
+    measured = stats.decode_speedup(baseline, drafted)
+    return {"predicted_decode_speedup": predicted, "measured_decode_speedup": measured,
+            "engine_efficiency": measured / predicted if predicted > 0 else float("nan")}
+
+
 def fit_cost_model(records: Mapping[str, Sequence[dict]], names: Sequence[str], groups: Mapping[str, Sequence[int]],
                    forward_seconds: Mapping[int, float], *, k: int, ks: Sequence[int]) -> dict[str, Any]:
     """records: method -> records aligned by prompt (BASELINE included); groups: domain -> prompt indices;
@@ -42,10 +53,14 @@ def fit_cost_model(records: Mapping[str, Sequence[dict]], names: Sequence[str], 
 
         def fit(parts: Mapping[str, Sequence[int]]) -> dict[str, Any]:
             pick = {d: [recs[i] for i in idx] for d, idx in parts.items()}
-            return cm.drafter_cost_model(
+            fitted = cm.drafter_cost_model(
                 k=k, c=c, ratios=ratios, ks=ks, mu_by_domain={d: stats.mu(rs) for d, rs in pick.items()},
                 measured_by_domain={d: stats.speedup([base[i] for i in parts[d]], rs) for d, rs in pick.items()},
                 cycles_by_domain={d: _cycles(rs) for d, rs in pick.items()})
+            for d, rs in pick.items():
+                fitted["domains"][d].update(decode_phase(
+                    [base[i] for i in parts[d]], rs, fitted["domains"][d]["cycle_cost"]))
+            return fitted
 
         block = fit(groups)
         block["overall"] = fit(everything)["domains"]["overall"]

@@ -169,9 +169,14 @@ def markdown(result: dict, plots: list[Path]) -> str:
                 bk = b["best_k"]
                 rows.append([name, domain, _f(m["c"], 3), _f(b["alpha"]), _f(b["mu"]), _f(b.get("cycle_cost")),
                              _f(b["predicted_speedup"]) + "×", _f(b["measured_speedup"]) + "×",
+                             _f(b.get("predicted_decode_speedup")) + "×", _f(b.get("measured_decode_speedup")) + "×",
+                             _f(b.get("engine_efficiency")),
                              f"K={bk['k']} ({_f(bk['predicted_speedup'])}×{'' if bk['pays'] else ', does not pay'})"])
         lines += _table(["drafter", "domain", "c", "α", "μ", "cycle cost (steps)", "predicted", "measured",
-                         "best K (predicted)"], rows)
+                         "decode: predicted", "decode: measured", "efficiency", "best K (predicted)"], rows)
+        lines += ["", "`decode`: the phase after the prefill's first token, which no drafter can shorten; `efficiency` "
+                  "= measured over predicted decode speedup, the share of the modelled gain the decoder realized."]
+        lines += engine_lines(result)
         lines += ["", "Per cycle in the run, in target steps: "
                   + "; ".join(f"{n}: verify {_f(m['run_verify_ratio'])}, other overhead "
                               f"{_f(m['run_overhead_per_cycle'])}" for n, m in cost["drafters"].items()), ""]
@@ -189,6 +194,24 @@ def markdown(result: dict, plots: list[Path]) -> str:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
     lines += ["## Context", "", ANCHORS, ""]
     return "\n".join(lines)
+
+
+def engine_lines(result: dict) -> list[str]:
+    """The oracle's decode phase against the (K+1)/V(K) limit: the decoder's own overhead, one line per oracle."""
+    cost, lines = result.get("cost_model") or {}, []
+    oracles = [d["name"] for d in result.get("drafters", []) if d.get("kind") == "oracle"]
+    for name in oracles:
+        block = (cost.get("drafters") or {}).get(name)
+        if not block:
+            continue
+        k, overall = block["k"], block["overall"]
+        limit = (k + 1) / block["verify_ratio"]
+        measured = overall.get("measured_decode_speedup", float("nan"))
+        predicted = overall.get("predicted_decode_speedup")
+        lines += ["", f"Engine overhead ({name}, decode phase): {_f(measured)}× against the (K+1)/V(K) limit "
+                  f"{_f(limit)}× at K={k} ({_f(measured / limit)} of it) and the {_f(predicted)}× the cost model "
+                  f"predicts from its cycles (efficiency {_f(overall.get('engine_efficiency'))})."]
+    return lines
 
 
 def write_report(result: dict, out_dir: str | Path) -> dict[str, Any]:

@@ -83,7 +83,8 @@ def _from_result(res: Any) -> dict[str, Any]:
     return {"output_token_ids": [int(t) for t in res.output_ids], "target_forwards": int(s.target_forwards),
             "accepted_per_cycle": [int(a) for a in s.accepted_per_cycle],
             "drafted_per_cycle": [int(a) for a in s.drafted_per_cycle], "cycles": int(s.cycles),
-            "draft_seconds": float(s.draft_seconds), "verify_seconds": float(s.verify_seconds)}
+            "draft_seconds": float(s.draft_seconds), "verify_seconds": float(s.verify_seconds),
+            "decode_seconds": float(s.decode_seconds)}
 
 
 def _timed(fn: Callable[[], dict[str, Any]], device: torch.device) -> dict[str, Any]:

@@ -65,7 +65,7 @@ def load_eval_config(args):
 
 
 def print_summary(result: dict, file=None) -> None:
-    from eval.report import timing_line
+    from eval.report import engine_lines, timing_line
 
     file = file or sys.stdout  # looked up at call time: sys.stdout may have been replaced since import
     print(f"target {result['target']['name']}: K={result['settings']['k']}, "
@@ -76,6 +76,8 @@ def print_summary(result: dict, file=None) -> None:
         print(f"  {name:<16} mu {b['mu']:.2f}  speedup {b['speedup']:.2f}x  ({per})", file=file)
     for name, p in (result.get("peers") or {}).items():
         print(f"  {name:<16} mu {p['mu']:.2f}  speedup {p['speedup']:.2f}x", file=file)
+    for line in engine_lines(result):
+        print(f"  {line.strip()}", file=file)
     timing = timing_line(result["settings"])
     if timing:
         print(f"  {timing}", file=file)

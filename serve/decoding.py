@@ -26,8 +26,13 @@ class SpecStats:
     drafted_per_cycle: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
-    prefill_seconds: float = 0.0
+    prefill_seconds: float = 0.0  # the prompt's forward and the first token (plain decoding too)
     seconds: float = 0.0
+
+    @property
+    def decode_seconds(self) -> float:
+        """Wall time after the first token: the phase speculative decoding speeds up."""
+        return self.seconds - self.prefill_seconds
 
     @property
     def mu(self) -> float:
@@ -93,6 +98,8 @@ def plain_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int, temp
         stats.target_forwards += 1
         token = sample(target_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p).cpu(), gen)
         output.append(token)
+        if stats.target_forwards == 1:
+            stats.prefill_seconds = time.perf_counter() - t_start
         if on_tokens:
             on_tokens([token])
         if stopper.first_stop(output, len(output) - 1) is not None:

@@ -116,6 +116,12 @@ def test_peers_and_cost_model(result):
     assert ng["domains"]["code"]["mu"] == result["domains"]["code"]["ngram"]["mu"]
     assert ng["domains"]["code"]["measured_speedup"] == result["domains"]["code"]["ngram"]["speedup"]
     assert ng["overall"]["best_k"]["k"] in (1, 2, 3, 4)
+    # the decode phase: every record times it inside its whole run; the oracle's efficiency is reported
+    assert all(0 < r["decode_seconds"] < r["seconds"] for r in result["records"] if r["drafter"] == "plain")
+    oracle = cost["drafters"]["oracle"]["overall"]
+    assert oracle["measured_decode_speedup"] == pytest.approx(result["overall"]["oracle"]["decode_speedup"])
+    assert oracle["engine_efficiency"] == pytest.approx(
+        oracle["measured_decode_speedup"] / oracle["predicted_decode_speedup"])
 
 
 def test_cost_model_refits_from_the_saved_json(result, tmp_path):
@@ -154,6 +160,7 @@ def test_report_and_plots_written(result, tmp_path):
     per_domain = md[md.index("Speedup over our plain decoding per domain"):]  # prompt lookup beside our n-gram
     assert "| domain | ngram | hf_prompt_lookup |" in per_domain and "| repeat | " in per_domain
     assert {w["drafter"] for w in result["winners"].values()} <= {"ngram", "small"}  # the oracle is a ceiling
+    assert "Engine overhead (oracle, decode phase)" in md and "(K+1)/V(K) limit" in md
     assert json.loads(paths["json"].read_text())["exactness"]["identical"] == 9
 
 

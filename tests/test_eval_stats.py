@@ -111,3 +111,25 @@ def test_exactness_verdict_names_reduced_precision_as_the_likely_cause():
     assert "not lossless" in stats.exactness_verdict({"identical": 3, "total": 4}, "float32")
     bf16 = stats.exactness_verdict({"identical": 3, "total": 4}, "bfloat16")
     assert "batch-invariant" in bf16 and "--dtype float32" in bf16
+
+
+def test_decode_speedup_leaves_the_prefill_out():
+    # plain: 10 tokens, 1.0 s of prefill, 0.9 s for the 9 decode steps; the drafter: same prefill, 0.3 s after it
+    base = [{**rec(range(10), 10, 1.9), "decode_seconds": 0.9}]
+    fast = [{**rec(range(10), 4, 1.3, accepted=[2, 2, 2]), "decode_seconds": 0.3}]
+    assert stats.speedup(base, fast) == pytest.approx(1.9 / 1.3)
+    assert stats.decode_speedup(base, fast) == pytest.approx(3.0)
+    assert stats.decode_tokens_per_cycle(fast) == pytest.approx(9 / 3)
+    # results saved before decode_seconds was recorded: unknown, not zero
+    assert math.isnan(stats.decode_speedup([rec(range(10), 10, 1.9)], fast))
+
+
+def test_decode_phase_efficiency_is_measured_over_predicted():
+    from eval.cost_fit import decode_phase
+
+    base = [{**rec(range(13), 13, 2.2), "decode_seconds": 1.2}]  # 12 decode tokens at 0.1 s
+    oracle = [{**rec(range(13), 3, 1.4, accepted=[5, 5]), "decode_seconds": 0.4}]  # 2 cycles of 6 tokens
+    got = decode_phase(base, oracle, cycle_cost=1.5)  # a 6-token verify costs 1.5 steps
+    assert got["predicted_decode_speedup"] == pytest.approx(6 / 1.5)
+    assert got["measured_decode_speedup"] == pytest.approx(3.0)
+    assert got["engine_efficiency"] == pytest.approx(3.0 / 4.0)

@@ -88,6 +88,20 @@ def test_after_explore_ngram_cycles_in_a_row_the_head_is_put_on_trial():
     assert drafter.propose(2).tokens.tolist() == [7, 8]  # the run starts over: the n-gram side again
 
 
+def test_after_ngram_misses_in_a_row_the_head_drafts_until_the_ngram_is_right_again():
+    # the head's rate was last measured low (0.5): every n-gram match wins, unless the n-gram keeps missing
+    drafter, head = hybrid([9, 9, 9], [5, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6], head_rate=0.5)
+    drafter.doubt_after = 2
+    assert drafter.propose(2).tokens.tolist() == [7, 8]
+    drafter.commit(torch.tensor([3]), {})  # its first token wrong: one miss
+    assert drafter.propose(2).tokens.tolist() == [4, 5] and head.proposals == 0  # one miss is not doubt
+    drafter.commit(torch.tensor([1]), {})  # two in a row: the text only resembles the context
+    draft = drafter.propose(2)  # the n-gram still has a match (-> 2 3), but the head drafts, the n-gram beside it
+    assert head.proposals == 1 and 9 in draft.tokens.tolist() and drafter.choices["ngram"] == 2
+    drafter.commit(torch.tensor([2, 3, 4]), {})  # the n-gram's proposal was right: it drafts alone again
+    assert drafter.propose(2).tokens.tolist() == [5, 6] and head.proposals == 1
+
+
 def test_a_tree_holds_both_when_verification_is_cheap():
     # a short match the head (at a high realized rate) beats on its own, but verifying both costs nothing extra
     drafter, head = hybrid([9, 8, 7], [1, 2, 3, 4, 5, 1, 2], head_rate=5.0)

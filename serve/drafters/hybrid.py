@@ -8,7 +8,8 @@ Both see every cycle's tokens (`commit`), so either can draft the next cycle; ea
 learns from every verification, including how its unused proposals would have fared. The head's rate is measured
 only on the cycles it drafts, so after `explore` n-gram cycles in a row the head is put on trial (a few cycles of
 its own drafts): without it, a head whose rate was last measured on a stretch it did badly on never drafted
-again, however well it would now do.
+again, however well it would now do. Conversely, after `doubt_after` n-gram proposals in a row whose first token
+was wrong, the head drafts until an n-gram proposal is right again.
 """
 from __future__ import annotations
 
@@ -54,6 +55,11 @@ class HybridDrafter(Drafter):
         self.policy = head.policy
         self.default_k, self.default_tree = head.default_k, head.default_tree  # what the head's folder records
         self.choices: Counter = Counter()  # cycles drafted by "ngram", "head", "tree" (both), "none"
+        # after this many n-gram proposals in a row whose first token was wrong, the head drafts (the n-gram's
+        # chain joins its tree where that pays) until an n-gram proposal is right again: in retrieval, multi-turn
+        # and chat answers the context holds long matches that the answer only resembles, and the calibration,
+        # pooled over the text where such matches are copied, kept the n-gram drafting them (README: the ablation)
+        self.doubt_after = 3
 
     def check_target(self, target) -> None:
         self.head.check_target(target)
@@ -112,7 +118,8 @@ class HybridDrafter(Drafter):
 
     def propose(self, k, *, temperature=0.0, generator=None, tree=None) -> Draft:
         ngram = self.ngram.propose(k, temperature=temperature, generator=generator)
-        if self._ngram_wins(ngram) and not self._probe_head():
+        doubted = self.ngram.misses >= self.doubt_after
+        if not doubted and self._ngram_wins(ngram) and not self._probe_head():
             self._ngram_run += 1
             self.choices["ngram"] += 1
             return ngram

@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 
 from serve.drafters.base import Draft, Drafter
-from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Signal
+from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Signal, matched_prefix
 
 
 @dataclass(frozen=True)
@@ -96,12 +96,16 @@ class NgramDrafter(Drafter):
         self.max_n, self.min_n = max_n, min_n
         self.last = LastDraft()
         self.tokens = torch.empty(0, dtype=torch.long)
+        self.misses = 0  # proposals in a row whose first token was not the target's
 
     def begin(self, prompt_ids, next_tokens, hidden_states) -> None:
         self.tokens = torch.cat([prompt_ids[:1], next_tokens]).long()
         self.last = LastDraft()
+        self.misses = 0
 
     def commit(self, next_tokens, hidden_states) -> None:
+        if self.last.tokens:  # its proposal (drafted or not) against the target's token after the cycle's context
+            self.misses = 0 if matched_prefix(self.last.tokens, next_tokens.tolist()) else self.misses + 1
         self.last.settle(self.policy, next_tokens)
         self.tokens = torch.cat([self.tokens, next_tokens.long()])
 
