@@ -89,21 +89,22 @@ def speedup(baseline: Sequence[Record], drafted: Sequence[Record]) -> float:
     return tokens_per_second(drafted) / tokens_per_second(baseline)
 
 
-def decode_speedup(baseline: Sequence[Record], drafted: Sequence[Record]) -> float:
-    """`speedup` of the decode phase alone: tokens after the first per second after the first token.
+def decode_tokens_per_second(records: Iterable[Record]) -> float:
+    """Tokens after the first per second after the first token (the decode phase; NaN when a record lacks
+    `decode_seconds`, as results saved before it was recorded do)."""
+    records = list(records)
+    seconds = [r.get("decode_seconds") for r in records]
+    if not records or any(s is None for s in seconds):
+        return float("nan")
+    total = sum(float(s) for s in seconds)  # type: ignore[arg-type]
+    return sum(max(0, new_tokens(r) - 1) for r in records) / total if total > 0 else float("nan")
 
-    The prefill (the prompt's forward, which yields the first token) costs every method the same and no drafter
-    can shorten it; leaving it out gives the speedup the cost model predicts (and, for the oracle, the engine's
-    efficiency). NaN when a record lacks `decode_seconds` (results saved before it was recorded)."""
-    rates = []
-    for records in (baseline, drafted):
-        seconds = [r.get("decode_seconds") for r in records]
-        if not records or any(s is None for s in seconds):
-            return float("nan")
-        total = sum(float(s) for s in seconds)  # type: ignore[arg-type]
-        tokens = sum(max(0, new_tokens(r) - 1) for r in records)
-        rates.append(tokens / total if total > 0 else float("nan"))
-    return rates[1] / rates[0]
+
+def decode_speedup(baseline: Sequence[Record], drafted: Sequence[Record]) -> float:
+    """`speedup` of the decode phase alone. The prefill (the prompt's forward, which yields the first token) costs
+    every method the same and no drafter can shorten it; leaving it out gives the speedup the cost model predicts
+    (and, for the oracle, the decoder's efficiency)."""
+    return decode_tokens_per_second(drafted) / decode_tokens_per_second(baseline)
 
 
 def decode_tokens_per_cycle(records: Iterable[Record]) -> float:

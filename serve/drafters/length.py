@@ -383,10 +383,12 @@ class LastDraft:
         self.started, self.worked = time.perf_counter(), always or policy.should_draft()
         return self.worked
 
-    def settle(self, policy: LengthPolicy, next_tokens) -> None:
-        """next_tokens: (m+1,) what the cycle produced. Observes, times and forgets the last cycle."""
+    def settle(self, policy: LengthPolicy, next_tokens) -> int | None:
+        """next_tokens: (m+1,) what the cycle produced. Observes, times and forgets the last cycle; returns how many
+        of its tokens the cycle produced in order (None: it had none)."""
         produced = [int(t) for t in next_tokens]
-        if self.tokens is not None:
+        matched = None
+        if self.tokens:
             matched = matched_prefix(self.tokens, produced)
             policy.observe(matched, min(len(produced), len(self.tokens)))
             if self.leaves:
@@ -394,6 +396,7 @@ class LastDraft:
         if self.started is not None and self.verified:
             policy.record_cycle(time.perf_counter() - self.started, len(produced), worked=self.worked)
         self.tokens, self.leaves, self.verified, self.started, self.worked = None, [], True, None, False
+        return matched
 
 
 LENGTHS = ("auto", "fixed")

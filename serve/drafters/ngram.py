@@ -15,7 +15,7 @@ from typing import ClassVar
 import torch
 
 from serve.drafters.base import Draft, Drafter
-from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Signal, matched_prefix
+from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Signal
 
 
 @dataclass(frozen=True)
@@ -104,9 +104,9 @@ class NgramDrafter(Drafter):
         self.misses = 0
 
     def commit(self, next_tokens, hidden_states) -> None:
-        if self.last.tokens:  # its proposal (drafted or not) against the target's token after the cycle's context
-            self.misses = 0 if matched_prefix(self.last.tokens, next_tokens.tolist()) else self.misses + 1
-        self.last.settle(self.policy, next_tokens)
+        matched = self.last.settle(self.policy, next_tokens)  # its proposal, drafted or not, against the target's
+        if matched is not None:
+            self.misses = 0 if matched else self.misses + 1
         self.tokens = torch.cat([self.tokens, next_tokens.long()])
 
     def propose(self, k, *, temperature=0.0, generator=None, tree=None) -> Draft:
