@@ -13,7 +13,8 @@ eval does. Prefill is left out (the same for every arm): the speedups are the de
 
 HEAD in an arm's spec stands for --head, with the spec's options (`--arm chains=HEAD:leaves=0`: chains without
 runner-up leaves). `@trial=N` sets the head's trial length (1: one-cycle retries, the
-previous behaviour), `@explore=N` the hybrid's n-gram run before its head is tried (0: never).
+previous behaviour), `@explore=N` the hybrid's n-gram run before its head is tried (0: never), `@doubt=N` the n-gram
+misses in a row after which the hybrid's head drafts (0: never).
 """
 from __future__ import annotations
 
@@ -134,7 +135,7 @@ def modelled(stack: ExitStack, clock: ModelledClock, target, costs, head) -> Non
 
 
 def build_arm(spec: str, head: str, target):
-    """`SPEC[@trial=N,explore=N]` -> the drafter, with its policy settings applied."""
+    """`SPEC[@trial=N,explore=N,doubt=N]` -> the drafter, with its policy settings applied."""
     from serve.drafters import build_drafter
     from serve.drafters.hybrid import HybridDrafter
     from serve.errors import DraftsmithError
@@ -148,15 +149,17 @@ def build_arm(spec: str, head: str, target):
             policy.trial = int(value)
         elif key == "explore" and isinstance(drafter, HybridDrafter):
             drafter.explore = int(value) if int(value) > 0 else 10 ** 9
+        elif key == "doubt" and isinstance(drafter, HybridDrafter):
+            drafter.doubt_after = int(value) if int(value) > 0 else 10 ** 9
         else:
-            raise DraftsmithError(f"arm option {option!r}: takes trial=N (auto length) or explore=N (hybrid)")
+            raise DraftsmithError(f"arm option {option!r}: takes trial=N (auto length), explore=N or doubt=N (hybrid)")
     return drafter
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--head", required=True, help="a trained EAGLE drafter folder (HEAD in the arms' specs)")
-    parser.add_argument("--arm", action="append", required=True, metavar="NAME=SPEC[@trial=N,explore=N]")
+    parser.add_argument("--arm", action="append", required=True, metavar="NAME=SPEC[@trial=N,explore=N,doubt=N]")
     parser.add_argument("--prompts", action="append", default=[], help="prompt sources (default: builtin)")
     parser.add_argument("--target", default="demo")
     parser.add_argument("--limit", type=int, default=None, help="prompts per domain")
