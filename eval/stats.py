@@ -89,6 +89,11 @@ def speedup(baseline: Sequence[Record], drafted: Sequence[Record]) -> float:
     return tokens_per_second(drafted) / tokens_per_second(baseline)
 
 
+def decode_tokens(records: Iterable[Record]) -> int:
+    """New tokens after the first of every record: what the decode phase produced (the prefill yields the first)."""
+    return sum(max(0, new_tokens(r) - 1) for r in records)
+
+
 def decode_tokens_per_second(records: Iterable[Record]) -> float:
     """Tokens after the first per second after the first token (the decode phase; NaN when a record lacks
     `decode_seconds`, as results saved before it was recorded do)."""
@@ -97,7 +102,7 @@ def decode_tokens_per_second(records: Iterable[Record]) -> float:
     if not records or any(s is None for s in seconds):
         return float("nan")
     total = sum(float(s) for s in seconds)  # type: ignore[arg-type]
-    return sum(max(0, new_tokens(r) - 1) for r in records) / total if total > 0 else float("nan")
+    return decode_tokens(records) / total if total > 0 else float("nan")
 
 
 def decode_speedup(baseline: Sequence[Record], drafted: Sequence[Record]) -> float:
@@ -111,8 +116,7 @@ def decode_tokens_per_cycle(records: Iterable[Record]) -> float:
     """Tokens per verification cycle after the prefill's token (μ of the decode phase alone)."""
     records = list(records)
     cycles = sum(len(r.get("accepted_per_cycle") or ()) for r in records)  # type: ignore[arg-type]
-    tokens = sum(max(0, new_tokens(r) - 1) for r in records)
-    return tokens / cycles if cycles else float("nan")
+    return decode_tokens(records) / cycles if cycles else float("nan")
 
 
 def paired_speedups(baseline: Sequence[Record], drafted: Sequence[Record]) -> list[float]:
