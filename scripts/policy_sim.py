@@ -14,7 +14,8 @@ eval does. Prefill is left out (the same for every arm): the speedups are the de
 HEAD in an arm's spec stands for --head, with the spec's options (`--arm chains=HEAD:leaves=0`: chains without
 runner-up leaves). `@trial=N` sets the head's trial length (1: one-cycle retries, the
 previous behaviour), `@explore=N` the hybrid's n-gram run before its head is tried (0: never), `@doubt=N` the n-gram
-misses in a row after which the hybrid's head drafts (0: never).
+misses in a row after which the hybrid's head drafts (0: never). The arm `prompt_lookup` is transformers' prompt
+lookup, redone as a drafter (`--arm pl=prompt_lookup`): the peer eval times, here on the same clock.
 """
 from __future__ import annotations
 
@@ -134,13 +135,41 @@ def modelled(stack: ExitStack, clock: ModelledClock, target, costs, head) -> Non
     stack.callback(target.model.register_forward_pre_hook(forward_cost, with_kwargs=True).remove)
 
 
+class PromptLookup:
+    """transformers' prompt lookup (`PromptLookupCandidateGenerator`, max_matching_ngram_size=2) as a drafter: the
+    first occurrence, left to right, of the last 2 (else 1) tokens with a continuation, which drafts all k."""
+
+    kind, target_layers, default_k, default_tree = "prompt_lookup", (), None, None
+
+    def begin(self, prompt_ids, next_tokens, hidden_states) -> None:
+        import torch
+        self.tokens = torch.cat([prompt_ids[:1], next_tokens]).long()
+
+    def commit(self, next_tokens, hidden_states) -> None:
+        import torch
+        self.tokens = torch.cat([self.tokens, next_tokens.long()])
+
+    def propose(self, k, *, temperature=0.0, generator=None, tree=None):
+        from serve.drafters.base import Draft
+        tokens, length = self.tokens, self.tokens.numel()
+        for n in range(min(2, length - 1), 0, -1):
+            hits = (tokens.unfold(0, n, 1) == tokens[-n:]).all(dim=1).nonzero().flatten()  # (H,) window starts
+            for start in (hits + n).tolist():
+                if start < length:
+                    return Draft(tokens[start: start + k].clone())
+        return Draft.empty()
+
+
 def build_arm(spec: str, head: str, target):
-    """`SPEC[@trial=N,explore=N,doubt=N]` -> the drafter, with its policy settings applied."""
+    """`SPEC[@trial=N,explore=N,doubt=N]` -> the drafter, with its policy settings applied; `prompt_lookup` is
+    transformers' prompt lookup."""
     from serve.drafters import build_drafter
     from serve.drafters.hybrid import HybridDrafter
     from serve.errors import DraftsmithError
 
     spec, _, options = spec.partition("@")
+    if spec == "prompt_lookup":
+        return PromptLookup()
     drafter = build_drafter(spec.replace("HEAD", head), target)
     for option in filter(None, options.split(",")):
         key, _, value = option.partition("=")

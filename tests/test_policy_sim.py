@@ -49,3 +49,17 @@ def test_arm_options_are_checked(tiny_target_dir, tmp_path):
         policy_sim.build_arm("HEAD@doubt=3", head, target)
     with pytest.raises(DraftsmithError, match="takes trial=N"):
         policy_sim.build_arm("HEAD@explore=3", head, target)
+
+
+def test_prompt_lookup_arm_drafts_what_transformers_drafts(tiny_target_dir):
+    from eval.peers import Peer, run_peer
+    from serve.decoding import speculative_generate
+
+    target = load_target(tiny_target_dir)
+    prompt = [5, 6, 7, 8, 5, 6, 9, 10, 7, 8, 5, 6, 7, 8, 11, 5, 6]  # 2-grams that recur with other continuations
+    ours = speculative_generate(target, policy_sim.build_arm("prompt_lookup", "", target), torch.tensor([prompt]),
+                                max_new_tokens=24, k=3)
+    theirs = run_peer(Peer("hf_prompt_lookup", "prompt_lookup"), target, prompt, k=3, max_new_tokens=24,
+                      temperature=0.0, top_k=0, top_p=1.0, seed=0)
+    assert ours.output_ids == theirs["output_token_ids"]
+    assert ours.stats.target_forwards == theirs["target_forwards"] < len(ours.output_ids)  # it drafted, alike

@@ -1,7 +1,7 @@
 """The pure functions of verification on hand-made cases."""
 import torch
 
-from serve.drafters.ngram import lookup
+from serve.drafters.ngram import continuation, lookup
 from serve.sampling import process_logits, residual, sample, target_probs
 from serve.tree import ancestor_mask, node_depths, path_to, static_tree_parents
 from serve.verify import verify_chain, verify_tree
@@ -80,3 +80,11 @@ def test_ngram_lookup_prefers_longest_latest_match():
     seq = torch.tensor([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3])
     assert lookup(seq, k=2, max_n=3, min_n=1).tolist() == [7, 8]
     assert lookup(torch.tensor([4, 5, 6]), k=2, max_n=3, min_n=1).tolist() == []
+
+
+def test_ngram_lookup_continues_a_loop_past_the_sequence_end():
+    # "o que o que o que": the latest match is 2 tokens back, so its continuation repeats with period 2
+    loop = torch.tensor([5, 1, 2, 1, 2, 1, 2])
+    assert lookup(loop, k=5, max_n=16, min_n=1).tolist() == [1, 2, 1, 2, 1]
+    assert continuation(torch.tensor([3, 4, 7, 3, 4]), 2, 4).tolist() == [7, 3, 4, 7]
+    assert continuation(torch.tensor([3, 4, 7, 3, 4]), 2, 0).tolist() == []

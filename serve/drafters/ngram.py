@@ -51,10 +51,20 @@ def longest_match(tokens: torch.Tensor, *, min_n: int, max_n: int) -> Match | No
     return Match(start=int(tied[-1]) + 1, length=best, agreement=agreement)
 
 
+def continuation(tokens: torch.Tensor, start: int, k: int) -> torch.Tensor:
+    """tokens: (L,) -> the k tokens from `start` on, the sequence's last L - start tokens repeated past its end.
+
+    A match `start` that is p = L - start tokens back says the text repeats with period p; where its continuation
+    runs into the sequence's end (a loop such as "o que o que ...", a list with one repeated line) the period
+    goes on, so a recent match drafts all k, not just the p tokens it holds."""
+    period = tokens.numel() - start  # >= 1: the match's copy of the last token is an earlier one
+    return tokens[start + torch.arange(k) % period] if k > 0 else tokens[:0]
+
+
 def lookup(tokens: torch.Tensor, *, k: int, max_n: int, min_n: int) -> torch.Tensor:
-    """Up to k tokens that followed the longest match of the sequence's suffix; empty when nothing matches."""
+    """k tokens that followed the longest match of the sequence's suffix; empty when nothing matches."""
     match = longest_match(tokens, min_n=min_n, max_n=max_n)
-    return tokens[:0] if match is None else tokens[match.start: match.start + k]
+    return tokens[:0] if match is None else continuation(tokens, match.start, k)
 
 
 # Acceptance before any evidence (the calibration replaces it as drafts are verified), measured on SmolLM2-135M's
@@ -113,10 +123,10 @@ class NgramDrafter(Drafter):
         # the lookup costs microseconds: its cost is left out of the policy, whose choices then depend only on
         # the text and the verify costs (the same prompt drafts the same way)
         match = longest_match(self.tokens, min_n=self.min_n, max_n=self.max_n)
-        continuation = self.tokens[:0] if match is None else self.tokens[match.start: match.start + k]
+        proposal = self.tokens[:0] if match is None else continuation(self.tokens, match.start, k)
         self.policy.start(k, sampled=temperature > 0)
         # deterministic proposals: any rule of the context keeps sampling exact
-        n = self.policy.choose([match_signal(match, i) for i in range(continuation.numel())]) \
+        n = self.policy.choose([match_signal(match, i) for i in range(proposal.numel())]) \
             if match is not None else 0
-        self.last.tokens = continuation.tolist()  # the whole continuation is learned from, drafted or not
-        return Draft(continuation[:n].clone())
+        self.last.tokens = proposal.tolist()  # the whole proposal is learned from, drafted or not
+        return Draft(proposal[:n].clone())
