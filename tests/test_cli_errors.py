@@ -126,7 +126,7 @@ def test_ctrl_c_during_training(dataset, tmp_path):
     target, data = dataset
     out = tmp_path / "run"
     args = _train_args(target, data, out, "optim.max_steps=100000", "checkpoint.every=3", "log.every=1")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "scripts.cli", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 240
@@ -134,7 +134,16 @@ def test_ctrl_c_during_training(dataset, tmp_path):
         time.sleep(0.2)
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # a hang after Ctrl-C is the bug this guards against: show where it hung
+        proc.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER: every thread's stack to stderr, then exit
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        pytest.fail(f"no exit within 120 s of SIGINT; its stderr ended:\n{stderr[-3000:]}")
     assert proc.returncode == 130, stderr
     assert stderr.rstrip("\n").split("\n")[-1] == INTERRUPTED and "Traceback" not in stderr, stderr
     assert not (out / "drafter").exists() and _leftovers(out) == [] and "drafter" not in stdout
