@@ -53,13 +53,13 @@ def fit_cost_model(records: Mapping[str, Sequence[dict]], names: Sequence[str], 
 
         def fit(parts: Mapping[str, Sequence[int]]) -> dict[str, Any]:
             pick = {d: [recs[i] for i in idx] for d, idx in parts.items()}
+            plain = {d: [base[i] for i in idx] for d, idx in parts.items()}
             fitted = cm.drafter_cost_model(
                 k=k, c=c, ratios=ratios, ks=ks, mu_by_domain={d: stats.mu(rs) for d, rs in pick.items()},
-                measured_by_domain={d: stats.speedup([base[i] for i in parts[d]], rs) for d, rs in pick.items()},
+                measured_by_domain={d: stats.speedup(plain[d], rs) for d, rs in pick.items()},
                 cycles_by_domain={d: _cycles(rs) for d, rs in pick.items()})
             for d, rs in pick.items():
-                fitted["domains"][d].update(decode_phase(
-                    [base[i] for i in parts[d]], rs, fitted["domains"][d]["cycle_cost"]))
+                fitted["domains"][d].update(decode_phase(plain[d], rs, fitted["domains"][d]["cycle_cost"]))
             return fitted
 
         block = fit(groups)
