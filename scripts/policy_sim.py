@@ -14,8 +14,10 @@ eval does. Prefill is left out (the same for every arm): the speedups are the de
 HEAD in an arm's spec stands for --head, with the spec's options (`--arm chains=HEAD:leaves=0`: chains without
 runner-up leaves). `@trial=N` sets the head's trial length (1: one-cycle retries, the
 previous behaviour), `@explore=N` the hybrid's n-gram run before its head is tried (0: never), `@doubt=N` the n-gram
-misses in a row after which the hybrid's head drafts (0: never). The arm `prompt_lookup` is transformers' prompt
-lookup, redone as a drafter (`--arm pl=prompt_lookup`): the peer eval times, here on the same clock.
+misses in a row after which the hybrid's head drafts (0: never), `@max_k=N` caps the n-gram side's drafts at max(K, N)
+(0: K), `@reach=always` lets them run past K in any cycle, not only while the text copies. The arm `prompt_lookup`
+is transformers' prompt lookup, redone as a drafter (`--arm pl=prompt_lookup`): the peer eval times, here on the
+same clock.
 """
 from __future__ import annotations
 
@@ -149,6 +151,9 @@ class PromptLookup:
         import torch
         self.tokens = torch.cat([self.tokens, next_tokens.long()])
 
+    def draft_cap(self, k: int) -> int:
+        return k  # transformers drafts prompt_lookup_num_tokens every cycle
+
     def propose(self, k, *, temperature=0.0, generator=None, tree=None):
         from serve.drafters.base import Draft
         tokens, length = self.tokens, self.tokens.numel()
@@ -161,10 +166,11 @@ class PromptLookup:
 
 
 def build_arm(spec: str, head: str, target):
-    """`SPEC[@trial=N,explore=N,doubt=N]` -> the drafter, with its policy settings applied; `prompt_lookup` is
-    transformers' prompt lookup."""
+    """`SPEC[@trial=N,explore=N,doubt=N,max_k=N,reach=R]` -> the drafter, with its policy settings applied;
+    `prompt_lookup` is transformers' prompt lookup."""
     from serve.drafters import build_drafter
     from serve.drafters.hybrid import HybridDrafter
+    from serve.drafters.ngram import NgramDrafter
     from serve.errors import DraftsmithError
 
     spec, _, options = spec.partition("@")
@@ -174,21 +180,28 @@ def build_arm(spec: str, head: str, target):
     for option in filter(None, options.split(",")):
         key, _, value = option.partition("=")
         policy = (drafter.head if isinstance(drafter, HybridDrafter) else drafter).policy
+        ngram = drafter.ngram if isinstance(drafter, HybridDrafter) else drafter
         if key == "trial" and hasattr(policy, "trial"):
             policy.trial = int(value)
         elif key == "explore" and isinstance(drafter, HybridDrafter):
             drafter.explore = int(value) if int(value) > 0 else 10 ** 9
         elif key == "doubt" and isinstance(drafter, HybridDrafter):
             drafter.doubt_after = int(value) if int(value) > 0 else 10 ** 9
+        elif key == "max_k" and isinstance(ngram, NgramDrafter):
+            ngram.max_k = int(value)
+        elif key == "reach" and isinstance(ngram, NgramDrafter) and value in ("copying", "always"):
+            ngram.reach = value
         else:
-            raise DraftsmithError(f"arm option {option!r}: takes trial=N (auto length), explore=N or doubt=N (hybrid)")
+            raise DraftsmithError(f"arm option {option!r}: takes trial=N (auto length), explore=N or doubt=N (hybrid), "
+                                  "max_k=N or reach=copying|always (n-gram, hybrid)")
     return drafter
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--head", required=True, help="a trained EAGLE drafter folder (HEAD in the arms' specs)")
-    parser.add_argument("--arm", action="append", required=True, metavar="NAME=SPEC[@trial=N,explore=N,doubt=N]")
+    parser.add_argument("--arm", action="append", required=True,
+                        metavar="NAME=SPEC[@trial=N,explore=N,doubt=N,max_k=N,reach=R]")
     parser.add_argument("--prompts", action="append", default=[], help="prompt sources (default: builtin)")
     parser.add_argument("--target", default="demo")
     parser.add_argument("--limit", type=int, default=None, help="prompts per domain")

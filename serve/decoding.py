@@ -178,8 +178,9 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, m
         on_tokens([pending])
     stop = stopper.first_stop(output, 0)
 
+    cap = drafter.draft_cap(k)  # k, or more for a drafter whose per-step length may run past it (n-gram)
     while stop is None and len(output) < max_new_tokens:
-        budget = min(k, max_new_tokens - len(output) - 1)
+        budget = min(cap, max_new_tokens - len(output) - 1)
         t0 = time.perf_counter()
         draft = drafter.propose(budget, temperature=temperature, generator=gen, tree=tree) if budget > 0 \
             else Draft.empty()

@@ -10,7 +10,7 @@ from serve.decoding import plain_generate, speculative_generate
 from serve.drafters import DrafterSpecError, build_drafter
 from serve.drafters.length import (Calibration, ExpectedGain, FixedLength, LastDraft, MinConfidence, best_length,
                                    build_policy, expected_tokens, matched_prefix)
-from serve.drafters.ngram import Match, longest_match, match_signal
+from serve.drafters.ngram import Match, NgramDrafter, longest_match, match_signal
 from serve.errors import DraftsmithError
 from serve.target import load_target
 
@@ -214,6 +214,24 @@ def test_ngram_longest_match_and_its_signal():
     assert match_signal(match, 5)[0] == match_signal(match, 3)[0]  # later positions share one key
 
 
+def test_ngram_drafts_past_k_only_while_copying():
+    """After a proposal right on every token it was checked on, the text is copying and the next cycle may draft
+    past the decoder's K; a wrong first token ends it; reach="always" drafts past K in any cycle."""
+    ids = torch.tensor([5, 1, 2, 3, 4, 6, 7, 1, 2])
+    flat = VerifyCosts(ratios={0: 1.0, 16: 1.0}, step_seconds=0.01)
+    drafter = NgramDrafter(policy=ExpectedGain(flat))
+    assert drafter.draft_cap(3) == 16
+    drafter.begin(ids[:-1], ids[1:], {})
+    assert drafter.propose(16).tokens.tolist() == [3, 4, 6] and not drafter.copying  # not known to copy yet: K
+    drafter.commit(torch.tensor([3, 4, 6, 7]), {})  # all three accepted and the bonus token continues the copy
+    assert drafter.copying and len(drafter.propose(16)) > 3
+    drafter.commit(torch.tensor([9]), {})  # the first draft rejected
+    assert not drafter.copying and drafter.misses == 1
+    drafter.reach = "always"
+    drafter.begin(ids[:-1], ids[1:], {})
+    assert len(drafter.propose(16)) > 3
+
+
 PROMPTS = ["hello hello hello world", "abcabcabcabc", "def f(x):\n    return x", "The quick brown fox"]
 
 
@@ -249,7 +267,30 @@ def test_greedy_identity_with_per_step_length(tiny_target_dir, tiny_target_facto
                     continue
                 got = speculative_generate(target, drafter, ids, max_new_tokens=30, k=k, eos_token_ids=(), tree=tree)
                 assert got.output_ids == ref.output_ids, (spec, k, tree, text)
-                assert max(got.stats.drafted_per_cycle) <= k
+                # K caps every drafter's cycles but the n-gram drafter's (and a hybrid's n-gram side), which may draft
+                # a copied passage up to max_k
+                cap = max(k, 16) if drafter.kind in ("ngram", "hybrid") and not spec.endswith("fixed") else k
+                assert drafter.draft_cap(k) == cap and max(got.stats.drafted_per_cycle) <= cap
+
+
+def test_ngram_drafts_a_copied_passage_past_k(tiny_target_dir):
+    """A per-step n-gram drafter copies a repeated passage in drafts longer than K (up to max_k), stays exact,
+    and needs fewer target forwards for it; `max_k=0` and a fixed length keep it to K; a hybrid's head keeps K."""
+    target = load_target(tiny_target_dir)
+    answer = plain_generate(target, torch.tensor([list(range(40, 80))]), max_new_tokens=40, eos_token_ids=())
+    context = torch.tensor([answer.output_ids * 3 + answer.output_ids[:2]])  # a passage the target goes on copying
+    ref = plain_generate(target, context, max_new_tokens=40, eos_token_ids=())
+    runs = {}
+    for spec in ("ngram", "ngram:max_k=0", "ngram:length=fixed", "ngram:max_k=8"):
+        got = speculative_generate(target, build_drafter(spec, target), context, max_new_tokens=40, k=3,
+                                   eos_token_ids=())
+        assert got.output_ids == ref.output_ids, spec
+        runs[spec] = got.stats
+    assert max(runs["ngram"].drafted_per_cycle) > 8 >= max(runs["ngram:max_k=8"].drafted_per_cycle) > 3
+    assert max(runs["ngram:max_k=0"].drafted_per_cycle) <= 3 and max(runs["ngram:length=fixed"].drafted_per_cycle) <= 3
+    assert runs["ngram"].target_forwards < runs["ngram:max_k=0"].target_forwards
+    with pytest.raises(DrafterSpecError, match="max_k >= 0"):
+        build_drafter("ngram:max_k=-1", target)
 
 
 def test_specs_take_a_length(tiny_target_dir, tmp_path):

@@ -74,6 +74,18 @@ def test_without_a_match_the_head_drafts():
     assert accepted == pytest.approx(1.0, abs=0.01) and tried == pytest.approx(2.0, abs=0.01)
 
 
+def test_the_ngram_side_may_draft_past_k_but_the_head_keeps_k():
+    drafter, head = hybrid([9] * 12, [1, 2, 3, 4, 5, 6, 7])
+    assert drafter.draft_cap(3) == 16  # the decoder's budget: the n-gram side's cap
+    draft = drafter.propose(16)  # no match: the head drafts, at most the decoder's K
+    assert head.proposals == 1 and draft.tokens.tolist() == [9, 9, 9]
+    drafter, head = hybrid([9] * 12, [5, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6])
+    drafter.draft_cap(3)
+    assert drafter.propose(16).tokens.tolist() == [7, 8, 1]  # a match, not yet known to be copied: K
+    drafter.commit(torch.tensor([7, 8, 1, 2]), {})  # all right: the text copies, and the n-gram side drafts on
+    assert drafter.propose(16).tokens.tolist() == [3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2]  # a loop, flat costs
+
+
 def test_after_explore_ngram_cycles_in_a_row_the_head_is_put_on_trial():
     # the head's rate was last measured low (0.5), so every n-gram match wins; its rate is stale
     context = [5, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6]

@@ -116,7 +116,8 @@ def test_greedy_identity_with_leaves_on_every_cycle(tiny_target_dir, tmp_path, s
         for k in (1, 3, 5):
             got = speculative_generate(target, drafter, ids, max_new_tokens=30, k=k, eos_token_ids=())
             assert got.output_ids == ref.output_ids, (spec, k, text)
-            assert max(got.stats.drafted_per_cycle) <= k
+            # K caps the head's chains; a hybrid's n-gram side may draft a copied passage past it
+            assert max(got.stats.drafted_per_cycle) <= drafter.draft_cap(k) == (16 if spec.startswith("hybrid") else k)
     assert sum(map(bool, hung)) > 10  # cycles verified a chain with leaves
     leaf_counts = [c for key, c in head.policy.calibration[False].counts.items() if key[0] == "leaf"]
     assert leaf_counts  # learned from

@@ -49,6 +49,11 @@ def test_arm_options_are_checked(tiny_target_dir, tmp_path):
         policy_sim.build_arm("HEAD@doubt=3", head, target)
     with pytest.raises(DraftsmithError, match="takes trial=N"):
         policy_sim.build_arm("HEAD@explore=3", head, target)
+    ngram = policy_sim.build_arm("ngram@max_k=0,reach=always", head, target)
+    assert ngram.max_k == 0 and ngram.reach == "always"
+    assert policy_sim.build_arm("hybrid:HEAD@max_k=8", head, target).ngram.max_k == 8
+    with pytest.raises(DraftsmithError, match="reach=copying"):
+        policy_sim.build_arm("ngram@reach=sometimes", head, target)
 
 
 def test_prompt_lookup_arm_drafts_what_transformers_drafts(tiny_target_dir):

@@ -1,4 +1,4 @@
-"""Drafters by spec (serve/drafters/spec.py): `ngram[:max_n=16,min_n=1]`, `model:PATH`, `oracle`, a native
+"""Drafters by spec (serve/drafters/spec.py): `ngram[:max_n=16,min_n=1,max_k=16]`, `model:PATH`, `oracle`, a native
 drafter folder (`DIR`, `DIR:min_confidence=0.3`), or `hybrid:DIR` (the n-gram continuation where the context
 holds a good match, the folder's head elsewhere), optionally `@tree[:depth=5,...]` or `@chain`.
 
@@ -22,15 +22,18 @@ def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
         from serve.drafters.ngram import NgramDrafter
 
         options = {**parsed.options, **opts}
-        unknown = set(options) - {"max_n", "min_n", "length"}
+        unknown = set(options) - {"max_n", "min_n", "max_k", "length"}
         if unknown:
-            raise DrafterSpecError(f"unknown ngram option(s) {sorted(unknown)}; valid: max_n, min_n, length")
+            raise DrafterSpecError(f"unknown ngram option(s) {sorted(unknown)}; valid: max_n, min_n, max_k, length")
         policy = _policy(target, str(options.pop("length", "auto")))
         try:
             sizes = {k: int(v) for k, v in options.items()}
         except ValueError:
             raise DrafterSpecError(f"ngram options take integers: {parsed.text!r}") from None
-        drafter = NgramDrafter(**sizes, policy=policy)
+        try:
+            drafter = NgramDrafter(**sizes, policy=policy)
+        except ValueError as err:
+            raise DrafterSpecError(f"bad ngram option in {parsed.text!r}: {err}") from None
     elif parsed.kind == "hybrid":
         from serve.drafters.hybrid import hybrid_of
 

@@ -67,6 +67,11 @@ class Drafter:
               hidden_states: dict[int, torch.Tensor]) -> None:
         """prompt_ids: (T,); next_tokens: (T,) = prompt_ids[1:] + [t0]; hidden_states[l]: (T, h)."""
 
+    def draft_cap(self, k: int) -> int:
+        """The most tokens a cycle of this drafter may draft when the decoder's K is k: k, unless the drafter's
+        proposals cost nothing to extend and its length policy weighs each token (the n-gram drafter)."""
+        return k
+
     def propose(self, k: int, *, temperature: float = 0.0, generator: torch.Generator | None = None) -> Draft:
         raise NotImplementedError
 

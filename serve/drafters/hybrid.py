@@ -60,9 +60,14 @@ class HybridDrafter(Drafter):
         # and chat answers the context holds long matches that the answer only resembles, and the calibration,
         # pooled over the text where such matches are copied, kept the n-gram drafting them (README: the ablation)
         self.doubt_after = 3
+        self._head_k: int | None = None  # the decoder's K: the head drafts at most that, the n-gram side its own cap
 
     def check_target(self, target) -> None:
         self.head.check_target(target)
+
+    def draft_cap(self, k: int) -> int:
+        self._head_k = k
+        return max(self.ngram.draft_cap(k), self.head.draft_cap(k))
 
     def begin(self, prompt_ids, next_tokens, hidden_states) -> None:
         self.ngram.begin(prompt_ids, next_tokens, hidden_states)
@@ -125,7 +130,8 @@ class HybridDrafter(Drafter):
             return ngram
         self._ngram_run = 0
         self.ngram.last.verified = False  # learn how it would have fared, but it is not this cycle's draft
-        draft = self.head.propose(k, temperature=temperature, generator=generator, tree=tree)
+        head_k = k if self._head_k is None else min(k, self.head.draft_cap(self._head_k))
+        draft = self.head.propose(head_k, temperature=temperature, generator=generator, tree=tree)
         if len(ngram) and draft.is_tree and tree is not None:  # the head drafted a tree: the n-gram chain joins it
             tokens, parents = add_chain(draft.tokens, draft.parents, ngram.tokens)
             self.choices["tree"] += 1

@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import torch
 
+from serve.costs import DEFAULT_SIZES
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Signal
 
@@ -94,8 +95,19 @@ def match_signal(match: Match, position: int) -> Signal:
 class NgramDrafter(Drafter):
     kind: ClassVar[str] = "ngram"
 
-    def __init__(self, *, max_n: int = 16, min_n: int | None = None, policy: LengthPolicy | None = None):
+    def __init__(self, *, max_n: int = 16, min_n: int | None = None, policy: LengthPolicy | None = None,
+                 max_k: int | None = None):
         self.policy = policy or FixedLength()  # how many continuation tokens each cycle drafts
+        # max_k: with a per-step length, a cycle may draft up to max(K, max_k) tokens. A copied passage is accepted
+        # far past K, extending the proposal costs nothing, and a verify forward's cost grows slowly past a few
+        # tokens (this CPU: 16 drafts 1.5-1.8 steps, 5 drafts 1.2-1.3), so the policy, which weighs every token,
+        # decides how far (README: the ablation). A fixed length drafts K. Default: the longest verify
+        # serve/costs.py measures.
+        if max_k is None:
+            max_k = 0 if isinstance(self.policy, FixedLength) else max(DEFAULT_SIZES) - 1
+        if max_k < 0:
+            raise ValueError(f"ngram needs max_k >= 0 (0: K), got {max_k}")
+        self.max_k = max_k
         # min_n: the shortest match that drafts. At a fixed K a single-token match drafts too often on free text,
         # where each rejected verify costs ~1.6x a step on CPU (free writing 0.85x with min_n=1, 0.96x with 2);
         # a per-step length weighs a one-token match at what it is worth (often one nearly free token), so 1.
@@ -107,21 +119,35 @@ class NgramDrafter(Drafter):
         self.last = LastDraft()
         self.tokens = torch.empty(0, dtype=torch.long)
         self.misses = 0  # proposals in a row whose first token was not the target's
+        # copying: the last proposal was right on every token the target's output could check it on. A cycle drafts
+        # past K only then (reach="copying"): in a copied passage the next match goes on as far, while in free text
+        # a long draft the policy finds worth its flat verify cost is mostly rejected at its first token
+        # (reach="always": qa and multiturn 3-5% slower on the modelled clock; README: the ablation)
+        self.copying, self.reach = False, "copying"
+        self._k: int | None = None  # the decoder's K (draft_cap)
+
+    def draft_cap(self, k: int) -> int:
+        self._k = k
+        return max(k, self.max_k) if k > 0 else k
 
     def begin(self, prompt_ids, next_tokens, hidden_states) -> None:
         self.tokens = torch.cat([prompt_ids[:1], next_tokens]).long()
         self.last = LastDraft()
-        self.misses = 0
+        self.misses, self.copying = 0, False
 
     def commit(self, next_tokens, hidden_states) -> None:
+        proposed = len(self.last.tokens or ())
         matched = self.last.settle(self.policy, next_tokens)  # its proposal, drafted or not, against the target's
         if matched is not None:
             self.misses = 0 if matched else self.misses + 1
+        self.copying = matched is not None and matched == min(proposed, len(next_tokens)) and matched > 0
         self.tokens = torch.cat([self.tokens, next_tokens.long()])
 
     def propose(self, k, *, temperature=0.0, generator=None, tree=None) -> Draft:
         # the lookup costs microseconds: its cost is left out of the policy, whose choices then depend only on
         # the text and the verify costs (the same prompt drafts the same way)
+        if self.reach == "copying" and not self.copying and self._k is not None:
+            k = min(k, self._k)
         match = longest_match(self.tokens, min_n=self.min_n, max_n=self.max_n)
         proposal = self.tokens[:0] if match is None else continuation(self.tokens, match.start, k)
         self.policy.start(k, sampled=temperature > 0)

@@ -2,7 +2,8 @@
 
     [NAME=]DRAFTER[@tree[:depth=5,top_k=4,total_tokens=24] | @chain]
 
-    DRAFTER   ngram | ngram:max_n=4,min_n=2    prompt lookup
+    DRAFTER   ngram | ngram:max_n=4,min_n=2    prompt lookup (max_k=16: while it copies a passage, a cycle may
+                                               draft up to 16 tokens, past K; max_k=0: K)
               oracle                           the target's own answer (the ceiling for a decoder at this K)
               model:PATH                       a small causal LM with the target's tokenizer
               DIR | DIR:min_confidence=0.3     a trained drafter folder (options override what it records;

@@ -209,6 +209,9 @@ class RecordingDrafter(Drafter):
     def begin(self, prompt_ids, next_tokens, hidden_states) -> None:
         self.inner.begin(prompt_ids, next_tokens, hidden_states)
 
+    def draft_cap(self, k: int) -> int:
+        return self.inner.draft_cap(k)
+
     def propose(self, k: int, *, temperature: float = 0.0, generator=None, tree=None) -> Draft:
         draft = self.inner.propose(k, temperature=temperature, generator=generator, tree=tree)
         self.proposals.append([int(t) for t in draft.tokens])
