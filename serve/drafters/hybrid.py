@@ -67,7 +67,7 @@ class HybridDrafter(Drafter):
 
     def draft_cap(self, k: int) -> int:
         self._head_k = k
-        return max(self.ngram.draft_cap(k), self.head.draft_cap(k))
+        return self.ngram.draft_cap(k)
 
     def begin(self, prompt_ids, next_tokens, hidden_states) -> None:
         self.ngram.begin(prompt_ids, next_tokens, hidden_states)
@@ -130,7 +130,7 @@ class HybridDrafter(Drafter):
             return ngram
         self._ngram_run = 0
         self.ngram.last.verified = False  # learn how it would have fared, but it is not this cycle's draft
-        head_k = k if self._head_k is None else min(k, self.head.draft_cap(self._head_k))
+        head_k = k if self._head_k is None else min(k, self._head_k)
         draft = self.head.propose(head_k, temperature=temperature, generator=generator, tree=tree)
         if len(ngram) and draft.is_tree and tree is not None:  # the head drafted a tree: the n-gram chain joins it
             tokens, parents = add_chain(draft.tokens, draft.parents, ngram.tokens)

@@ -100,7 +100,7 @@ class NgramDrafter(Drafter):
         self.policy = policy or FixedLength()  # how many continuation tokens each cycle drafts
         # max_k: with a per-step length, a cycle may draft up to max(K, max_k) tokens. A copied passage is accepted
         # far past K, extending the proposal costs nothing, and a verify forward's cost grows slowly past a few
-        # tokens (this CPU: 16 drafts 1.5-1.8 steps, 5 drafts 1.2-1.3), so the policy, which weighs every token,
+        # tokens (this CPU, fp32: 16 drafts 1.6-2.0 steps, 5 drafts 1.2-1.6), so the policy, which weighs every token,
         # decides how far (README: the ablation). A fixed length drafts K. Default: the longest verify
         # serve/costs.py measures.
         if max_k is None:
