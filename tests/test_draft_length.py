@@ -275,7 +275,8 @@ def test_greedy_identity_with_per_step_length(tiny_target_dir, tiny_target_facto
 
 def test_ngram_drafts_a_copied_passage_past_k(tiny_target_dir):
     """A per-step n-gram drafter copies a repeated passage in drafts longer than K (up to max_k), stays exact,
-    and needs fewer target forwards for it; `max_k=0` and a fixed length keep it to K; a hybrid's head keeps K."""
+    and needs fewer target forwards for it; `max_k=0` and a fixed length keep it to K (the hybrid's head keeping K:
+    tests/test_hybrid.py)."""
     target = load_target(tiny_target_dir)
     answer = plain_generate(target, torch.tensor([list(range(40, 80))]), max_new_tokens=40, eos_token_ids=())
     context = torch.tensor([answer.output_ids * 3 + answer.output_ids[:2]])  # a passage the target goes on copying
