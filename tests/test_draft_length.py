@@ -10,7 +10,7 @@ from serve.decoding import plain_generate, speculative_generate
 from serve.drafters import DrafterSpecError, build_drafter
 from serve.drafters.length import (Calibration, ExpectedGain, FixedLength, LastDraft, MinConfidence, best_length,
                                    build_policy, expected_tokens, matched_prefix)
-from serve.drafters.ngram import Match, NgramDrafter, longest_match, match_signal
+from serve.drafters.ngram import LOCAL_WEIGHT as NGRAM_LOCAL_WEIGHT, Match, NgramDrafter, longest_match, match_signal
 from serve.errors import DraftsmithError
 from serve.target import load_target
 
@@ -81,6 +81,53 @@ def test_observe_calibrates_the_keys_it_drafted():
     assert policy.accept_probability(("third", 0.9)) == pytest.approx(0.9)  # never checked
     policy.start(5)
     assert policy.choose([("first", 0.9), ("second", 0.9), ("third", 0.9)]) == 1
+
+
+def test_the_current_generation_moves_the_estimate_fast_and_is_forgotten_at_the_next():
+    policy = ExpectedGain(VerifyCosts(ratios={0: 1.0, 1: 1.4}, step_seconds=0.1), local_weight=4)  # pays at 40%
+
+    def draft(times: int, accepted: bool) -> None:
+        for _ in range(times):
+            policy.start(1)
+            policy.choose([("match", 0.5)])
+            policy.observe(int(accepted), 1)
+
+    for _ in range(20):  # every generation so far: the key is right 80% of the time
+        policy.new_context()
+        draft(8, True)
+        draft(2, False)
+    policy.new_context()
+    assert policy.accept_probability(("match", 0.5)) == pytest.approx(0.8, abs=0.05)
+    policy.start(1)
+    assert policy.choose([("match", 0.5)]) == 1
+    draft(6, False)  # this generation's text: wrong six times in a row
+    assert policy.accept_probability(("match", 0.5)) < 0.45
+    assert policy.calibration[False].predict("match", 0.5) > 0.7  # the pooled estimate alone moved by a few percent
+    policy.start(1)
+    assert policy.choose([("match", 0.5)]) == 0  # this text's drafts are no longer worth a verify
+    policy.new_context()  # the next generation starts from the pooled estimate
+    assert policy.accept_probability(("match", 0.5)) > 0.7
+    policy.local_weight = 0  # the current generation not used (a head's policy): the pooled estimate only
+    draft(6, False)
+    assert policy.accept_probability(("match", 0.5)) == pytest.approx(policy.calibration[False].predict("match", 0.5))
+    assert policy.accept_probability(("match", 0.5)) > 0.6
+
+
+def test_every_drafter_starts_a_new_context_at_begin(tiny_target_dir, tiny_target_factory, tmp_path):
+    """Every drafter's `begin` forgets the last generation's own estimates; the n-gram drafter (alone or in a hybrid)
+    keeps them, the heads do not."""
+    target = load_target(tiny_target_dir)
+    folders = _folders(target, tmp_path)
+    for spec in ["ngram", f"model:{tiny_target_factory('llama', seed=1)}", folders["eagle3"], folders["medusa"],
+                 f"hybrid:{folders['eagle3']}"]:
+        drafter = build_drafter(spec, target)
+        ngram = drafter.ngram if drafter.kind == "hybrid" else drafter if drafter.kind == "ngram" else None
+        policies = {id(p): p for p in (drafter.policy, ngram and ngram.policy) if p is not None}.values()
+        for policy in policies:
+            assert policy.local_weight == (NGRAM_LOCAL_WEIGHT if ngram and policy is ngram.policy else 0), spec
+            policy.local[False].update("stale", False)
+        speculative_generate(target, drafter, torch.tensor([[1, 2, 3, 1, 2]]), max_new_tokens=2)
+        assert all("stale" not in policy.local[False].counts for policy in policies), spec
 
 
 def test_a_drafter_that_does_not_pay_is_skipped_but_retried_ever_less_often():

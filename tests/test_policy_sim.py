@@ -54,6 +54,11 @@ def test_arm_options_are_checked(tiny_target_dir, tmp_path):
     assert policy_sim.build_arm("hybrid:HEAD@max_k=8", head, target).ngram.max_k == 8
     with pytest.raises(DraftsmithError, match="reach=copying"):
         policy_sim.build_arm("ngram@reach=sometimes", head, target)
+    hybrid = policy_sim.build_arm("hybrid:HEAD@local=0,trees=0", head, target)
+    assert hybrid.ngram.policy.local_weight == 0 and not hybrid.trees and hybrid.head.policy.local_weight == 0
+    assert policy_sim.build_arm("ngram@local=8", head, target).policy.local_weight == 8
+    with pytest.raises(DraftsmithError, match="trees=0"):
+        policy_sim.build_arm("HEAD@trees=0", head, target)
 
 
 def test_prompt_lookup_arm_drafts_what_transformers_drafts(tiny_target_dir):

@@ -106,6 +106,7 @@ class EagleDrafter(Drafter):
         self._cache = DynamicCache()
         self.n = 0
         self.last = LastDraft()
+        self.policy.new_context()
         self._last_out = self._last_logits = None
         self._pending = [(next_tokens, self._needed(hidden_states))]
 

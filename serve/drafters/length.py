@@ -11,7 +11,9 @@ tokens (V(0) = 1, a plain step; measured on the target, serve/costs.py). It yiel
     E(n) = 1 + P_1 + ... + P_n,   P_i = a_1·...·a_i,
 
 a_i = P(draft i accepted | drafts 1..i-1 accepted), read from the drafter's own signal (the draft's top-1
-probability, an n-gram's match length) through a calibration learned from the drafter's verified drafts.
+probability, an n-gram's match length) through a calibration learned from the drafter's verified drafts: over
+every generation the drafter has run and, for a drafter whose signal means different things in different texts
+(an n-gram's match length), within the current generation too, shrunk towards the first.
 The cycle keeps the length with the best rate E(n)/C(n): the situations that favour a drafter (a copied
 passage, a formulaic phrase) last for several tokens, so each cycle should be as fast per token as the
 current situation allows (Leviathan et al. 2023, https://arxiv.org/abs/2211.17192, sec. 3.5, with V and c
@@ -93,6 +95,9 @@ class LengthPolicy:
 
     def start(self, cap: int, *, sampled: bool = False) -> None:
         self.cap, self.sampled, self.drafted, self.keys = cap, sampled, 0, []
+
+    def new_context(self) -> None:
+        """A new generation begins (the drafter's `begin`): forget what was learned about the last one's text."""
 
     def should_draft(self) -> bool:
         """Before any work: is this cycle worth running the drafter at all?"""
@@ -186,7 +191,7 @@ class ExpectedGain(LengthPolicy):
 
     def __init__(self, costs: VerifyCosts | Callable[[], VerifyCosts], *, step_cost: float = 0.0,
                  overhead_cost: float = 0.0, smoothing: float = 0.1, explore: int = 8, max_explore: int = 64,
-                 trial: int = 4):
+                 trial: int = 4, local_weight: float = 0.0):
         super().__init__()
         self._costs = costs
         self.step_cost, self.overhead_cost = step_cost, overhead_cost
@@ -196,6 +201,10 @@ class ExpectedGain(LengthPolicy):
         self._paying = 0  # cycles in a row at a rate of 1 or more
         self._trial_left, self._trial_tokens, self._trial_seconds = 0, 0, 0.0  # the trial under way, if any
         self.calibration = {False: Calibration(), True: Calibration()}  # greedy / sampled drafts accept differently
+        # the same within the current generation, with the pooled estimate as its prior, worth `local_weight` of
+        # this generation's drafts of a key (0: the current generation is not used)
+        self.local = {False: Calibration(prior_weight=local_weight, decay=1.0),
+                      True: Calibration(prior_weight=local_weight, decay=1.0)}
         # realized tokens per plain step's wall time over the cycles the drafter worked, smoothed (what decides
         # whether it runs, and what a hybrid compares drafters by); plain_seconds: a plain cycle's wall time
         self.rate = 1.0
@@ -214,8 +223,30 @@ class ExpectedGain(LengthPolicy):
         """C(n) of a cycle drafting n tokens; `nodes`: the verify forward holds that many (a chain with leaves)."""
         return self.overhead_cost + n * self.step_cost + self.costs.ratio(n if nodes is None else nodes)
 
+    @property
+    def local_weight(self) -> float:
+        return self.local[False].prior_weight
+
+    @local_weight.setter
+    def local_weight(self, weight: float) -> None:
+        for table in self.local.values():
+            table.prior_weight = weight
+
     def accept_probability(self, signal: Signal) -> float:
-        return self.calibration[self.sampled].predict(*signal)
+        return self.predict(self.sampled, *signal)
+
+    def predict(self, sampled: bool, key: Hashable, prior: float) -> float:
+        """P(accepted | key): the current generation's evidence shrunk towards every generation's."""
+        pooled = self.calibration[sampled].predict(key, prior)
+        return self.local[sampled].predict(key, pooled) if self.local_weight > 0 else pooled
+
+    def learn(self, sampled: bool, key: Hashable, accepted: bool) -> None:
+        self.calibration[sampled].update(key, accepted)
+        self.local[sampled].update(key, accepted)
+
+    def new_context(self) -> None:
+        for table in self.local.values():
+            table.counts.clear()
 
     def start(self, cap: int, *, sampled: bool = False) -> None:
         super().start(cap, sampled=sampled)
@@ -279,9 +310,8 @@ class ExpectedGain(LengthPolicy):
         return list(self._accept)
 
     def observe(self, matched: int, checked: int) -> None:
-        table = self.calibration[self.sampled]
         for i, key in enumerate(self.keys[: min(matched + 1, checked)]):
-            table.update(key, i < matched)
+            self.learn(self.sampled, key, i < matched)
 
     def leaves(self, candidates: Sequence[Leaf], *, limit: int) -> list[Leaf]:
         """The leaves that raise this cycle's expected rate, best first, for the chain kept this cycle (greedy: its
@@ -290,8 +320,7 @@ class ExpectedGain(LengthPolicy):
         usable = [leaf for leaf in candidates if 1 <= leaf.depth <= len(chain)]
         if not usable or limit <= 0:
             return []
-        table = self.calibration[False]
-        gains = leaf_gains(chain, [(leaf.depth, table.predict(leaf.key, leaf.prior)) for leaf in usable])
+        gains = leaf_gains(chain, [(leaf.depth, self.predict(False, leaf.key, leaf.prior)) for leaf in usable])
         chosen = choose_leaves(expected_tokens(chain)[-1], len(chain), gains,
                                lambda nodes: self.cost(len(chain), nodes), limit=limit)
         return [usable[i] for i in chosen]
@@ -299,10 +328,9 @@ class ExpectedGain(LengthPolicy):
     def observe_leaves(self, leaves: Sequence[Leaf], matched: int, target_token: int | None) -> None:
         if target_token is None:
             return
-        table = self.calibration[False]
         for leaf in leaves:
             if leaf.depth == matched + 1:
-                table.update(leaf.key, leaf.token == target_token)
+                self.learn(False, leaf.key, leaf.token == target_token)
 
     def record_cycle(self, seconds: float, tokens: int, *, worked: bool) -> None:
         if not (math.isfinite(seconds) and seconds > 0):

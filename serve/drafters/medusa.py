@@ -129,6 +129,7 @@ class MedusaDrafter(Drafter):
 
     def begin(self, prompt_ids, next_tokens, hidden_states) -> None:
         self.last = LastDraft()
+        self.policy.new_context()
         self._update(hidden_states)
 
     def commit(self, next_tokens, hidden_states) -> None:

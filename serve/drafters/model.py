@@ -53,6 +53,7 @@ class ModelDrafter(Drafter):
         self.tokens = [int(prompt_ids[0])] + next_tokens.tolist()
         self.cache, self.cached = new_cache(self.model), 0
         self.last = LastDraft()
+        self.policy.new_context()
 
     def commit(self, next_tokens, hidden_states) -> None:
         self.last.settle(self.policy, next_tokens)

@@ -83,6 +83,12 @@ PRIOR_NEXT = {1: (0.5, 0.6, 0.65), 2: (0.65, 0.65, 0.8), 3: (0.64, 0.8, 0.8), 4:
               6: (0.82, 0.86, 0.9), 10: (0.92, 0.92, 0.92), 16: (0.95, 0.95, 0.95)}
 
 
+# A match length means different things in different texts: in a summary a 2-token match is the start of a copied
+# phrase, in a multi-turn answer a coincidence. The length policy's estimates for the current generation are its
+# own drafts' outcomes, with the estimate pooled over every generation worth this many of them (README: the ablation).
+LOCAL_WEIGHT = 4.0
+
+
 def match_signal(match: Match, position: int) -> Signal:
     """The policy signal of the continuation's token `position` (0-based) after `match`."""
     bucket = max(n for n in LENGTH_BUCKETS if n <= max(1, match.length))
@@ -133,6 +139,7 @@ class NgramDrafter(Drafter):
     def begin(self, prompt_ids, next_tokens, hidden_states) -> None:
         self.tokens = torch.cat([prompt_ids[:1], next_tokens]).long()
         self.last = LastDraft()
+        self.policy.new_context()
         self.misses, self.copying = 0, False
 
     def commit(self, next_tokens, hidden_states) -> None:
