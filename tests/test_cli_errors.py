@@ -127,8 +127,12 @@ def test_ctrl_c_during_training(dataset, tmp_path):
     out = tmp_path / "run"
     args = _train_args(target, data, out, "optim.max_steps=100000", "checkpoint.every=3", "log.every=1")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+    # the child starts with Ctrl-C's default action, as under a terminal: a test run started in the background by a
+    # non-interactive shell (`cmd &`, as a CI runner may) passes SIGINT on ignored, and Python then never raises
+    # KeyboardInterrupt (it trained on for 120 s)
     proc = subprocess.Popen([sys.executable, "-m", "scripts.cli", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     while not (out / "checkpoints").is_dir() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
