@@ -19,13 +19,13 @@ def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
     of the drafter class (e.g. the oracle's max_new_tokens), winning over the spec's options."""
     parsed = spec if isinstance(spec, DrafterSpec) else parse_drafter_spec(spec)
     if parsed.kind == "ngram":
-        from serve.drafters.ngram import LOCAL_WEIGHT as NGRAM_LOCAL_WEIGHT, NgramDrafter
+        from serve.drafters.ngram import NgramDrafter
 
         options = {**parsed.options, **opts}
         unknown = set(options) - {"max_n", "min_n", "max_k", "length"}
         if unknown:
             raise DrafterSpecError(f"unknown ngram option(s) {sorted(unknown)}; valid: max_n, min_n, max_k, length")
-        policy = _policy(target, str(options.pop("length", "auto")), local_weight=NGRAM_LOCAL_WEIGHT)
+        policy = _ngram_policy(target, str(options.pop("length", "auto")))
         try:
             sizes = {k: int(v) for k, v in options.items()}
         except ValueError:
@@ -36,12 +36,11 @@ def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
             raise DrafterSpecError(f"bad ngram option in {parsed.text!r}: {err}") from None
     elif parsed.kind == "hybrid":
         from serve.drafters.hybrid import hybrid_of
-        from serve.drafters.ngram import LOCAL_WEIGHT as NGRAM_LOCAL_WEIGHT
 
         head = build_drafter(parsed.head, target, **opts)
         # the n-gram side drafts like the head: a fixed K when the head was pinned to one
-        drafter = hybrid_of(head, _policy(target, "fixed" if getattr(head.policy, "name", "") == "fixed" else "auto",
-                                          local_weight=NGRAM_LOCAL_WEIGHT))
+        length = "fixed" if getattr(head.policy, "name", "") == "fixed" else "auto"
+        drafter = hybrid_of(head, _ngram_policy(target, length))
     elif parsed.kind == "oracle":
         from serve.decoding import plain_generate  # the oracle's answer key: what plain decoding outputs
         from serve.drafters.oracle import OracleDrafter
@@ -66,6 +65,14 @@ def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
                                f"Medusa drafter folder (or hybrid:DIR)")
     drafter.check_target(target)
     return drafter
+
+
+def _ngram_policy(target, length: str):
+    """An n-gram drafter's length policy (alone or a hybrid's side): per step, it also learns from the current
+    generation (serve/drafters/ngram.py, LOCAL_WEIGHT)."""
+    from serve.drafters.ngram import LOCAL_WEIGHT
+
+    return _policy(target, length, local_weight=LOCAL_WEIGHT)
 
 
 def _policy(target, length: str, **gain_options):

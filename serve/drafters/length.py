@@ -242,7 +242,8 @@ class ExpectedGain(LengthPolicy):
 
     def learn(self, sampled: bool, key: Hashable, accepted: bool) -> None:
         self.calibration[sampled].update(key, accepted)
-        self.local[sampled].update(key, accepted)
+        if self.local_weight > 0:  # a head's policy (0) never reads the current generation's table
+            self.local[sampled].update(key, accepted)
 
     def new_context(self) -> None:
         for table in self.local.values():
