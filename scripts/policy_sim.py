@@ -19,7 +19,8 @@ misses in a row after which the hybrid's head drafts (0: never), `@max_k=N` caps
 n-gram side's acceptance estimate pooled over every prompt as W of the current prompt's drafts (0: the pooled
 estimate alone), `@trees=0` keeps the hybrid's greedy cycles to one drafter's chain (no tree joining the n-gram's chain
 to the head's). The arm `prompt_lookup` is transformers' prompt lookup, redone as a drafter (`--arm pl=prompt_lookup`):
-the peer eval times, here on the same clock.
+the peer eval times, here on the same clock. `--costs V1,V2,...` fixes the verify costs instead of measuring them:
+the arms of one run always share them, and with them fixed two runs on a busy machine compare too.
 """
 from __future__ import annotations
 
@@ -203,6 +204,25 @@ def build_arm(spec: str, head: str, target):
     return drafter
 
 
+def fixed_costs(model, text: str):
+    """`--costs 1.09,1.30,...` -> those verify costs, installed as the ones measured for `model` (every drafter's
+    policy reads them); the 1-token step's seconds are still timed (a head's costs are relative to it)."""
+    import serve.costs
+    from serve.errors import DraftsmithError
+
+    try:
+        ratios = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise DraftsmithError(f"--costs takes numbers V(1),V(2),... separated by commas, got {text!r}") from None
+    if not ratios or any(r < 1.0 for r in ratios):
+        raise DraftsmithError(f"--costs: every V(n) is a verify forward over a 1-token step, so >= 1; got {text!r}")
+    measured = serve.costs.verify_costs_for(model)
+    costs = serve.costs.VerifyCosts(ratios={0: 1.0, **{n: r for n, r in enumerate(ratios, 1)}},
+                                    step_seconds=measured.step_seconds)
+    serve.costs.use_verify_costs(model, costs)
+    return costs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--head", required=True, help="a trained EAGLE drafter folder (HEAD in the arms' specs)")
@@ -212,6 +232,9 @@ def main() -> None:
     parser.add_argument("--target", default="demo")
     parser.add_argument("--limit", type=int, default=None, help="prompts per domain")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--costs", default=None, metavar="V1,V2,...",
+                        help="verify costs V(1), V(2), ... in target steps instead of measuring them (runs on a busy "
+                             "machine then decide alike, and two runs' tables compare)")
     args = parser.parse_args()
 
     import torch
@@ -234,7 +257,7 @@ def main() -> None:
     if not isinstance(head, EagleDrafter):
         raise DraftsmithError(f"--head {args.head} is a {head.kind} drafter: the modelled clock times EAGLE heads only "
                               "(their catch-up and draft step); give an EAGLE-1 or EAGLE-3 drafter folder")
-    costs = verify_costs_for(target.model)
+    costs = verify_costs_for(target.model) if args.costs is None else fixed_costs(target.model, args.costs)
     with ExitStack() as stack:
         clock = ModelledClock()
         modelled(stack, clock, target, costs, head)

@@ -113,12 +113,22 @@ def measure_verify_costs(model, *, sizes: Sequence[int] = DEFAULT_SIZES, repeats
 _MEASURED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, VerifyCosts]]" = weakref.WeakKeyDictionary()
 
 
+def _costs_key(model) -> tuple:
+    param = next(model.parameters())
+    return str(param.device), param.dtype, torch.get_num_threads()
+
+
 def verify_costs_for(model) -> VerifyCosts:
     """The verify costs of `model` on its device and dtype with the current torch thread count, measured on first
-    use in this process."""
-    param = next(model.parameters())
-    key = (str(param.device), param.dtype, torch.get_num_threads())
+    use in this process (or set by `use_verify_costs`)."""
     per_model = _MEASURED.setdefault(model, {})
+    key = _costs_key(model)
     if key not in per_model:
         per_model[key] = measure_verify_costs(model)
     return per_model[key]
+
+
+def use_verify_costs(model, costs: VerifyCosts) -> None:
+    """Make `verify_costs_for(model)` return `costs` on the current device, dtype and thread count, instead of what
+    it measures (a policy comparison on fixed costs: scripts/policy_sim.py --costs)."""
+    _MEASURED.setdefault(model, {})[_costs_key(model)] = costs

@@ -73,3 +73,17 @@ def test_prompt_lookup_arm_drafts_what_transformers_drafts(tiny_target_dir):
                       temperature=0.0, top_k=0, top_p=1.0, seed=0)
     assert ours.output_ids == theirs["output_token_ids"]
     assert ours.stats.target_forwards == theirs["target_forwards"] < len(ours.output_ids)  # it drafted, alike
+
+
+def test_fixed_costs_replace_the_measured_ones(tiny_target_dir):
+    from serve.costs import verify_costs_for
+
+    target = load_target(tiny_target_dir)
+    costs = policy_sim.fixed_costs(target.model, "1.1,1.3,1.3")
+    assert verify_costs_for(target.model) is costs  # what every drafter's policy reads
+    assert [costs.ratio(n) for n in range(4)] == [1.0, 1.1, 1.3, 1.3]
+    assert costs.ratio(5) == pytest.approx(1.3)  # flat past the last given point, as the last two say
+    assert costs.step_seconds > 0  # still timed: a head's costs are relative to it
+    for bad in ("1.1,x", "0.9,1.2", ""):
+        with pytest.raises(DraftsmithError, match="--costs"):
+            policy_sim.fixed_costs(target.model, bad)
