@@ -214,7 +214,7 @@ def fixed_costs(model, text: str):
         ratios = [float(v) for v in text.split(",")]
     except ValueError:
         raise DraftsmithError(f"--costs takes numbers V(1),V(2),... separated by commas, got {text!r}") from None
-    if not ratios or any(r < 1.0 for r in ratios):
+    if any(r < 1.0 for r in ratios):  # (an empty --costs fails float() above)
         raise DraftsmithError(f"--costs: every V(n) is a verify forward over a 1-token step, so >= 1; got {text!r}")
     measured = serve.costs.verify_costs_for(model)
     costs = serve.costs.VerifyCosts(ratios={0: 1.0, **{n: r for n, r in enumerate(ratios, 1)}},
