@@ -17,8 +17,9 @@ previous behaviour), `@explore=N` the hybrid's n-gram run before its head is tri
 misses in a row after which the hybrid's head drafts (0: never), `@max_k=N` caps the n-gram side's drafts at max(K, N)
 (0: K), `@reach=always` lets them run past K in any cycle, not only while the text copies, `@local=W` weighs the
 n-gram side's acceptance estimate pooled over every prompt as W of the current prompt's drafts (0: the pooled
-estimate alone), `@trees=0` keeps the hybrid's greedy cycles to one drafter's chain (no tree joining the n-gram's chain
-to the head's). The arm `prompt_lookup` is transformers' prompt lookup, redone as a drafter (`--arm pl=prompt_lookup`):
+estimate alone), `@gen=W` scales the n-gram side's pooled estimates by how the current prompt's drafts of every key
+fared against them, with W pseudo-drafts (0: not scaled), `@trees=0` keeps the hybrid's greedy cycles to one
+drafter's chain (no tree joining the n-gram's chain to the head's). The arm `prompt_lookup` is transformers' prompt lookup, redone as a drafter (`--arm pl=prompt_lookup`):
 the peer eval times, here on the same clock. `--costs V1,V2,...` fixes the verify costs instead of measuring them:
 the arms of one run always share them, and with them fixed two runs on a busy machine compare too.
 """
@@ -169,7 +170,7 @@ class PromptLookup:
 
 
 def build_arm(spec: str, head: str, target):
-    """`SPEC[@trial=N,explore=N,doubt=N,max_k=N,reach=R,local=W,trees=B]` -> the drafter, with its policy settings
+    """`SPEC[@trial=N,explore=N,doubt=N,max_k=N,reach=R,local=W,gen=W,trees=B]` -> the drafter, with its policy settings
     applied; `prompt_lookup` is transformers' prompt lookup."""
     from serve.drafters import build_drafter
     from serve.drafters.hybrid import HybridDrafter
@@ -198,9 +199,12 @@ def build_arm(spec: str, head: str, target):
             drafter.trees = bool(int(value))
         elif key == "local" and isinstance(ngram, NgramDrafter) and hasattr(ngram.policy, "local_weight"):
             ngram.policy.local_weight = float(value)
+        elif key == "gen" and isinstance(ngram, NgramDrafter) and hasattr(ngram.policy, "generation_weight"):
+            ngram.policy.generation_weight = float(value)
         else:
             raise DraftsmithError(f"arm option {option!r}: takes trial=N (auto length), explore=N or doubt=N (hybrid), "
-                                  "max_k=N, reach=copying|always or local=W (n-gram, hybrid), trees=0|1 (hybrid)")
+                                  "max_k=N, reach=copying|always, local=W or gen=W (n-gram, hybrid), "
+                                  "trees=0|1 (hybrid)")
     return drafter
 
 
@@ -227,7 +231,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--head", required=True, help="a trained EAGLE drafter folder (HEAD in the arms' specs)")
     parser.add_argument("--arm", action="append", required=True,
-                        metavar="NAME=SPEC[@trial=N,explore=N,doubt=N,max_k=N,reach=R,local=W,trees=B]")
+                        metavar="NAME=SPEC[@trial=N,explore=N,doubt=N,max_k=N,reach=R,local=W,gen=W,trees=B]")
     parser.add_argument("--prompts", action="append", default=[], help="prompt sources (default: builtin)")
     parser.add_argument("--target", default="demo")
     parser.add_argument("--limit", type=int, default=None, help="prompts per domain")

@@ -9,8 +9,9 @@ from serve.costs import VerifyCosts, measure_verify_costs, verify_costs_for
 from serve.decoding import plain_generate, speculative_generate
 from serve.drafters import DrafterSpecError, build_drafter
 from serve.drafters.length import (Calibration, ExpectedGain, FixedLength, LastDraft, MinConfidence, best_length,
-                                   build_policy, expected_tokens, matched_prefix)
-from serve.drafters.ngram import LOCAL_WEIGHT as NGRAM_LOCAL_WEIGHT, Match, NgramDrafter, longest_match, match_signal
+                                   build_policy, expected_tokens, generation_factor, matched_prefix, scale_odds)
+from serve.drafters.ngram import GENERATION_WEIGHT as NGRAM_GENERATION_WEIGHT, LOCAL_WEIGHT as NGRAM_LOCAL_WEIGHT
+from serve.drafters.ngram import Match, NgramDrafter, longest_match, match_signal
 from serve.errors import DraftsmithError
 from serve.target import load_target
 
@@ -113,6 +114,68 @@ def test_the_current_generation_moves_the_estimate_fast_and_is_forgotten_at_the_
     assert policy.accept_probability(("match", 0.5)) > 0.6
 
 
+def test_odds_scaling_and_the_generation_factor():
+    assert scale_odds(0.5, 1.0) == pytest.approx(0.5)
+    assert scale_odds(0.5, 3.0) == pytest.approx(0.75)
+    assert scale_odds(0.8, 0.25) == pytest.approx(0.5)
+    assert 0.0 < scale_odds(0.99, 1e-6) < scale_odds(0.99, 1e-3) < 0.99 < scale_odds(0.99, 1e3) < 1.0
+    assert scale_odds(0.0, 5.0) == 0.0 and scale_odds(1.0, 0.2) == 1.0
+    assert generation_factor(0, 0, 0, 2.0) == 1.0  # no drafts yet: the pooled estimates as they are
+    assert generation_factor(2, 2.0, 4, 2.0) == pytest.approx(1.0)  # as many accepted as expected
+    # three drafts expected 80% accepted (2.4), none were: (0 + 2) / 4.4 accepted, (3 + 2) / 2.6 rejected
+    assert generation_factor(0, 2.4, 3, 2.0) == pytest.approx((2 / 4.4) / (5 / 2.6))
+    assert generation_factor(4, 2.0, 4, 2.0) == pytest.approx(1.5 / (2 / 4))
+
+
+def test_a_generation_whose_drafts_fail_lowers_the_estimate_of_keys_it_has_not_tried():
+    """The generation's scale carries what some keys' drafts said to the others: after a few failed drafts of other
+    matches, a key never drafted in this text is no longer trusted at its pooled rate, only with the scale on; what
+    the policy declined to draft does not move it."""
+    keys = ("two", "three", "four", "five", "six", "seven")
+
+    def trained(weight: float) -> ExpectedGain:
+        policy = ExpectedGain(VerifyCosts(ratios={0: 1.0, 1: 1.4}, step_seconds=0.1), local_weight=4,
+                              generation_weight=weight)
+        for _ in range(10):  # earlier generations: every key right 80% of the time
+            policy.new_context()
+            for key in keys:
+                for accepted in (True, True, True, True, False):
+                    policy.start(1)
+                    policy.choose([(key, 0.5)])
+                    policy.observe(int(accepted), 1)
+        policy.new_context()
+        return policy
+
+    def fail(policy: ExpectedGain, key: str) -> int:
+        policy.start(1)
+        drafted = policy.choose([(key, 0.5)])
+        policy.observe(0, 1)
+        return drafted
+
+    for weight, moved in ((0.0, False), (2.0, True)):
+        policy = trained(weight)
+        untried = policy.accept_probability(("seven", 0.5))
+        assert untried == pytest.approx(0.8, abs=0.05)
+        assert all(fail(policy, key) == 1 for key in keys[:4])  # this text: four drafted matches, all wrong
+        after = policy.accept_probability(("seven", 0.5))
+        if moved:
+            assert after < 0.4  # from 0.78: 0.65, 0.55 and 0.46 after one, two and three
+            policy.start(1)
+            assert policy.choose([("seven", 0.5)]) == 0  # no longer worth a verify at V(1) = 1.4
+        else:
+            assert after == pytest.approx(untried, abs=0.02)
+        policy.new_context()  # the next generation starts from the pooled estimates again
+        assert policy.accept_probability(("seven", 0.5)) == pytest.approx(0.8, abs=0.05)
+
+    policy = trained(2.0)
+    for _ in range(5):  # a weak key, declined each time and wrong each time: the scale does not move
+        policy.start(1)
+        assert policy.choose([("weak", 0.05)]) == 0
+        policy.observe(0, 1)
+    assert policy.generation[False] == [0.0, 0.0, 0.0]
+    assert policy.accept_probability(("seven", 0.5)) == pytest.approx(0.8, abs=0.05)
+
+
 def test_every_drafter_starts_a_new_context_at_begin(tiny_target_dir, tiny_target_factory, tmp_path):
     """Every drafter's `begin` forgets the last generation's own estimates; the n-gram drafter (alone or in a hybrid)
     keeps them, the heads do not."""
@@ -125,6 +188,8 @@ def test_every_drafter_starts_a_new_context_at_begin(tiny_target_dir, tiny_targe
         policies = {id(p): p for p in (drafter.policy, ngram and ngram.policy) if p is not None}.values()
         for policy in policies:
             assert policy.local_weight == (NGRAM_LOCAL_WEIGHT if ngram and policy is ngram.policy else 0), spec
+            # the n-gram drafter alone scales its estimates by the generation's drafts; a hybrid's side does not
+            assert policy.generation_weight == (NGRAM_GENERATION_WEIGHT if drafter.kind == "ngram" else 0), spec
             policy.local[False].update("stale", False)
         speculative_generate(target, drafter, torch.tensor([[1, 2, 3, 1, 2]]), max_new_tokens=2)
         assert all("stale" not in policy.local[False].counts for policy in policies), spec

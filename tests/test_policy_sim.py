@@ -57,6 +57,8 @@ def test_arm_options_are_checked(tiny_target_dir, tmp_path):
     hybrid = policy_sim.build_arm("hybrid:HEAD@local=0,trees=0", head, target)
     assert hybrid.ngram.policy.local_weight == 0 and not hybrid.trees and hybrid.head.policy.local_weight == 0
     assert policy_sim.build_arm("ngram@local=8", head, target).policy.local_weight == 8
+    assert policy_sim.build_arm("ngram@gen=0", head, target).policy.generation_weight == 0
+    assert policy_sim.build_arm("hybrid:HEAD@gen=3", head, target).ngram.policy.generation_weight == 3
     with pytest.raises(DraftsmithError, match="trees=0"):
         policy_sim.build_arm("HEAD@trees=0", head, target)
 

@@ -25,7 +25,7 @@ def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
         unknown = set(options) - {"max_n", "min_n", "max_k", "length"}
         if unknown:
             raise DrafterSpecError(f"unknown ngram option(s) {sorted(unknown)}; valid: max_n, min_n, max_k, length")
-        policy = _ngram_policy(target, str(options.pop("length", "auto")))
+        policy = _ngram_policy(target, str(options.pop("length", "auto")), alone=True)
         try:
             sizes = {k: int(v) for k, v in options.items()}
         except ValueError:
@@ -67,12 +67,13 @@ def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
     return drafter
 
 
-def _ngram_policy(target, length: str):
+def _ngram_policy(target, length: str, *, alone: bool = False):
     """An n-gram drafter's length policy (alone or a hybrid's side): per step, it also learns from the current
-    generation (serve/drafters/ngram.py, LOCAL_WEIGHT)."""
-    from serve.drafters.ngram import LOCAL_WEIGHT
+    generation (serve/drafters/ngram.py, LOCAL_WEIGHT); alone, its estimates also follow how the generation's drafts
+    fared (GENERATION_WEIGHT; a hybrid has its head draft after a run of n-gram misses instead)."""
+    from serve.drafters.ngram import GENERATION_WEIGHT, LOCAL_WEIGHT
 
-    return _policy(target, length, local_weight=LOCAL_WEIGHT)
+    return _policy(target, length, local_weight=LOCAL_WEIGHT, generation_weight=GENERATION_WEIGHT if alone else 0.0)
 
 
 def _policy(target, length: str, **gain_options):

@@ -13,7 +13,10 @@ tokens (V(0) = 1, a plain step; measured on the target, serve/costs.py). It yiel
 a_i = P(draft i accepted | drafts 1..i-1 accepted), read from the drafter's own signal (the draft's top-1
 probability, an n-gram's match length) through a calibration learned from the drafter's verified drafts: over
 every generation the drafter has run and, for a drafter whose signal means different things in different texts
-(an n-gram's match length), within the current generation too, shrunk towards the first.
+(an n-gram's match length), within the current generation too, shrunk towards the first. That drafter's pooled
+estimates are first scaled by how the current generation's drafts of every key fared against them (an odds
+ratio: accepted and rejected drafts against what the pooled estimates expected): a text that copies nothing
+says so within a few drafts, long before each of its keys has been tried often enough to say it alone.
 The cycle keeps the length with the best rate E(n)/C(n): the situations that favour a drafter (a copied
 passage, a formulaic phrase) last for several tokens, so each cycle should be as fast per token as the
 current situation allows (Leviathan et al. 2023, https://arxiv.org/abs/2211.17192, sec. 3.5, with V and c
@@ -61,6 +64,22 @@ class Calibration:
         entry = self.counts.setdefault(key, [0.0, 0.0])
         entry[0] = entry[0] * self.decay + float(accepted)
         entry[1] = entry[1] * self.decay + 1.0
+
+
+def scale_odds(p: float, factor: float) -> float:
+    """p with its odds multiplied by `factor` (> 0): stays inside (0, 1) for any factor."""
+    if p <= 0.0 or p >= 1.0:
+        return p
+    odds = p / (1.0 - p) * factor
+    return odds / (1.0 + odds)
+
+
+def generation_factor(accepted: float, expected: float, tried: float, weight: float) -> float:
+    """The odds ratio by which the current generation's drafts beat the pooled estimates: of `tried` drafts,
+    `accepted` were accepted where the estimates summed to `expected`. Accepted over expected, divided by rejected
+    over expected rejections, each with `weight` pseudo-drafts at the pooled rate: 1 before any draft, and a few
+    drafts move it."""
+    return ((accepted + weight) / (expected + weight)) / ((tried - accepted + weight) / (tried - expected + weight))
 
 
 def expected_tokens(accept: Sequence[float]) -> list[float]:
@@ -191,7 +210,7 @@ class ExpectedGain(LengthPolicy):
 
     def __init__(self, costs: VerifyCosts | Callable[[], VerifyCosts], *, step_cost: float = 0.0,
                  overhead_cost: float = 0.0, smoothing: float = 0.1, explore: int = 8, max_explore: int = 64,
-                 trial: int = 4, local_weight: float = 0.0):
+                 trial: int = 4, local_weight: float = 0.0, generation_weight: float = 0.0):
         super().__init__()
         self._costs = costs
         self.step_cost, self.overhead_cost = step_cost, overhead_cost
@@ -205,6 +224,11 @@ class ExpectedGain(LengthPolicy):
         # this generation's drafts of a key (0: the current generation is not used)
         self.local = {False: Calibration(prior_weight=local_weight, decay=1.0),
                       True: Calibration(prior_weight=local_weight, decay=1.0)}
+        # the current generation's drafts over every key: [accepted, the pooled estimates' sum, tried], which scale
+        # the pooled estimates' odds by `generation_factor` with `generation_weight` pseudo-drafts (0: not used)
+        self.generation_weight = generation_weight
+        self.generation = {False: [0.0, 0.0, 0.0], True: [0.0, 0.0, 0.0]}
+        self.priors: list[float] = []  # the prior of each of this cycle's `keys`
         # realized tokens per plain step's wall time over the cycles the drafter worked, smoothed (what decides
         # whether it runs, and what a hybrid compares drafters by); plain_seconds: a plain cycle's wall time
         self.rate = 1.0
@@ -236,11 +260,20 @@ class ExpectedGain(LengthPolicy):
         return self.predict(self.sampled, *signal)
 
     def predict(self, sampled: bool, key: Hashable, prior: float) -> float:
-        """P(accepted | key): the current generation's evidence shrunk towards every generation's."""
+        """P(accepted | key): the current generation's evidence shrunk towards every generation's, scaled by how the
+        current generation's drafts of every key fared against it."""
         pooled = self.calibration[sampled].predict(key, prior)
+        if self.generation_weight > 0:
+            pooled = scale_odds(pooled, generation_factor(*self.generation[sampled], self.generation_weight))
         return self.local[sampled].predict(key, pooled) if self.local_weight > 0 else pooled
 
-    def learn(self, sampled: bool, key: Hashable, accepted: bool) -> None:
+    def learn(self, sampled: bool, key: Hashable, accepted: bool, prior: float | None = None) -> None:
+        """One verified draft of `key` (`prior`: the drafter's prior for it, where the generation's scale is kept)."""
+        if self.generation_weight > 0 and prior is not None:
+            tally = self.generation[sampled]
+            tally[0] += float(accepted)
+            tally[1] += self.calibration[sampled].predict(key, prior)
+            tally[2] += 1.0
         self.calibration[sampled].update(key, accepted)
         if self.local_weight > 0:  # a head's policy (0) never reads the current generation's table
             self.local[sampled].update(key, accepted)
@@ -248,10 +281,12 @@ class ExpectedGain(LengthPolicy):
     def new_context(self) -> None:
         for table in self.local.values():
             table.counts.clear()
+        for tally in self.generation.values():
+            tally[:] = [0.0, 0.0, 0.0]
 
     def start(self, cap: int, *, sampled: bool = False) -> None:
         super().start(cap, sampled=sampled)
-        self._accept, self._more = [], False
+        self._accept, self._more, self.priors = [], False, []
 
     def should_draft(self) -> bool:
         """Skip the drafter's work while its realized rate is below a plain step's (1 token per step), but retry
@@ -283,6 +318,7 @@ class ExpectedGain(LengthPolicy):
             return False
         a = self.accept_probability(signal)
         self.keys.append(signal[0])
+        self.priors.append(signal[1])
         # keep this draft if some continuation through it (later drafts projected at the same acceptance) beats
         # stopping here; draft on only if the best such continuation is longer than this one token
         projected = self._accept + [a] * (self.cap - n)
@@ -303,6 +339,7 @@ class ExpectedGain(LengthPolicy):
         n, _ = best_length(accept, self.cost)
         self._accept = accept[:n]
         self.drafted, self.keys = n, [s[0] for s in signals[: self.cap]]
+        self.priors = [s[1] for s in signals[: self.cap]]
         return n
 
     @property
@@ -312,7 +349,9 @@ class ExpectedGain(LengthPolicy):
 
     def observe(self, matched: int, checked: int) -> None:
         for i, key in enumerate(self.keys[: min(matched + 1, checked)]):
-            self.learn(self.sampled, key, i < matched)
+            # the generation's scale counts the drafts it decides about: the kept ones, not those declined
+            prior = self.priors[i] if i < min(len(self.priors), self.drafted) else None
+            self.learn(self.sampled, key, i < matched, prior)
 
     def leaves(self, candidates: Sequence[Leaf], *, limit: int) -> list[Leaf]:
         """The leaves that raise this cycle's expected rate, best first, for the chain kept this cycle (greedy: its

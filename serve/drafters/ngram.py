@@ -87,6 +87,10 @@ PRIOR_NEXT = {1: (0.5, 0.6, 0.65), 2: (0.65, 0.65, 0.8), 3: (0.64, 0.8, 0.8), 4:
 # phrase, in a multi-turn answer a coincidence. The length policy's estimates for the current generation are its
 # own drafts' outcomes, with the estimate pooled over every generation worth this many of them (README: the ablation).
 LOCAL_WEIGHT = 4.0
+# Before any key has been tried often enough here, the current generation's drafts of every key say whether its text
+# copies: the pooled estimates' odds are scaled by how its drafts fared against them, with this many pseudo-drafts
+# at the pooled rate (serve/drafters/length.py, generation_factor; README: the ablation).
+GENERATION_WEIGHT = 2.0
 
 
 def match_signal(match: Match, position: int) -> Signal:
