@@ -18,9 +18,10 @@ misses in a row after which the hybrid's head drafts (0: never), `@max_k=N` caps
 (0: K), `@reach=always` lets them run past K in any cycle, not only while the text copies, `@local=W` weighs the
 n-gram side's acceptance estimate pooled over every prompt as W of the current prompt's drafts (0: the pooled
 estimate alone), `@gen=W` scales the n-gram side's pooled estimates by how the current prompt's drafts of every key
-fared against them, with W pseudo-drafts (0: not scaled), `@trees=0` keeps the hybrid's greedy cycles to one
-drafter's chain (no tree joining the n-gram's chain to the head's). The arm `prompt_lookup` is transformers' prompt lookup, redone as a drafter (`--arm pl=prompt_lookup`):
-the peer eval times, here on the same clock. `--costs V1,V2,...` fixes the verify costs instead of measuring them:
+fared against them, with W pseudo-drafts (0: not scaled; the n-gram drafter alone defaults to 2, a hybrid's side to
+0), `@trees=0` keeps the hybrid's greedy cycles to one drafter's chain (no tree joining the n-gram's chain to the
+head's). The arm `prompt_lookup` is transformers' prompt lookup, redone as a drafter (`--arm pl=prompt_lookup`): the
+peer eval times, here on the same clock. `--costs V1,V2,...` fixes the verify costs instead of measuring them:
 the arms of one run always share them, and with them fixed two runs on a busy machine compare too.
 """
 from __future__ import annotations
