@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from serve.attention import use_cpu_gqa
 from serve.errors import TargetError
 from serve.identity import config_hash, tokenizer_hash
 from serve.packed import pack_linears, packing_wanted, tune_small_rows
@@ -146,6 +147,7 @@ def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", devic
     if getattr(model, "hf_quantizer", None) is not None and "gguf_file" in kwargs:
         model.hf_quantizer.remove_quantization_config(model)
     model.to(device).eval().requires_grad_(False)
+    use_cpu_gqa(model)  # forwards over several tokens attend grouped heads without copying the cache (serve/attention.py)
     if packing_wanted(model, packed_weights):
         pack_linears(model)
         tune_small_rows(model)  # which kernel forwards over 1 to 3 tokens run fastest on, on this CPU

@@ -1,0 +1,50 @@
+"""Verification on a CPU without copying the KV cache: grouped-query attention through SDPA's `enable_gqa`.
+
+A forward over several new tokens on a cached context (a verify forward, a tree, a drafter's catch-up) carries an
+attention mask. transformers' `sdpa` attention then repeats every key/value head of the whole cache to the query
+heads (`repeat_kv`: a copy of each layer's cache, every forward), because CUDA's fast SDPA kernels take no
+grouped heads with a mask; a 1-token step has no mask and skips it. On a CPU, torch's SDPA attends grouped heads
+under a mask itself (`enable_gqa`, torch 2.5+), and transformers takes it when `TRANSFORMERS_SDPA_FORCE_GQA=1`.
+
+Measured on the default target (3 key/value heads for 9 query heads, fp32, 1 thread, 256-token context, 15
+interleaved rounds): a forward over 2 new tokens cost 1.39 single-token steps with the copy and 1.19 without,
+4 tokens 1.56 and 1.35, 6 tokens 1.68 and 1.45; the logits were bit-identical. Every method on the target gets it
+(plain decoding, transformers' generate and its prompt lookup, our verification), so it changes what speculation
+costs, not the baseline.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+
+def torch_has_gqa() -> bool:
+    """torch's SDPA takes `enable_gqa` from 2.5 on."""
+    major, minor = (int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    return (major, minor) >= (2, 5)
+
+
+def grouped_heads(config) -> bool:
+    config = getattr(config, "text_config", None) or config
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return bool(heads and kv_heads and kv_heads < heads)
+
+
+def gqa_wanted(model) -> bool:
+    """Whether `model` (loaded) runs faster with SDPA's own grouped-query attention: sdpa attention on the CPU with
+    fewer key/value heads than query heads."""
+    param = next(model.parameters(), None)
+    return (param is not None and param.device.type == "cpu" and torch_has_gqa()
+            and getattr(model.config, "_attn_implementation", None) == "sdpa" and grouped_heads(model.config))
+
+
+def use_cpu_gqa(model) -> bool:
+    """Turn transformers' SDPA grouped-query switch on for `model` when `gqa_wanted` (process-wide: it is read at
+    every attention call), unless the user set it. Returns whether it is on."""
+    if gqa_wanted(model):
+        os.environ.setdefault(FORCE_GQA, "1")
+    return os.environ.get(FORCE_GQA) == "1"
