@@ -152,6 +152,9 @@ def save_checkpoint(accelerator, out_dir: Path, step: int, keep: int, extra: dic
             for name, tensors in (files or {}).items():
                 save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / name))
             (tmp / STATE_NAME).write_text(json.dumps({"step": step, **extra}))
+            # inside the guard: a Ctrl-C between the write and the rename must not leave the complete temp folder
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(err, Exception) and disk_full(err, root):
@@ -160,8 +163,6 @@ def save_checkpoint(accelerator, out_dir: Path, step: int, keep: int, extra: dic
                                   f"{previous.name if previous else 'the start'})", root) from err
         raise
     if accelerator.is_main_process:
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
         for old in sorted(p for p in root.glob("step_*") if p.suffix != ".tmp")[:-max(keep, 1)]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
