@@ -6,9 +6,10 @@ heads (`repeat_kv`: a copy of each layer's cache, every forward), because CUDA's
 grouped heads with a mask; a 1-token step has no mask and skips it. On a CPU, torch's SDPA attends grouped heads
 under a mask itself (`enable_gqa`, torch 2.5+), and transformers takes it when `TRANSFORMERS_SDPA_FORCE_GQA=1`.
 
-Measured on the default target (3 key/value heads for 9 query heads, fp32, 1 thread, 256-token context, 15
-interleaved rounds): a forward over 2 new tokens cost 1.39 single-token steps with the copy and 1.19 without,
-4 tokens 1.56 and 1.35, 6 tokens 1.68 and 1.45; the logits were bit-identical. Every method on the target gets it
+Measured on the default target (3 key/value heads for 9 query heads, fp32, 1 thread, 256-token context,
+`measure_verify_costs` three times each way, alternating): verifying 1 draft cost 1.24-1.25 single-token steps
+without the copy and 1.28-1.29 with it, 5 drafts 1.55-1.60 and 1.64-1.66; on a busier hour 2 new tokens cost 1.19
+and 1.39 steps. The logits were bit-identical. Every method on the target gets it
 (plain decoding, transformers' generate and its prompt lookup, our verification), so it changes what speculation
 costs, not the baseline.
 """
