@@ -29,7 +29,9 @@ def torch_has_gqa() -> bool:
 
 
 def grouped_heads(config) -> bool:
-    config = getattr(config, "text_config", None) or config
+    from serve.target import text_config  # serve.target imports this module
+
+    config = text_config(config)
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     return bool(heads and kv_heads and kv_heads < heads)
