@@ -350,7 +350,7 @@ class ExpectedGain(LengthPolicy):
     def observe(self, matched: int, checked: int) -> None:
         for i, key in enumerate(self.keys[: min(matched + 1, checked)]):
             # the generation's scale counts the drafts it decides about: the kept ones, not those declined
-            prior = self.priors[i] if i < min(len(self.priors), self.drafted) else None
+            prior = self.priors[i] if i < self.drafted else None  # priors holds every offered key: >= drafted
             self.learn(self.sampled, key, i < matched, prior)
 
     def leaves(self, candidates: Sequence[Leaf], *, limit: int) -> list[Leaf]:
