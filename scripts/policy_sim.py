@@ -12,8 +12,9 @@ eval does. Prefill is left out (the same for every arm): the speedups are the de
         --arm e3-old=HEAD@trial=1 --arm e3=HEAD --arm hybrid-old=hybrid:HEAD@trial=1,explore=0 --arm hybrid=hybrid:HEAD
 
 HEAD in an arm's spec stands for --head, with the spec's options (`--arm chains=HEAD:leaves=0`: chains without
-runner-up leaves). `@trial=N` sets the head's trial length (1: one-cycle retries, the
-previous behaviour), `@explore=N` the hybrid's n-gram run before its head is tried (0: never), `@doubt=N` the n-gram
+runner-up leaves). `@trial=N` sets the head's trial length (1: one-cycle retries, the previous behaviour), `@wait=N`
+and `@max_wait=N` the paused cycles before its first retry and the most it waits between retries, `@explore=N` the
+hybrid's n-gram run before its head is tried (0: never), `@doubt=N` the n-gram
 misses in a row after which the hybrid's head drafts (0: never), `@max_k=N` caps the n-gram side's drafts at max(K, N)
 (0: K), `@reach=always` lets them run past K in any cycle, not only while the text copies, `@local=W` weighs the
 n-gram side's acceptance estimate pooled over every prompt as W of the current prompt's drafts (0: the pooled
@@ -171,8 +172,8 @@ class PromptLookup:
 
 
 def build_arm(spec: str, head: str, target):
-    """`SPEC[@trial=N,explore=N,doubt=N,max_k=N,reach=R,local=W,gen=W,trees=B]` -> the drafter, with its policy settings
-    applied; `prompt_lookup` is transformers' prompt lookup."""
+    """`SPEC[@trial=N,wait=N,max_wait=N,explore=N,doubt=N,max_k=N,reach=R,local=W,gen=W,trees=B]` -> the drafter,
+    with its policy settings applied; `prompt_lookup` is transformers' prompt lookup."""
     from serve.drafters import build_drafter
     from serve.drafters.hybrid import HybridDrafter
     from serve.drafters.ngram import NgramDrafter
@@ -188,6 +189,9 @@ def build_arm(spec: str, head: str, target):
         ngram = drafter.ngram if isinstance(drafter, HybridDrafter) else drafter
         if key == "trial" and hasattr(policy, "trial"):
             policy.trial = int(value)
+        elif key in ("wait", "max_wait") and hasattr(policy, "max_explore"):
+            setattr(policy, "explore" if key == "wait" else "max_explore", int(value))
+            policy._wait = policy.explore
         elif key == "explore" and isinstance(drafter, HybridDrafter):
             drafter.explore = int(value) if int(value) > 0 else 10 ** 9
         elif key == "doubt" and isinstance(drafter, HybridDrafter):
@@ -203,7 +207,8 @@ def build_arm(spec: str, head: str, target):
         elif key == "gen" and isinstance(ngram, NgramDrafter) and hasattr(ngram.policy, "generation_weight"):
             ngram.policy.generation_weight = float(value)
         else:
-            raise DraftsmithError(f"arm option {option!r}: takes trial=N (auto length), explore=N or doubt=N (hybrid), "
+            raise DraftsmithError(f"arm option {option!r}: takes trial=N, wait=N or max_wait=N (auto length), "
+                                  "explore=N or doubt=N (hybrid), "
                                   "max_k=N, reach=copying|always, local=W or gen=W (n-gram, hybrid), "
                                   "trees=0|1 (hybrid)")
     return drafter
@@ -232,7 +237,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--head", required=True, help="a trained EAGLE drafter folder (HEAD in the arms' specs)")
     parser.add_argument("--arm", action="append", required=True,
-                        metavar="NAME=SPEC[@trial=N,explore=N,doubt=N,max_k=N,reach=R,local=W,gen=W,trees=B]")
+                        metavar="NAME=SPEC[@trial=N,wait=N,max_wait=N,explore=N,doubt=N,max_k=N,reach=R,local=W,"
+                                "gen=W,trees=B]")
     parser.add_argument("--prompts", action="append", default=[], help="prompt sources (default: builtin)")
     parser.add_argument("--target", default="demo")
     parser.add_argument("--limit", type=int, default=None, help="prompts per domain")

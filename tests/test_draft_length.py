@@ -444,3 +444,35 @@ def test_paused_drafters_stay_exact_and_in_step(tiny_target_dir, tmp_path):
             assert 0 in drafted and max(drafted) > 0, spec  # paused cycles and drafting ones
             if spec.startswith("model:"):
                 assert all(a == d for a, d in zip(got.stats.accepted_per_cycle, drafted)), text
+
+
+def test_the_plain_cycle_is_retimed_while_the_drafter_works():
+    """A plain step timed when the machine was slow must not keep a drafter whose cycles no longer pay running."""
+    def run(policy: ExpectedGain, cycles: int = 200) -> list[bool]:
+        policy.plain_seconds, policy.rate = 0.068, 1.2  # timed in a slow minute; the drafter was paying then
+        worked = []
+        for _ in range(cycles):
+            worked.append(policy.should_draft())
+            # its work, no draft kept: one token in a plain step (0.055 s) plus 4 ms
+            policy.record_cycle(0.059 if worked[-1] else 0.055, 1, worked=worked[-1])
+        return worked
+
+    stale = ExpectedGain(CPU, overhead_cost=0.07, refresh=0)
+    assert all(run(stale))  # 0.068 / 0.059: the work looks like a 1.15x speedup for ever
+    fresh = ExpectedGain(CPU, overhead_cost=0.07)
+    worked = run(fresh)  # re-timed after 32 working cycles, and again after 32 more: paused from then on ...
+    assert worked[:32] == [True] * 32 and not worked[32] and not any(worked[65:73])
+    assert sum(worked[100:]) <= 12  # ... but for trials (4 cycles), ever less often
+    assert fresh.plain_seconds == pytest.approx(0.055, abs=0.002) and fresh.rate < 1.0
+    paying = ExpectedGain(CPU, overhead_cost=0.07)  # a drafter that pays leaves one cycle in refresh + 1 plain
+    paying.plain_seconds = 0.055
+    tries = []
+    for _ in range(66):
+        tries.append(paying.should_draft())
+        paying.record_cycle(0.07 if tries[-1] else 0.055, 2 if tries[-1] else 1, worked=tries[-1])
+    assert [i for i, t in enumerate(tries) if not t] == [32, 65]
+    ngram = ExpectedGain(CPU)  # negligible work: nothing to re-time against, it always drafts
+    ngram.plain_seconds = 0.055
+    for _ in range(40):
+        assert ngram.should_draft()
+        ngram.record_cycle(0.06, 1, worked=True)

@@ -27,7 +27,12 @@ start of drafting to the end of its verification, against the wall time of a cyc
 work (a plain step). That realized rate covers what the model above leaves out (the decoder's own work per
 cycle, a context longer than the one the costs were measured on, a machine busier than then); a drafter whose
 cycles yield less than a plain step's one token per step's time pauses, and is retried ever less often while
-it keeps not paying.
+it keeps not paying. The plain cycle is re-timed while the drafter works: after `refresh` working cycles in a row
+one cycle is left plain. Without it a drafter that stopped pausing kept the plain step timed before, however the
+machine's speed moved since: in the fourth wall run of README's table plain decoding took 59-71 ms a token over the
+first six prompts and 51-57 ms after them, and the EAGLE-3 head then worked in nearly every cycle of the other 33
+prompts, in most of them keeping no draft (4-5 ms of its work for the plain step's one token), where in the third
+run it had paused.
 
 Drafters that draft step by step (EAGLE, a draft model) cannot see a_{i+1} before paying for it: `offer`
 decides token i with a_i known and a_{i+1}, ... projected as a_i. Drafters that see the whole proposal at
@@ -203,14 +208,17 @@ class ExpectedGain(LengthPolicy):
     at that rate, one that did not pauses it at that rate. One cycle is too few to judge by: a one-cycle retry
     failed whenever its first draft was rejected, even for a drafter that pays on average, doubled its wait each
     time, and the drafter sat out whole prompts it would have sped up; one good cycle could not lift a smoothed
-    rate back above 1 either, so the trial's rate replaces the smoothed one.
+    rate back above 1 either, so the trial's rate replaces the smoothed one. After `refresh` working cycles in a row
+    (0: never) one cycle is left plain to re-time the plain step; that sample weighs `refresh_weight`, and the rate,
+    measured against the old time, is rescaled to the new one.
     """
 
     name = "auto"
 
     def __init__(self, costs: VerifyCosts | Callable[[], VerifyCosts], *, step_cost: float = 0.0,
                  overhead_cost: float = 0.0, smoothing: float = 0.1, explore: int = 8, max_explore: int = 64,
-                 trial: int = 4, local_weight: float = 0.0, generation_weight: float = 0.0):
+                 trial: int = 4, local_weight: float = 0.0, generation_weight: float = 0.0, refresh: int = 32,
+                 refresh_weight: float = 0.5):
         super().__init__()
         self._costs = costs
         self.step_cost, self.overhead_cost = step_cost, overhead_cost
@@ -219,6 +227,8 @@ class ExpectedGain(LengthPolicy):
         self._idle, self._wait = 0, explore  # paused cycles so far, and how many before the next retry
         self._paying = 0  # cycles in a row at a rate of 1 or more
         self._trial_left, self._trial_tokens, self._trial_seconds = 0, 0, 0.0  # the trial under way, if any
+        self.refresh, self.refresh_weight = refresh, refresh_weight
+        self._since_plain, self._refreshing = 0, False  # working cycles since a plain one; this cycle re-times it
         self.calibration = {False: Calibration(), True: Calibration()}  # greedy / sampled drafts accept differently
         # the same within the current generation, with the pooled estimate as its prior, worth `local_weight` of
         # this generation's drafts of a key (0: the current generation is not used)
@@ -294,7 +304,11 @@ class ExpectedGain(LengthPolicy):
         is negligible (n-gram lookup) always runs, and so does one on trial."""
         if self._trial_left > 0:
             return True
-        if self.rate >= 1.0 or self.overhead_cost + self.step_cost < 0.02:
+        negligible = self.overhead_cost + self.step_cost < 0.02
+        if self.refresh and self._since_plain >= self.refresh and not negligible:
+            self._since_plain, self._refreshing = 0, True  # a plain cycle, timed as the reference again
+            return False
+        if self.rate >= 1.0 or negligible:
             self._idle, self._paying = 0, self._paying + 1
             if self._paying >= self._wait:
                 self._wait = self.explore
@@ -376,9 +390,14 @@ class ExpectedGain(LengthPolicy):
         if not (math.isfinite(seconds) and seconds > 0):
             return
         if not worked:
-            self.plain_seconds = seconds if self.plain_seconds is None else \
-                self.plain_seconds + self.smoothing * (seconds - self.plain_seconds)
+            before = self.plain_seconds
+            weight = self.refresh_weight if self._refreshing else self.smoothing
+            self.plain_seconds = seconds if before is None else before + weight * (seconds - before)
+            if self._refreshing and before is not None:  # the rate was measured against the old time: rescale it
+                self.rate *= self.plain_seconds / before
+            self._since_plain, self._refreshing = 0, False
             return
+        self._since_plain += 1
         # until a plain cycle has been timed, the 1-token forward measured with the costs stands in for one
         plain = self.plain_seconds if self.plain_seconds is not None else self.costs.step_seconds
         if not (math.isfinite(plain) and plain > 0):
