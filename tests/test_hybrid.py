@@ -176,3 +176,27 @@ def test_winners_per_domain():
     result["settings"]["timing_spread"] = 0.06  # repeats differed by 6%: 2.0 against 1.9 is a tie, 1.2 against 1.0 not
     won = winners(result)
     assert won["edit"]["tie"] and not won["chat"]["tie"] and won["edit"]["drafter"] == "ngram"
+
+
+class TimedStubHead(StubHead):
+    """A StubHead whose cycles are timed like a trained head's: it does no work while its policy pauses it."""
+
+    def propose(self, k, *, temperature=0.0, generator=None, tree=None):
+        if not self.last.open(self.policy):
+            return Draft.empty()
+        return super().propose(k, temperature=temperature, generator=generator, tree=tree)
+
+
+def test_a_paused_head_does_not_time_the_ngram_verify_as_a_plain_step():
+    head = TimedStubHead([9, 8, 7])
+    head.policy = ExpectedGain(FLAT, overhead_cost=0.1)
+    head.policy.rate, head.policy.plain_seconds = 5.0, 0.05  # paying: the hybrid asks the head ...
+    head.policy._since_plain = head.policy.refresh  # ... which leaves this cycle plain to re-time the plain step
+    drafter = HybridDrafter(head, NgramDrafter(policy=ExpectedGain(FLAT)))
+    ids = torch.tensor([1, 2, 3, 4, 5, 1, 2])
+    drafter.begin(ids[:-1], ids[1:], {})
+    draft = drafter.propose(3)
+    assert draft.is_tree and draft.tokens.tolist() == [3, 4, 5]  # the n-gram chain alone, as a one-branch tree
+    assert not head.last.worked and not head.last.verified
+    drafter.commit(torch.tensor([3, 4, 5, 6]), {})  # verified 3 drafts: not a plain step's time
+    assert head.policy.plain_seconds == 0.05 and head.policy._refreshing  # the plain step is timed on a later cycle
