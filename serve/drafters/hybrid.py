@@ -142,9 +142,8 @@ class HybridDrafter(Drafter):
             parents = draft.parents if draft.is_tree else chain_parents(len(draft))
             tokens, parents = add_chain(draft.tokens, parents, ngram.tokens)
             self.choices["tree"] += 1
-            last = getattr(self.head, "last", None)
-            if last is not None and not last.worked:  # a paused head would time the n-gram's verify as a plain step
-                last.verified = False
+            if not self.head.last.worked:  # a paused head would time the n-gram's verify as a plain step
+                self.head.last.verified = False
             return Draft(tokens=tokens, parents=parents)
         self.choices["head" if len(draft) else "none"] += 1
         return draft
