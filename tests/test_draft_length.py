@@ -18,7 +18,7 @@ from serve.target import load_target
 # a CPU-like cost curve: one or two drafts nearly free, then a jump (what SmolLM2 on one core measured)
 CPU = VerifyCosts(ratios={0: 1.0, 1: 1.05, 2: 1.1, 3: 1.6, 5: 1.65, 8: 2.0}, step_seconds=0.1)
 FLAT = VerifyCosts(ratios={0: 1.0, 16: 1.0}, step_seconds=0.01)  # a GPU far from compute-bound
-# SmolLM2-135M, fp32, one core: what the demo's eval fitted (1, 2, 5, 8 and 16 drafts)
+# SmolLM2-135M, fp32, one thread: what a held-out eval fitted on the earlier development VM (1, 2, 5, 8, 16 drafts)
 DEMO_CPU = VerifyCosts(ratios={0: 1.0, 1: 1.24, 2: 1.38, 5: 1.62, 8: 1.78, 16: 2.33}, step_seconds=0.05)
 
 
@@ -392,8 +392,8 @@ def test_ngram_drafts_a_copied_passage_past_k(tiny_target_dir):
     and needs fewer target forwards for it; `max_k=0` and a fixed length keep it to K (the hybrid's head keeping K:
     tests/test_hybrid.py)."""
     target = load_target(tiny_target_dir)
-    # the default target's curve on this CPU (fp32, 1 thread): the tiny model's own timings, measured while other
-    # tests run, swing enough to make one extra draft look as dear as eight
+    # the default target's measured curve, fixed: the tiny model's own timings, measured while other tests run,
+    # swing enough to make one extra draft look as dear as eight
     use_verify_costs(target.model, DEMO_CPU)
     answer = plain_generate(target, torch.tensor([list(range(40, 80))]), max_new_tokens=40, eos_token_ids=())
     context = torch.tensor([answer.output_ids * 3 + answer.output_ids[:2]])  # a passage the target goes on copying
