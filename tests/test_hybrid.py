@@ -200,3 +200,23 @@ def test_a_paused_head_does_not_time_the_ngram_verify_as_a_plain_step():
     assert not head.last.worked and not head.last.verified
     drafter.commit(torch.tensor([3, 4, 5, 6]), {})  # verified 3 drafts: not a plain step's time
     assert head.policy.plain_seconds == 0.05 and head.policy._refreshing  # the plain step is timed on a later cycle
+
+
+def test_a_paused_head_leaves_the_choice_to_the_ngram_chain_against_a_plain_step():
+    # verifying costs: a 1-draft forward 1.2 steps, 3 drafts 1.4; the n-gram's chain pays for itself against a plain step
+    costs = VerifyCosts(ratios={0: 1.0, 1: 1.2, 3: 1.4, 16: 2.0}, step_seconds=0.01)
+    head = TimedStubHead([9, 8, 7], costs)
+    head.policy.overhead_cost = 0.1  # not negligible work: a head that does not pay pauses
+    head.policy._accept = [0.95, 0.95, 0.95]  # its last working cycle's estimates: not this cycle's
+    head.policy.rate, head.policy._wait = 0.5, 10 ** 6  # paused, and not retried this cycle
+    drafter = HybridDrafter(head, NgramDrafter(policy=ExpectedGain(costs)))
+    drafter.doubt_after = 0  # every cycle goes to the head first, which is paused
+    ids = torch.tensor([1, 2, 3, 4, 5, 1, 2])
+    drafter.begin(ids[:-1], ids[1:], {})
+    draft = drafter.propose(3)
+    assert not head.last.worked
+    # with the stale estimates, the head's three "drafts" (3.71 tokens expected at a plain step's cost) outran the
+    # n-gram's chain and the cycle was left plain; a paused head drafts nothing, so the n-gram chain is weighed
+    # against one token per step
+    assert draft.tokens.tolist() == [3, 4, 5] and drafter.choices == {"tree": 1}
+
