@@ -219,4 +219,3 @@ def test_a_paused_head_leaves_the_choice_to_the_ngram_chain_against_a_plain_step
     # n-gram's chain and the cycle was left plain; a paused head drafts nothing, so the n-gram chain is weighed
     # against one token per step
     assert draft.tokens.tolist() == [3, 4, 5] and drafter.choices == {"tree": 1}
-
