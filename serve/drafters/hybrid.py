@@ -99,11 +99,10 @@ class HybridDrafter(Drafter):
         if gains is None:
             return False
         ng, head = gains
-        # a head paused this cycle drafted nothing and did no work; its policy still holds its last working cycle's
-        # estimates, which are not this cycle's: the choice is then the n-gram chain against a plain step
+        # a head paused this cycle kept no drafts (`LastDraft.open`) and did no work: the choice is then the n-gram
+        # chain against a plain step
         worked = self.head.last.worked
-        kept = head.kept if worked else []
-        chain = head_draft.tokens[: len(kept)]  # a chain with leaves lists the chain first
+        chain = head_draft.tokens[: len(head.kept)]  # a chain with leaves lists the chain first
         shared = 0
         for a, b in zip(ngram.tokens.tolist(), chain.tolist()):
             if a != b:
@@ -113,8 +112,8 @@ class HybridDrafter(Drafter):
             return False  # the head's chain already holds the n-gram's
         nodes = len(head_draft) + len(ngram) - shared  # the head's leaves are verified either way
         spent = ng.overhead_cost + (head.overhead_cost + len(chain) * head.step_cost if worked else 0.0)
-        tree_rate = tree_tokens(kept, ng.kept, shared) / (spent + head.costs.ratio(nodes))
-        head_rate = expected_tokens(kept)[-1] / (spent + head.costs.ratio(len(head_draft)))
+        tree_rate = tree_tokens(head.kept, ng.kept, shared) / (spent + head.costs.ratio(nodes))
+        head_rate = expected_tokens(head.kept)[-1] / (spent + head.costs.ratio(len(head_draft)))
         return tree_rate > head_rate
 
     def _probe_head(self) -> bool:

@@ -466,8 +466,11 @@ class LastDraft:
 
     def open(self, policy: LengthPolicy, *, always: bool = False) -> bool:
         """At the start of `propose`: the cycle's clock starts. Returns whether the drafter works this cycle: not
-        while its policy has it paused, unless `always` (a tree, whose shape no length policy chooses)."""
+        while its policy has it paused, unless `always` (a tree, whose shape no length policy chooses). A paused
+        cycle opens as one of no drafts, so the policy's `kept` says this cycle's, not its last working one's."""
         self.started, self.worked = time.perf_counter(), always or policy.should_draft()
+        if not self.worked:
+            policy.start(0)
         return self.worked
 
     def settle(self, policy: LengthPolicy, next_tokens) -> int | None:
