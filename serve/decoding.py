@@ -11,10 +11,10 @@ from serve.drafters.base import Draft, Drafter
 from serve.drafters.settings import resolve_k
 from serve.kv import cache_kwargs, keep_positions, new_cache, sliding_window
 from serve.layers import pick_hidden_states
-from serve.sampling import sample, target_probs
+from serve.sampling import greedy_tokens, sample, target_probs
 from serve.stopping import StopChecker
 from serve.tree import TreeSpec, ancestor_mask, node_depths
-from serve.verify import verify_chain, verify_tree
+from serve.verify import Verdict, verify_chain, verify_greedy, verify_tree
 
 
 @dataclass
@@ -80,6 +80,25 @@ def _stopper(target, eos_token_ids, stop_strings) -> StopChecker:
     return StopChecker(eos_token_ids=eos, stop_strings=tuple(stop_strings), tokenizer=target.tokenizer)
 
 
+def _next_token(logits: torch.Tensor, gen: torch.Generator | None, **probs) -> int:
+    """(V,) logits -> the token decoding emits: the argmax at temperature 0, else a draw from target_probs."""
+    if probs["temperature"] <= 0:
+        return int(greedy_tokens(logits))
+    return sample(target_probs(logits, **probs).cpu(), gen)
+
+
+def _verdict(draft: Draft, logits: torch.Tensor, gen: torch.Generator | None, **probs) -> Verdict:
+    """logits: (n+1, V), the target's after the pending token and after each draft node -> what it keeps."""
+    tokens = draft.tokens.cpu()
+    parents = draft.parents.cpu() if draft.is_tree else None
+    if probs["temperature"] <= 0:  # the argmax per row, not a one-hot over the vocabulary: the same verdict
+        return verify_greedy(tokens, parents, greedy_tokens(logits).cpu())
+    p = target_probs(logits, **probs).cpu()  # (n+1, V)
+    if parents is not None:
+        return verify_tree(tokens, parents, p, gen)
+    return verify_chain(tokens, p, draft.q.cpu() if draft.q is not None else None, gen)
+
+
 @torch.inference_mode()
 def plain_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int, temperature: float = 0.0,
                    top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop_strings: Sequence[str] = (),
@@ -96,7 +115,7 @@ def plain_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int, temp
     while len(output) < max_new_tokens:
         logits = model(step_input, **cache_kwargs(model, cache), logits_to_keep=1).logits[0, -1]
         stats.target_forwards += 1
-        token = sample(target_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p).cpu(), gen)
+        token = _next_token(logits, gen, temperature=temperature, top_k=top_k, top_p=top_p)
         output.append(token)
         if stats.target_forwards == 1:
             stats.prefill_seconds = time.perf_counter() - t_start
@@ -168,7 +187,7 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, m
     out = model(input_ids.to(device), **cache_kwargs(model, cache), output_hidden_states=want_hidden,
                 logits_to_keep=1)
     stats.target_forwards = 1
-    pending = sample(target_probs(out.logits[0, -1], **probs).cpu(), gen)
+    pending = _next_token(out.logits[0, -1], gen, **probs)
     prompt = input_ids[0].cpu()
     drafter.begin(prompt, torch.cat([prompt[1:], torch.tensor([pending])]), _hidden(out, layers, slice(None)))
     del out
@@ -190,12 +209,7 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, m
         extra = {"attention_mask": mask} if mask is not None else {}
         out = model(ids, position_ids=positions, **cache_kwargs(model, cache), output_hidden_states=want_hidden,
                     **extra)
-        p = target_probs(out.logits[0], **probs).cpu()  # (n+1, V)
-        if draft.is_tree:
-            verdict = verify_tree(draft.tokens.cpu(), draft.parents.cpu(), p, gen)
-        else:
-            q = draft.q.cpu() if draft.q is not None else None
-            verdict = verify_chain(draft.tokens.cpu(), p, q, gen)
+        verdict = _verdict(draft, out.logits[0], gen, **probs)
         rows = [0] + [i + 1 for i in verdict.accepted]  # verify-input rows the target keeps
         keep_positions(cache, past, rows)
         accepted_tokens = [int(draft.tokens[i]) for i in verdict.accepted]

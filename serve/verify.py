@@ -6,7 +6,8 @@ Deterministic drafts (q one-hot, every tree) use the multi-candidate form of Spe
 with one-hot proposals: at a node, try its children in order; child c is accepted with probability
 r(c) under the current residual r (initially p), and a rejected c is removed from r (r(c) = 0,
 renormalized). This is exactly sampling from p, so the output distribution equals the target's; at
-temperature 0 (p one-hot) it reduces to "follow the child that equals the argmax".
+temperature 0 (p one-hot) it reduces to "follow the child that equals the argmax": `verify_greedy`, which reads the
+argmax of each row instead of a one-hot over the vocabulary (what greedy decoding runs; the same verdicts).
 """
 from __future__ import annotations
 
@@ -62,3 +63,25 @@ def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, p: torch.Tensor,
             r = r / r.sum()
         if not moved:
             return Verdict(path, sample(r, generator))
+
+
+def verify_greedy(tokens: torch.Tensor, parents: torch.Tensor | None, best: torch.Tensor) -> Verdict:
+    """Temperature 0: tokens (n,) drafts, parents (n,) a tree in topological order or None for a chain; best (n+1,)
+    the target's argmax after the root (pending token, row 0) and after each node (row i+1). From the root, follow
+    the first child whose token is the argmax; the verdict's next token is the argmax after the last node kept."""
+    drafted, argmax = tokens.tolist(), best.tolist()
+    if parents is None:
+        kept = 0
+        while kept < len(drafted) and drafted[kept] == argmax[kept]:
+            kept += 1
+        return Verdict(list(range(kept)), argmax[kept])
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents.tolist()):
+        children.setdefault(parent, []).append(i)
+    node, path = -1, []
+    while True:
+        child = next((c for c in children.get(node, []) if drafted[c] == argmax[node + 1]), None)
+        if child is None:
+            return Verdict(path, argmax[node + 1])
+        node = child
+        path.append(child)

@@ -174,16 +174,16 @@ class JunkDrafter(Drafter):
 
 def test_broken_verifier_is_caught(target, prompt_file, monkeypatch):
     import serve.decoding
-    from serve.verify import Verdict, verify_chain
+    from serve.verify import Verdict, verify_greedy
 
-    def accept_everything(tokens, p, q, generator):
-        verdict = verify_chain(tokens, p, q, generator)
+    def accept_everything(tokens, parents, best):  # greedy: the verifier evaluate's exactness check must catch
+        verdict = verify_greedy(tokens, parents, best)
         return Verdict(list(range(tokens.numel())), verdict.next_token)
 
     config = EvalConfig(**{**FAST, "peers": False, "cost_model": False})
     clean = evaluate(target, {"junk": JunkDrafter()}, [str(prompt_file)], config)
     assert clean["exactness"]["identical"] == clean["exactness"]["total"] == 3
-    monkeypatch.setattr(serve.decoding, "verify_chain", accept_everything)
+    monkeypatch.setattr(serve.decoding, "verify_greedy", accept_everything)
     broken = evaluate(target, {"junk": JunkDrafter()}, [str(prompt_file)], config)
     assert broken["exactness"]["total"] == 3 and broken["exactness"]["identical"] < 3
     bad = [r for r in broken["records"] if r["drafter"] == "junk" and not r["matches_plain"]]

@@ -2,9 +2,9 @@
 import torch
 
 from serve.drafters.ngram import continuation, lookup
-from serve.sampling import process_logits, residual, sample, target_probs
+from serve.sampling import greedy_tokens, process_logits, residual, sample, target_probs
 from serve.tree import ancestor_mask, node_depths, path_to, static_tree_parents
-from serve.verify import verify_chain, verify_tree
+from serve.verify import verify_chain, verify_greedy, verify_tree
 
 
 def onehot(i, v=5):
@@ -63,6 +63,33 @@ def test_tree_greedy_follows_matching_branch():
     p = torch.stack([onehot(3), onehot(0), onehot(1), onehot(0), onehot(2)])  # rows: root, n0..n3
     verdict = verify_tree(tokens, parents, p, None)
     assert verdict.accepted == [1, 3] and verdict.next_token == 2
+
+
+def test_greedy_tokens_take_the_first_argmax_on_a_tie():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
+    assert greedy_tokens(logits).tolist() == [1, 0] == logits.argmax(-1).tolist()
+    assert torch.equal(target_probs(logits, temperature=0), torch.stack([onehot(1, 4), onehot(0, 4)]))
+
+
+def test_greedy_verdicts_equal_the_one_hot_verifier_on_random_chains_and_trees():
+    """verify_greedy (the argmax per row) gives the verdict verify_tree / verify_chain give on one-hot rows."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        n = int(torch.randint(0, 7, (), generator=gen))
+        tokens = torch.randint(0, 3, (n,), generator=gen)  # a 3-token vocabulary: many matches and mismatches
+        best = torch.randint(0, 3, (n + 1,), generator=gen)
+        p = torch.nn.functional.one_hot(best, 3).float()  # (n+1, 3)
+        chain = verify_greedy(tokens, None, best)
+        assert chain == verify_chain(tokens, p, None, None)
+        parents = torch.tensor([int(torch.randint(-1, i, (), generator=gen)) for i in range(n)], dtype=torch.long)
+        assert verify_greedy(tokens, parents, best) == verify_tree(tokens, parents, p, None)
+
+
+def test_greedy_tree_follows_the_first_matching_child():
+    tokens, parents = torch.tensor([2, 3, 2, 4]), torch.tensor([-1, -1, -1, 2])  # two root children propose 2
+    verdict = verify_greedy(tokens, parents, torch.tensor([2, 0, 0, 4, 1]))
+    assert verdict.accepted == [0] and verdict.next_token == 0  # the first child, not the one whose subtree matches
+    assert verify_greedy(torch.tensor([], dtype=torch.long), None, torch.tensor([4])).next_token == 4
 
 
 def test_tree_masks_and_depths():
