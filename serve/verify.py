@@ -43,9 +43,7 @@ def verify_tree(tokens: torch.Tensor, parents: torch.Tensor, p: torch.Tensor,
                 generator: torch.Generator | None) -> Verdict:
     """tokens, parents: (n,) a tree in topological order; p: (n+1, V), row 0 = the root (pending token),
     row i+1 = after node i. Deterministic proposals (q one-hot)."""
-    children: dict[int, list[int]] = {}
-    for i, parent in enumerate(parents.tolist()):
-        children.setdefault(parent, []).append(i)
+    children = _children(parents)
     node, path = -1, []
     while True:
         r = p[node + 1].clone()
@@ -70,14 +68,7 @@ def verify_greedy(tokens: torch.Tensor, parents: torch.Tensor | None, best: torc
     the target's argmax after the root (pending token, row 0) and after each node (row i+1). From the root, follow
     the first child whose token is the argmax; the verdict's next token is the argmax after the last node kept."""
     drafted, argmax = tokens.tolist(), best.tolist()
-    if parents is None:
-        kept = 0
-        while kept < len(drafted) and drafted[kept] == argmax[kept]:
-            kept += 1
-        return Verdict(list(range(kept)), argmax[kept])
-    children: dict[int, list[int]] = {}
-    for i, parent in enumerate(parents.tolist()):
-        children.setdefault(parent, []).append(i)
+    children = _children(parents if parents is not None else torch.arange(-1, tokens.numel() - 1))
     node, path = -1, []
     while True:
         child = next((c for c in children.get(node, []) if drafted[c] == argmax[node + 1]), None)
@@ -85,3 +76,11 @@ def verify_greedy(tokens: torch.Tensor, parents: torch.Tensor | None, best: torc
             return Verdict(path, argmax[node + 1])
         node = child
         path.append(child)
+
+
+def _children(parents: torch.Tensor) -> dict[int, list[int]]:
+    """parents (n,) -> node -> its children in order (-1: the root)."""
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents.tolist()):
+        children.setdefault(parent, []).append(i)
+    return children
