@@ -130,6 +130,7 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
     """Our head's teacher-forced step: logits over the target vocabulary, target ids, the state fed back."""
     import torch
 
+    from serve.drafters.draft_layer import shared_embedding
     from serve.layers import FINAL
     from serve.drafters.folder import load_head
     from serve.drafters.masks import additive, causal_allowed
@@ -153,7 +154,7 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
                 fed_back = torch.stack([block(features[FINAL]) for block in head.blocks])
             else:
                 hidden = head.input_hidden(features)[None]
-                embeds = target.model.get_input_embeddings()(next_ids)[None]
+                embeds = shared_embedding(target)(next_ids)[None]
                 mask = additive(causal_allowed(T, 0), torch.float32)[None]
                 out = head(hidden, embeds, position_ids=torch.arange(T)[None], attention_mask=mask)
                 fed_back = out[0]

@@ -15,9 +15,9 @@ from serve.target_config import DTYPE_NAMES
 
 __all__ = ["DTYPES", "SUPPORTED_MODEL_TYPES", "Target", "TargetError", "eos_token_ids", "load_target", "text_config"]
 
-# Families whose decoder layers our drafters are built from and that our tests cover.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
-                         "gemma3", "phi3", "olmo2")
+# Target families our tests cover (the drafters' own layer is a Llama layer for every one of them).
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
+                         "gemma3", "phi3", "olmo2", "gpt_oss")
 
 _SHORT = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 DTYPES = {name: getattr(torch, _SHORT.get(name, name)) for name in DTYPE_NAMES}  # what TargetConfig.dtype accepts

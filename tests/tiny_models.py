@@ -26,6 +26,13 @@ FAMILIES = {
     "qwen3": dict(model_type="qwen3", head_dim=8),
     "mistral": dict(model_type="mistral"),
     "gemma": dict(model_type="gemma3_text", head_dim=8, query_pre_attn_scalar=8, sliding_window=64),
+    "phi3": dict(model_type="phi3"),
+    "qwen3_moe": dict(model_type="qwen3_moe", head_dim=8, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=16),
+    # sliding and full layers, attention sinks, experts, YaRN RoPE: what a gpt-oss target brings
+    "gpt_oss": dict(model_type="gpt_oss", head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=64,
+                    rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
+                                         beta_slow=1.0, truncate=False, original_max_position_embeddings=16)),
 }
 
 

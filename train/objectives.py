@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from serve.drafters.draft_layer import SharedEmbedding, shared_embedding
 from serve.layers import FINAL
 from serve.drafters.masks import additive, ttt_allowed
 from serve.drafters.vocab import draft_token_ids
@@ -43,12 +44,12 @@ class FeatureBatch:
 @dataclass
 class TargetParts:
     """The frozen pieces of the target a head trains against."""
-    embed: nn.Module                # input embeddings (Gemma's scaled embedding included)
+    embed: SharedEmbedding          # input embeddings as the engines share them with a draft (Gemma: unscaled)
     lm_head_weight: torch.Tensor    # (V, h)
 
     @classmethod
     def of(cls, target) -> "TargetParts":
-        return cls(embed=target.model.get_input_embeddings(),
+        return cls(embed=shared_embedding(target),
                    lm_head_weight=target.model.get_output_embeddings().weight)
 
     def logits(self, final: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """EAGLE-1 head (Li et al. 2024, https://arxiv.org/abs/2401.15077): predicts the target's next feature.
 
     x = fc(cat([embed(token t+1), feature t]))        (h, 2h) [+ bias]
-    feature t+1 ~ layers.0(x)                          one decoder layer of the target's family,
-                                                       input_layernorm = identity (as vLLM's EAGLE-1)
+    feature t+1 ~ layers.0(x)                          one Llama decoder layer, whatever the target's family
+                                                       (serve/drafters/draft_layer.py), input_layernorm =
+                                                       identity (as vLLM's EAGLE-1)
     logits = target.lm_head(feature t+1)               the target's frozen lm_head, not stored
 
 Features are the target's final normed hidden states (layer id FINAL = -1).
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from serve.drafters.family import Rope, decoder_layer_class, drafter_layer_config, hf_config
+from serve.drafters.draft_layer import build_layer, draft_layer_config, rotary
 from serve.drafters.head_config import HeadConfig
 from serve.kv import cache_argument
 from serve.layers import FINAL
@@ -26,14 +27,13 @@ class Eagle1Head(nn.Module):
     def __init__(self, config: HeadConfig):
         super().__init__()
         self.config = config
-        layer_config = hf_config(config.layer_config)
         h = config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=config.fc_bias)
-        layer = decoder_layer_class(config.model_type)(layer_config, layer_idx=0)
-        if not config.input_layernorm and hasattr(layer, "input_layernorm"):
+        layer, layer_config = build_layer(config.layer_config)
+        if not config.input_layernorm:
             layer.input_layernorm = nn.Identity()  # the fused input is already on the feature scale
         self.layers = nn.ModuleList([layer])
-        self.rope = Rope(layer_config)
+        self.rope = rotary(layer_config)
 
     def input_hidden(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
         """The target features the head starts from: the final normed state."""
@@ -56,10 +56,10 @@ def eagle1_config(target, *, fc_bias: bool = False, num_speculative_tokens: int 
     from serve.target import text_config
 
     text = text_config(target.config)
-    return HeadConfig(method="eagle1", model_type=text.model_type, hidden_size=text.hidden_size,
+    layer = draft_layer_config(text.to_dict(), attn_implementation=attn_implementation)
+    return HeadConfig(method="eagle1", model_type=layer["model_type"], hidden_size=text.hidden_size,
                       vocab_size=text.vocab_size, draft_vocab_size=text.vocab_size,
                       num_speculative_tokens=num_speculative_tokens, aux_layer_ids=[FINAL],
-                      input_layernorm=False, fc_bias=fc_bias,
-                      layer_config=drafter_layer_config(target.config, attn_implementation=attn_implementation),
-                      target_name=target.name, target_config_hash=target.config_hash,
+                      input_layernorm=False, fc_bias=fc_bias, layer_config=layer,
+                      target_model_type=text.model_type, target_name=target.name, target_config_hash=target.config_hash,
                       target_tokenizer_hash=target.tokenizer_hash)

@@ -4,7 +4,7 @@
             optionally fc_norm.{i}(aux i) before the cat    (EAGLE-3.1: the aux layers' scales differ by 10x)
             and/or input_norm(cat(...)) after it           (`norm_before_fc`, as speculators / gpt-oss)
     a     = cat([input_layernorm(embed(token t+1)), hidden_norm(fused)])     (2h): q/k/v take width 2h
-    out   = midlayer(a) with residual = fused          one decoder layer of the target's family
+    out   = midlayer(a) with residual = fused          one Llama decoder layer, whatever the target's family
     logits = lm_head(norm(out))                        own lm_head over a reduced draft vocabulary
     target_id = draft_id + d2t[draft_id]; t2d marks target ids inside the draft vocabulary
 
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from serve.drafters.family import Rope, decoder_layer_class, drafter_layer_config, hf_config, norm_like, rms_eps
+from serve.drafters.draft_layer import build_layer, draft_layer_config, rms_norm, rotary
 from serve.drafters.head_config import HeadConfig
 from serve.drafters.vocab import identity_vocab
 from serve.errors import DraftsmithError
@@ -48,27 +48,22 @@ class Eagle3Head(nn.Module):
     def __init__(self, config: HeadConfig):
         super().__init__()
         self.config = config
-        layer_config = hf_config(config.layer_config)
-        h, eps = config.hidden_size, rms_eps(layer_config)
+        h = config.hidden_size
         n_aux = len(config.aux_layer_ids)
         self.fc = nn.Linear(n_aux * h, h, bias=False)
-        layer = decoder_layer_class(config.model_type)(layer_config, layer_idx=0)
-        if not hasattr(layer, "input_layernorm") or not hasattr(layer, "mlp"):
-            raise DraftsmithError(f"EAGLE-3 needs a pre-norm decoder layer; {type(layer).__name__} has no "
-                                  f"input_layernorm (model_type {config.model_type!r}): train eagle1 or medusa")
-        self.fc_norm = nn.ModuleList(norm_like(layer, h, eps) for _ in range(n_aux)) if config.fc_norm else None
-        self.input_norm = norm_like(layer, n_aux * h, eps) if config.norm_before_fc else None
+        layer, layer_config = build_layer(config.layer_config)
+        eps = layer_config.rms_norm_eps
+        self.fc_norm = nn.ModuleList(rms_norm(h, eps) for _ in range(n_aux)) if config.fc_norm else None
+        self.input_norm = rms_norm(n_aux * h, eps) if config.norm_before_fc else None
         widen_attention_inputs(layer.self_attn, h)
-        layer.hidden_norm = norm_like(layer, h, eps) if config.hidden_norm else nn.Identity()
+        layer.hidden_norm = rms_norm(h, eps) if config.hidden_norm else nn.Identity()
         self.midlayer = layer
-        self.norm = norm_like(layer, h, eps)
+        self.norm = rms_norm(h, eps)
         self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
         d2t, t2d = identity_vocab(config.vocab_size)
         self.register_buffer("d2t", d2t[: config.draft_vocab_size].clone())
         self.register_buffer("t2d", t2d)
-        self.rope = Rope(layer_config)
-        # Gemma-style "sandwich" layers norm the attention and MLP outputs too.
-        self._sandwich = hasattr(layer, "pre_feedforward_layernorm")
+        self.rope = rotary(layer_config)
 
     def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         self.d2t.copy_(d2t)
@@ -95,15 +90,9 @@ class Eagle3Head(nn.Module):
         x, _ = layer.self_attn(hidden_states=x, position_embeddings=position_embeddings,
                                attention_mask=attention_mask, position_ids=position_ids,
                                **cache_argument(layer.self_attn, cache))
-        if self._sandwich:
-            x = layer.post_attention_layernorm(x)
-            x = residual + x
-            residual = x
-            x = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(x)))
-        else:
-            x = residual + x
-            residual = x
-            x = layer.mlp(layer.post_attention_layernorm(x))
+        x = residual + x
+        residual = x
+        x = layer.mlp(layer.post_attention_layernorm(x))
         return residual + x
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
@@ -124,10 +113,10 @@ def eagle3_config(target, *, draft_vocab_size: int | None = None, aux_layer_ids:
     vd = int(draft_vocab_size or text.vocab_size)
     if not 0 < vd <= text.vocab_size:
         raise DraftsmithError(f"draft_vocab_size {vd} must be in 1..{text.vocab_size} (the target's vocabulary)")
-    return HeadConfig(method="eagle3", model_type=text.model_type, hidden_size=text.hidden_size,
+    layer = draft_layer_config(text.to_dict(), attn_implementation=attn_implementation)
+    return HeadConfig(method="eagle3", model_type=layer["model_type"], hidden_size=text.hidden_size,
                       vocab_size=text.vocab_size, draft_vocab_size=vd, num_speculative_tokens=num_speculative_tokens,
                       aux_layer_ids=aux, input_layernorm=True, hidden_norm=True, ttt_steps=ttt_steps,
-                      fc_norm=fc_norm, norm_before_fc=norm_before_fc,
-                      layer_config=drafter_layer_config(target.config, attn_implementation=attn_implementation),
-                      target_name=target.name, target_config_hash=target.config_hash,
+                      fc_norm=fc_norm, norm_before_fc=norm_before_fc, layer_config=layer,
+                      target_model_type=text.model_type, target_name=target.name, target_config_hash=target.config_hash,
                       target_tokenizer_hash=target.tokenizer_hash)

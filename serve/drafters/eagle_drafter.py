@@ -12,6 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from serve.drafters.base import Draft, Drafter
+from serve.drafters.draft_layer import shared_embedding
 from serve.drafters.heads_common import confidence_signal, grow_tree, sample_chain_token
 from serve.drafters.identity import check_target_identity
 from serve.drafters.leaves import LEAF_RANKS, MAX_LEAVES, check_leaves, hang_leaves, runner_ups
@@ -35,7 +36,7 @@ class EagleDrafter(Drafter):
         self.target_layers = tuple(self.config.aux_layer_ids)
         if check:
             self.check_target(target)
-        self.embed = target.model.get_input_embeddings()
+        self.embed = shared_embedding(target)  # what the engines share with the draft (Gemma: unscaled)
         self.lm_head = target.model.get_output_embeddings() if self.config.method == "eagle1" else None
         param = next(head.parameters())
         self.device, self.dtype = param.device, param.dtype

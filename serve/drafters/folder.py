@@ -20,6 +20,7 @@ from torch import nn
 from serve.drafters.head_config import FORMAT_KEY, FORMAT_VERSION, HeadConfig, METHODS
 from serve.drafters.identity import check_target_identity
 from serve.drafters.leaves import MAX_LEAVES
+from serve.drafters.legacy import upgrade_v1
 from serve.drafters.settings import tree_from_record
 from serve.errors import DraftsmithError
 from serve.files import atomic_path, write_text_atomic
@@ -149,6 +150,8 @@ def read_config(path: str | Path) -> HeadConfig:
     if version > FORMAT_VERSION:
         raise DrafterFolderError(f"{folder} was written in drafter format {version}; this draftsmith "
                                  f"reads up to {FORMAT_VERSION}: upgrade draftsmith")
+    if version == 1:  # the target family's layer: Llama and Mistral heads convert exactly, others are refused
+        data = upgrade_v1(data, source=str(folder))
     return HeadConfig.from_dict(data, source=folder / CONFIG_NAME)
 
 

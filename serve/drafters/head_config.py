@@ -13,7 +13,9 @@ from serve.layers import CONVENTION
 from serve.ranges import check_ranges
 
 FORMAT_KEY = "draftsmith_drafter"  # the config.json key that marks a native drafter folder (value: format version)
-FORMAT_VERSION = 1
+# 2: every EAGLE head's layer is a Llama layer (serve/drafters/draft_layer.py); 1: the target family's layer
+# (serve/drafters/legacy.py reads those folders)
+FORMAT_VERSION = 2
 METHODS = ("eagle1", "eagle3", "medusa")
 
 
@@ -25,7 +27,7 @@ class HeadConfig:
                                         "medusa_num_layers": ">= 1", "ttt_steps": ">= 1", "min_confidence": "[0, 1)",
                                         "draftsmith_drafter": ">= 1"}
     method: str
-    model_type: str
+    model_type: str                      # EAGLE: the draft layer's ("llama"); Medusa: the target's
     hidden_size: int
     vocab_size: int                      # the target's vocabulary
     draft_vocab_size: int                # == vocab_size when no reduced vocabulary is used
@@ -42,7 +44,8 @@ class HeadConfig:
     # How it drafts unless told otherwise (serve/drafters/settings.py): K above, these two, a flag overrides.
     tree: Optional[dict] = None          # null = chains; {depth, top_k, total_tokens} or {static_choices} = trees
     min_confidence: float = 0.0          # chains stop where the draft's top-1 probability falls below it
-    layer_config: dict = field(default_factory=dict)  # HF config of the drafter's decoder layer
+    layer_config: dict = field(default_factory=dict)  # HF (Llama) config of the drafter's decoder layer
+    target_model_type: str = ""          # the target's family (its text config's model_type)
     target_name: str = ""
     target_config_hash: str = ""
     target_tokenizer_hash: str = ""

@@ -83,7 +83,8 @@ def medusa_config(target, *, num_heads: int = 5, num_layers: int = 1,
     vd = int(draft_vocab_size or text.vocab_size)
     return HeadConfig(method="medusa", model_type=text.model_type, hidden_size=text.hidden_size,
                       vocab_size=text.vocab_size, draft_vocab_size=vd, num_speculative_tokens=num_heads,
-                      aux_layer_ids=[FINAL], medusa_num_layers=num_layers, target_name=target.name,
+                      aux_layer_ids=[FINAL], medusa_num_layers=num_layers, target_model_type=text.model_type,
+                      target_name=target.name,
                       target_config_hash=target.config_hash, target_tokenizer_hash=target.tokenizer_hash)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from serve.drafters.draft_layer import draft_layer_config
 from serve.drafters.head_config import HeadConfig
 from serve.errors import DraftsmithError
 from serve.export.common import ABSENT, Expect, ExportError, get_field
@@ -133,7 +134,7 @@ def expected_eagle_tensors(config: HeadConfig, text: dict, *, layer_prefix: str,
     """Name -> (shape, dtype) an engine loads for an EAGLE head, from the target's config (`text`)."""
     h, vocab = int(text["hidden_size"]), int(text["vocab_size"])
     eagle3 = config.method == "eagle3"
-    layer = expected_layer_shapes(text, prefix=layer_prefix, qkv_in=2 * h if eagle3 else h,
+    layer = expected_layer_shapes(draft_layer_config(text), prefix=layer_prefix, qkv_in=2 * h if eagle3 else h,
                                   input_layernorm=eagle3, hidden_norm=eagle3)
     shapes: dict[str, tuple[tuple[int, ...], torch.dtype | None]] = {k: (v, None) for k, v in layer.items()}
     shapes["fc.weight"] = ((h, (NUM_AUX if eagle3 else 2) * h), None)
@@ -153,21 +154,23 @@ def expected_eagle_tensors(config: HeadConfig, text: dict, *, layer_prefix: str,
 
 
 def expected_llama_fields(text: dict, *, prefix: str = "") -> dict[str, Expect]:
-    """The Llama config fields the engines build the draft layer from, equal to the target's."""
-    heads = int(text["num_attention_heads"])
+    """The Llama config fields the engines build the draft layer from: the draft layer draftsmith derives from the
+    target's text config `text` (serve/drafters/draft_layer.py)."""
+    layer = draft_layer_config(text)
     fields = {
         "model_type": Expect("llama", "the engines build the draft layer as a Llama layer"),
-        "hidden_size": Expect(int(text["hidden_size"])),
-        "vocab_size": Expect(int(text["vocab_size"]), "the target's vocabulary"),
-        "intermediate_size": Expect(int(text["intermediate_size"])),
-        "num_attention_heads": Expect(heads),
-        "num_key_value_heads": Expect(int(text.get("num_key_value_heads") or heads)),
-        "head_dim": Expect(int(text.get("head_dim") or int(text["hidden_size"]) // heads)),
+        "hidden_size": Expect(layer["hidden_size"]),
+        "vocab_size": Expect(layer["vocab_size"], "the target's vocabulary"),
+        "intermediate_size": Expect(layer["intermediate_size"]),
+        "num_attention_heads": Expect(layer["num_attention_heads"]),
+        "num_key_value_heads": Expect(layer["num_key_value_heads"], "vLLM keeps one KV-cache layout for target "
+                                                                    "and draft"),
+        "head_dim": Expect(layer["head_dim"], "vLLM keeps one KV-cache layout for target and draft"),
         "num_hidden_layers": Expect(1, "one draft decoder layer"),
-        "rms_norm_eps": Expect(float(text["rms_norm_eps"])),
-        "hidden_act": Expect(text.get("hidden_act", "silu")),
-        "rope_theta": Expect(rope_fields(text)["rope_theta"], "engines reading transformers-4 configs default "
-                                                              "a missing rope_theta to 10000"),
+        "rms_norm_eps": Expect(layer["rms_norm_eps"]),
+        "hidden_act": Expect(layer["hidden_act"], "the engines' Llama MLP runs silu alone"),
+        "rope_theta": Expect(layer["rope_parameters"]["rope_theta"], "engines reading transformers-4 configs default "
+                                                                     "a missing rope_theta to 10000"),
         "tie_word_embeddings": Expect(False, "tied, SGLang would use the embedding matrix as the draft lm_head"),
         "attention_bias": Expect(False, "the engines' draft q/k/v/o have no bias"),
     }

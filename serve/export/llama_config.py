@@ -2,42 +2,33 @@
 
 Both engines implement EAGLE heads with their own Llama decoder layer (vLLM `llama_eagle.py` /
 `llama_eagle3.py`, SGLang `llama_eagle.py` / `llama_eagle3.py`), configured from the draft folder's
-config.json. A draftsmith head is built from the target family's HF layer; only families whose layer is
-a Llama layer (same tensors, same maths) can be exported that way.
+config.json. Every draftsmith EAGLE head is built on that layer (serve/drafters/draft_layer.py), whatever the
+target's family, so the export writes the head's own layer config in the keys the engines read.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from serve.drafters.draft_layer import DRAFT_MODEL_TYPE
 from serve.drafters.head_config import HeadConfig
 from serve.errors import DraftsmithError
 
-# Families whose HF decoder layer is computationally a Llama layer (Mistral differs only by a sliding
-# window far longer than any draft context).
-LLAMA_LIKE = ("llama", "mistral")
 _COPIED = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
            "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "bos_token_id", "eos_token_id",
            "pad_token_id")
 
 
 def check_llama_like(config: HeadConfig, fmt: str) -> None:
-    """Raise unless the drafter's layer can be loaded as the engine's Llama EAGLE layer."""
+    """Raise unless the drafter's layer loads as the engine's Llama EAGLE layer (a format-2 head always does)."""
     layer = config.layer_config
     family = layer.get("model_type", config.model_type)
-    if family not in LLAMA_LIKE:
-        raise DraftsmithError(f"--format {fmt} {config.method}: the engine builds the draft layer as a Llama layer, "
-                              f"but this drafter's layer is {family!r} ({_why(family)}); serving engines would load "
-                              f"it wrongly. Export Medusa heads, or use draftsmith's own server (draftsmith serve)")
+    if family != DRAFT_MODEL_TYPE:
+        raise DraftsmithError(f"--format {fmt} {config.method}: this drafter's layer is {family!r}, but the engines "
+                              f"build the draft layer as a Llama layer: train it again with this draftsmith")
     for flag in ("attention_bias", "mlp_bias"):
         if layer.get(flag):
             raise DraftsmithError(f"--format {fmt}: {flag}=true in the drafter layer; the engines' EAGLE layers "
                                   f"are built without it")
-
-
-def _why(family: str) -> str:
-    return {"qwen2": "q/k/v projections carry biases", "qwen3": "q_norm/k_norm per head",
-            "gemma3_text": "sandwich norms and scaled embeddings", "gemma2": "sandwich norms",
-            "gemma": "scaled embeddings, (1 + w) norms"}.get(family, "a different decoder layer")
 
 
 def rope_fields(layer: dict) -> dict[str, Any]:

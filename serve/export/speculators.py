@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from serve.drafters.draft_layer import shared_embedding
 from serve.drafters.head_config import HeadConfig
 from serve.errors import DraftsmithError
 from serve.export.common import ABSENT, Expect, ExportError, FormatSpec, TargetFacts
@@ -224,7 +225,7 @@ def _compare_first_step(model, head, target, *, where: str) -> None:
 
     hs = {i - 1: out.hidden_states[i][0].float() for i in layers}  # our convention: output of layer i - 1
     mine_fused = head.input_hidden(hs)
-    embeds = target.model.get_input_embeddings()(next_ids).float()
+    embeds = shared_embedding(target)(next_ids).float()
     mine = head.logits(head(mine_fused[None], embeds[None], position_ids=positions, attention_mask=mask))[0]
     if not torch.allclose(mine, theirs, atol=1e-4, rtol=1e-4):
         raise ExportError(f"{where}: speculators' Eagle3DraftModel computes different first-step logits (max abs "
