@@ -25,6 +25,7 @@ import torch
 from serve.kv import cache_kwargs
 from serve.sampling import sample, target_probs
 from serve.target import text_config
+from serve.target_masks import for_target
 
 
 @dataclass
@@ -241,7 +242,8 @@ class ContinuousBatcher(RequestQueue):
 
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks) -> torch.Tensor:
         device = self.device
-        masks = {k: m.to(device) for k, m in masks.items()} if isinstance(masks, dict) else masks.to(device)
+        masks = for_target(self.model, {k: m.to(device) for k, m in masks.items()} if isinstance(masks, dict)
+                           else masks.to(device))
         out = self.model(input_ids=input_ids.to(device), position_ids=position_ids.to(device),
                          attention_mask=masks, logits_to_keep=1, **cache_kwargs(self.model, self.cache))
         return out.logits[:, -1]  # (B, V)

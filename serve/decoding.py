@@ -13,6 +13,7 @@ from serve.kv import cache_kwargs, keep_positions, new_cache, sliding_window
 from serve.layers import pick_hidden_states
 from serve.sampling import greedy_tokens, sample, target_probs
 from serve.stopping import StopChecker
+from serve.target_masks import for_target
 from serve.tree import TreeSpec, ancestor_mask, node_depths
 from serve.verify import Verdict, verify_chain, verify_greedy, verify_tree
 
@@ -133,9 +134,9 @@ def plain_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int, temp
     return GenerationResult(output, stats)
 
 
-def _verify_inputs(pending: int, draft: Draft, cache, device):
-    """input_ids (1, n+1), position_ids (1, n+1), and for trees the attention mask: (1, 1, n+1, past+n+1) bool,
-    or a dict per attention type when the target has sliding-window layers."""
+def _verify_inputs(pending: int, draft: Draft, cache, device, model):
+    """input_ids (1, n+1), position_ids (1, n+1), and for trees the attention mask: (1, 1, n+1, past+n+1) (see
+    serve/target_masks.py), or a dict per attention type when the target has sliding-window layers."""
     past = cache.get_seq_length()
     tokens = torch.cat([torch.tensor([pending]), draft.tokens.cpu()])
     if not draft.is_tree:
@@ -144,7 +145,8 @@ def _verify_inputs(pending: int, draft: Draft, cache, device):
     depths = torch.cat([torch.zeros(1, dtype=torch.long), node_depths(draft.parents.cpu())])
     positions = past + depths  # (n+1,)
     tree = ancestor_mask(draft.parents.cpu())  # (n+1, n+1)
-    full = torch.cat([torch.ones(tree.shape[0], past, dtype=torch.bool), tree], dim=1)[None, None].to(device)
+    full = for_target(model, torch.cat([torch.ones(tree.shape[0], past, dtype=torch.bool), tree], dim=1)[None, None]
+                      .to(device))
     window = sliding_window(cache)
     if window is None:
         return tokens[None].to(device), positions[None].to(device), full
@@ -153,7 +155,7 @@ def _verify_inputs(pending: int, draft: Draft, cache, device):
     key_positions = torch.cat([torch.arange(past - held, past), positions])  # (held + n+1,)
     near = (positions[:, None] - key_positions[None, :]) < window
     visible = torch.cat([torch.ones(tree.shape[0], held, dtype=torch.bool), tree], dim=1) & near
-    sliding = visible[None, None].to(device)
+    sliding = for_target(model, visible[None, None].to(device))
     if all(getattr(layer, "is_sliding", False) for layer in cache.layers):
         return tokens[None].to(device), positions[None].to(device), sliding  # e.g. Mistral: one mask for all
     masks = {"full_attention": full, "sliding_attention": sliding}  # mixed layers (Gemma 2/3) take a mapping
@@ -205,7 +207,7 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, m
             else Draft.empty()
         t1 = time.perf_counter()
         past = cache.get_seq_length()
-        ids, positions, mask = _verify_inputs(pending, draft, cache, device)
+        ids, positions, mask = _verify_inputs(pending, draft, cache, device, model)
         extra = {"attention_mask": mask} if mask is not None else {}
         out = model(ids, position_ids=positions, **cache_kwargs(model, cache), output_hidden_states=want_hidden,
                     **extra)

@@ -134,6 +134,10 @@ class SharedEmbedding:
     def __init__(self, embedding: Any):
         self.weight = embedding.weight  # (V, h), the target's own tensor (not a copy)
 
+    @property
+    def num_embeddings(self) -> int:
+        return int(self.weight.shape[0])
+
     def __call__(self, input_ids: Any) -> Any:
         import torch.nn.functional as F
 

@@ -15,6 +15,7 @@ from serve.export.common import CONFIG_NAME, WEIGHTS_NAME, target_facts
 from serve.files import write_text_atomic
 from serve.export.engines import refuse_unless_supported
 from serve.export.formats import format_module
+from serve.export.hosts import check_hosted
 from serve.export.layer_ids import aux_layer_ids_for
 from serve.export.provenance import provenance
 
@@ -30,6 +31,7 @@ def check_export(native_dir: str | Path, fmt: str, *, target=None, engine_versio
     if target is not None:
         check_target_identity(config, target)
     module.check_exportable(config)
+    check_hosted(config.method, config.target_model_type, fmt, engine_version)
     refuse_unless_supported(module.support(config), engine_version, what=f"a {config.method} drafter in --format {fmt}")
 
 

@@ -1,0 +1,23 @@
+"""Custom 4-D attention masks for a target's forward, in the form its attention implementation reads.
+
+transformers passes a prepared 4-D mask to the attention function as it is. SDPA reads a boolean mask (True = may
+attend); eager attention (gpt-oss: SDPA has no attention sinks) ADDS the mask to its scores, so a boolean one would
+let every query see every key. Masks built as booleans go through `for_target` before the forward.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+Masks = torch.Tensor | dict[str, torch.Tensor]  # one mask, or one per layer type (sliding / full attention)
+
+
+def for_target(model: Any, masks: Masks) -> Masks:
+    """(B, 1, Q, K) bool masks, or a dict of them -> what the model's attention reads (bool, or 0 / dtype min)."""
+    if isinstance(masks, dict):
+        return {kind: for_target(model, mask) for kind, mask in masks.items()}
+    if getattr(model.config, "_attn_implementation", "sdpa") != "eager":
+        return masks
+    dtype = model.dtype
+    return torch.zeros(masks.shape, dtype=dtype, device=masks.device).masked_fill_(~masks, torch.finfo(dtype).min)
