@@ -131,9 +131,18 @@ def rows_from_records(records: Iterable[tuple[str, dict]], *, domain_field: str,
     return rows
 
 
+def _not_utf8(path: Path, where: str, raw: bytes, err: UnicodeDecodeError) -> PromptFormatError:
+    return PromptFormatError(f"{where}: not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start + 1}): save "
+                             f"{path.name} as UTF-8, e.g. `iconv -f latin1 -t utf-8 {path} > fixed.jsonl`")
+
+
 def _jsonl_records(path: Path) -> Iterator[tuple[str, dict]]:
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                raise _not_utf8(path, f"{path}:{lineno}", raw, err) from None
             if not line.strip():
                 continue
             try:
@@ -146,11 +155,12 @@ def _jsonl_records(path: Path) -> Iterator[tuple[str, dict]]:
 def _file_records(path: Path) -> Iterator[tuple[str, dict]]:
     """JSONL; a `.json` file holding one JSON array of rows is read too."""
     if path.suffix == ".json":
-        with open(path, encoding="utf-8") as fh:
-            head = fh.read(4096).lstrip()
-        if head.startswith("["):
+        raw = path.read_bytes()
+        if raw.removeprefix(b"\xef\xbb\xbf").lstrip()[:1] == b"[":
             try:
-                records = json.loads(path.read_text(encoding="utf-8"))
+                records = json.loads(raw.decode("utf-8-sig"))
+            except UnicodeDecodeError as err:
+                raise _not_utf8(path, str(path), raw, err) from None
             except json.JSONDecodeError as err:
                 raise PromptFormatError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
             return ((f"{path} row {i}", rec) for i, rec in enumerate(records))

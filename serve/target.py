@@ -89,6 +89,28 @@ def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "tiktoken.model")
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+
+
+def check_model_folder(folder: Path, *, weights: bool) -> None:
+    """TargetError naming what a save_pretrained folder lacks (its tokenizer, or its weights when they are loaded),
+    before transformers fails on it with a message about missing packages."""
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise TargetError(f"{folder} has config.json but no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save "
+                          f"the tokenizer beside the model (`tokenizer.save_pretrained({str(folder)!r})`) or copy "
+                          f"its files from the model you fine-tuned from")
+    if weights and not any(any(folder.glob(pattern)) for pattern in WEIGHT_PATTERNS):
+        raise TargetError(f"{folder} has config.json but no weights (no *.safetensors or *.bin): save the model with "
+                          f"`model.save_pretrained({str(folder)!r})`, or finish copying it")
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
 def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", device: str = "cpu",
                 require_chat_template: bool = False, cache_dir: str | None = None, weights: bool = True,
                 packed_weights: str = "auto") -> Target:
@@ -126,11 +148,17 @@ def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", devic
         elif spec.startswith((".", "/", "~")) or spec.count("/") > 1:
             raise TargetError(f"target path not found: {spec}")
         path, display = spec, spec
+        if local.is_dir():
+            check_model_folder(local, weights=weights)
     try:
         config = AutoConfig.from_pretrained(path, **kwargs)
     except OSError as err:
         raise TargetError(f"could not load a model config from {spec!r}: {str(err).splitlines()[0]} "
                           f"(offline? use a local folder, a .gguf file or `demo`)") from None
+    except (ValueError, KeyError) as err:  # a model_type this transformers does not know
+        raise TargetError(f"transformers {_transformers_version()} cannot build the model in {spec!r}: "
+                          f"{str(err).splitlines()[0][:200]} (a newer transformers, or a supported family: "
+                          f"{', '.join(SUPPORTED_MODEL_TYPES)})") from None
     model_type = getattr(text_config(config), "model_type", None) or config.model_type
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise TargetError(f"{spec!r} is a {model_type!r} model; draftsmith supports "
