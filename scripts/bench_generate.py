@@ -1,12 +1,13 @@
-"""Self-distillation generation on the default target: the former path against continuous batching (issue 17).
+"""Self-distillation generation on the default target: static batches against continuous batching (issue 17).
 
     .venv/bin/python scripts/bench_generate.py [--per-domain 0] [--max-new-tokens 256] [--batch-size 32]
         [--slots 32,64] [--bf16-slots 256] [--json runs/bench_generate.json]
 
 Same prompts (the built-in sets rendered as `data build` renders them, longest first), one process, torch
-pinned to --threads: the former path (transformers' `generate`, left-padded batches of --batch-size, each run
-until its longest answer ends) against `data.generate.ContinuousBatcher` at each --slots, both at temperature 0.
-Reports generated tokens/s, the rows whose tokens differ from the former path's, and the teacher-forced forward
+pinned to --threads: static batching, the baseline (`former_*` in the output: transformers' `generate` on
+left-padded batches of --batch-size, each running until its longest answer ends), against
+`data.generate.ContinuousBatcher` at each --slots, both at temperature 0.
+Reports generated tokens/s, the rows whose tokens differ from the baseline's, and the teacher-forced forward
 throughput over the generated rows (what a capture pass costs). --bf16-slots also runs the batcher with the
 target in bf16 and counts the tokens that differ from fp32 greedy (bf16 changes the target's greedy output).
 """
@@ -24,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def former_generate(target, prompts, *, batch_size: int, max_new_tokens: int) -> list[list[int]]:
-    """The path `data build` used before continuous batching: one `generate` call per left-padded batch."""
+    """Static batching, the baseline: one `generate` call per left-padded batch, each batch decoding until its
+    longest answer ends."""
     import torch
     from transformers import GenerationConfig
 

@@ -1,11 +1,11 @@
 """How many CPU threads torch runs on: `--threads N` (target.threads) when given, else the cores idle right now.
 
 torch starts one thread per physical core. When another process holds one of those cores, torch's threads wait
-for each other at every op's barrier: with one of 2 cores busy elsewhere, a 2-thread self-distillation ran at
-7.4 tok/s and a 1-thread one at 63 (issue 18; DESIGN.md). So unless told, a command measures the cores idle
-when it starts (over 0.2 s, among the cores it may run on) and runs on torch's default lowered to that many,
-never fewer than 1, saying so in one line. The choice is made once, at start: a long run does not follow the
-load as it changes, and `--threads` pins it.
+for each other at every op's barrier: with one of 2 cores busy elsewhere, a 2-thread self-distillation runs
+several times slower than a 1-thread one (DESIGN.md; the figures are in docs/results.md). So unless told, a
+command measures the cores idle when it starts (over 0.2 s, among the cores it may run on) and runs on torch's
+default lowered to that many, never fewer than 1, saying so in one line. The choice is made once, at start: a
+long run does not follow the load as it changes, and `--threads` pins it.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def idle_cores(interval: float = _SAMPLE_SECONDS) -> float | None:
     own_after, after = own.cpu_times(), psutil.cpu_times(percpu=True)
     pairs = [(before[i], after[i]) for i in cpus if i < len(after)] if cpus else list(zip(before, after))
     # each core's idle share of the time it accounted for, not of 100%: some VMs account for only part of the
-    # wall time (a firecracker VM here reports 50% idle and nothing else on a quiet core)
+    # wall time (a firecracker VM reports 50% idle and nothing else on a quiet core)
     spans = [_accounted(b_) - _accounted(a_) for a_, b_ in pairs]
     if not pairs or min(spans) <= 0:
         return None

@@ -28,11 +28,10 @@ work (a plain step). That realized rate covers what the model above leaves out (
 cycle, a context longer than the one the costs were measured on, a machine busier than then); a drafter whose
 cycles yield less than a plain step's one token per step's time pauses, and is retried ever less often while
 it keeps not paying. The plain cycle is re-timed while the drafter works: after `refresh` working cycles in a row
-one cycle is left plain. Without it a drafter that stopped pausing kept the plain step timed before, however the
-machine's speed moved since: in the fourth wall run of README's table plain decoding took 59-71 ms a token over the
-first six prompts and 51-57 ms after them, and the EAGLE-3 head then worked in nearly every cycle of the other 33
-prompts, in most of them keeping no draft (4-5 ms of its work for the plain step's one token), where in the third
-run it had paused.
+one cycle is left plain. Without that, a drafter that stops pausing keeps comparing itself with a plain step timed
+earlier, however the machine's speed has moved since: a plain step timed while the machine was slow makes a head's
+cycles look worth their time, and the head keeps working in cycles that keep no draft (docs/results.md, "Draft
+length per step", has the measurement).
 
 Drafters that draft step by step (EAGLE, a draft model) cannot see a_{i+1} before paying for it: `offer`
 decides token i with a_i known and a_{i+1}, ... projected as a_i. Drafters that see the whole proposal at
@@ -206,9 +205,9 @@ class ExpectedGain(LengthPolicy):
     `max_explore`; the back-off is forgiven once the drafter has paid for as many cycles as it last waited. A retry
     is a trial of `trial` drafting cycles judged by their joint realized rate: one that paid resumes the drafter
     at that rate, one that did not pauses it at that rate. One cycle is too few to judge by: a one-cycle retry
-    failed whenever its first draft was rejected, even for a drafter that pays on average, doubled its wait each
-    time, and the drafter sat out whole prompts it would have sped up; one good cycle could not lift a smoothed
-    rate back above 1 either, so the trial's rate replaces the smoothed one. After `refresh` working cycles in a row
+    fails whenever its first draft is rejected, even for a drafter that pays on average, so its wait doubles each
+    time and the drafter sits out whole prompts it would speed up; one good cycle cannot lift a smoothed rate back
+    above 1 either, so the trial's rate replaces the smoothed one. After `refresh` working cycles in a row
     (0: never) one cycle is left plain to re-time the plain step; that sample weighs `refresh_weight`, and the rate,
     measured against the old time, is rescaled to the new one.
     """
