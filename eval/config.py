@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
+from eval.sweep_axes import parse_sweeps
 from serve.ranges import check_ranges
 from serve.target_config import TargetConfig
 
@@ -51,6 +52,4 @@ class EvalConfig:
     def validate(self) -> None:
         check_ranges(self)  # every number finite and in its range (RANGES)
         self.target.validate()
-        from eval.sweeps import parse_sweeps
-
         parse_sweeps(self.sweep)

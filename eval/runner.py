@@ -1,4 +1,4 @@
-"""`evaluate`: μ per domain and wall-clock speed side by side, in one interleaved run.
+"""The side-by-side run behind `evaluate` (eval/evaluate.py): μ per domain and wall-clock speed, interleaved.
 
 Per prompt, every method runs back to back (plain, drafter 1, drafter 2, ..., peers), so the noise of
 a shared machine hits them alike; speedups are ratios within that run. Every number of the result is
@@ -6,9 +6,6 @@ recomputed from the per-prompt records it carries (eval/stats.py).
 """
 from __future__ import annotations
 
-import datetime as _dt
-import os
-import platform
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
@@ -19,12 +16,9 @@ from eval import stats
 from eval.config import EvalConfig
 from eval.cost_fit import fit_cost_model
 from eval.costs import context_ids, fastest, forward_times, median
-from eval.drafters import BASELINE, BeginTimed, DrafterEntry, build_entries, length_policy
-from eval.peers import Peer, build_peers, run_peer
-from data.prompts import limit_per_domain, read_prompts
-from eval.prompts import EvalPrompt, group_by_domain, prepare_prompts
-from eval.winners import winners
-from serve.drafters.settings import resolve_k
+from eval.drafters import BASELINE, BeginTimed, DrafterEntry
+from eval.peers import Peer, run_peer
+from eval.prompts import EvalPrompt, group_by_domain
 from serve.errors import DraftsmithError
 
 WARMUP_TOKENS = 16  # the untimed runs before timing: one per method at the start, one plain run per prompt
@@ -254,117 +248,3 @@ def cost_model_block(target: Any, records: Mapping[str, list[dict]], names: Sequ
 
 
 # ------------------------------------------------------------------------------------------- entry point
-
-def _as_target(target: Any, config: EvalConfig) -> Any:
-    if isinstance(target, str):
-        return replace(config.target, spec=target).load()
-    return target
-
-
-def _as_rows(prompts: Any, config: EvalConfig) -> tuple[list[Any], list[str]]:
-    """Prompt rows and a description of where they came from."""
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    prompts = list(prompts)
-    if prompts and all(isinstance(p, str) for p in prompts):
-        return read_prompts(prompts, domain_field=config.domain_field,
-                            per_domain_limit=config.per_domain_limit), prompts
-    return limit_per_domain(prompts, config.per_domain_limit), ["<rows passed in>"]
-
-
-def settings_block(config: EvalConfig, sources: Sequence[str], prompts: Sequence[EvalPrompt], target: Any,
-                   entries: Sequence[DrafterEntry], peers: Sequence[Peer]) -> dict[str, Any]:
-    import transformers
-
-    device = next(target.model.parameters()).device
-    return {
-        "k": config.k, "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p,
-        "max_new_tokens": config.max_new_tokens, "seed": config.seed,
-        "per_domain_limit": config.per_domain_limit,
-        "domain_field": config.domain_field, "prompt_sources": list(sources), "prompts_total": len(prompts),
-        "domains": {d: len(idx) for d, idx in group_by_domain(prompts).items()},
-        "order": [BASELINE] + [e.name for e in entries] + [p.name for p in peers],
-        "draft_length": {e.name: length_policy(e.drafter) for e in entries},
-        "interleaving": "per prompt, every method back to back in `order`"
-                        + (f", {config.repeats} times over" if config.repeats > 1 else ""),
-        "repeats": config.repeats,
-        "timing": "one run per method and prompt" if config.repeats == 1 else
-                  f"the fastest of {config.repeats} runs per method and prompt",
-        "speedup": "drafter tokens/s over plain tokens/s on the same prompts (= plain seconds / drafter seconds "
-                   "at temperature 0, where outputs are identical); spread = per-prompt min/median/max and a "
-                   "bootstrap CI over prompts",
-        "dtype": str(next(target.model.parameters()).dtype).replace("torch.", ""), "device": str(device),
-        "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-        "transformers": transformers.__version__, "python": platform.python_version(),
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
-        "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "sweep": list(config.sweep),
-        "notes": [f"{e.name}: the oracle's begin() (a plain greedy run giving it the answer) is excluded from its "
-                  f"seconds; its speedup is the ceiling for this decoder at this K" for e in entries
-                  if e.kind == "oracle"],
-    }
-
-
-def target_block(target: Any) -> dict[str, Any]:
-    return {"name": target.name, "path": target.path, "config_hash": target.config_hash,
-            "tokenizer_hash": target.tokenizer_hash, "num_layers": target.num_layers,
-            "chat_template": bool(getattr(target.tokenizer, "chat_template", None))}
-
-
-def evaluate(target: Any, drafters: Mapping[str, Any], prompts: Any, config: EvalConfig | None = None) -> dict:
-    """Evaluate `drafters` on `target` over `prompts`; returns the OUT.json dict.
-
-    target:   a serve.target.Target or a spec for load_target (e.g. "demo").
-    drafters: name -> spec string for serve.drafters.build_drafter ("ngram", "model:PATH", "oracle", a
-              drafter folder) or an already built Drafter.
-    prompts:  sources for data.prompts.load_prompts (a string or a list; `DOMAIN=source` tags a source),
-              or rows with `id`, `domain`, `messages`.
-    """
-    from eval.sweeps import parse_sweeps, run_sweeps
-
-    config = config or EvalConfig()
-    config.validate()  # a bad sweep or value fails before anything runs, in a config built by hand too
-    if config.target.threads is not None:
-        threads = torch.get_num_threads()
-        config.target.apply_threads()
-        try:
-            return evaluate(target, drafters, prompts, replace(config, target=replace(config.target, threads=None)))
-        finally:
-            torch.set_num_threads(threads)
-    started = time.perf_counter()
-    target = _as_target(target, config)
-    rows, sources = _as_rows(prompts, config)
-    eval_prompts = prepare_prompts(target.tokenizer, rows)
-    if not eval_prompts:
-        raise DraftsmithError("no prompts to evaluate")
-    longest = max([config.max_new_tokens] + [v for axis, values in parse_sweeps(config.sweep)
-                                             if axis == "max_new_tokens" for v in values])
-    entries = build_entries(target, drafters, max_new_tokens=longest)
-    config = replace(config, k=resolve_k([e.drafter for e in entries], config.k))  # what settings.k reports
-    peers = build_peers(entries, hf_plain=config.hf_plain, dtype=next(target.model.parameters()).dtype,
-                        device=config.target.resolved_device()) if config.peers else []
-    decoding = Decoding.from_config(config)
-    records = run_methods(target, entries, peers, eval_prompts, decoding, warmup=config.warmup,
-                          progress=config.progress, repeats=config.repeats)
-    names = [e.name for e in entries]
-    mark_exactness(records, names + [p.name for p in peers])
-    domains, overall = summarize_methods(records, names, eval_prompts, k=decoding.k, config=config)
-    result: dict[str, Any] = {
-        "target": target_block(target),
-        "settings": settings_block(config, sources, eval_prompts, target, entries, peers),
-        "drafters": [e.describe() for e in entries],
-        "domains": domains,
-        "overall": overall,
-        "baseline": baseline_block(records, eval_prompts),
-        "peers": peers_block(records, peers, eval_prompts, k=decoding.k, config=config),
-        "cost_model": (cost_model_block(target, records, names, eval_prompts, k=decoding.k, config=config)
-                       if config.cost_model else None),
-        "exactness": exactness_block(records, names, decoding.temperature),
-        "records": [rec for name in records for rec in records[name]],
-    }
-    result["settings"]["timing_spread"] = stats.timing_spread(result["records"])
-    result["winners"] = winners(result)
-    if config.sweep:
-        result["sweeps"] = run_sweeps(target, entries, eval_prompts, config, base=result)
-    result["settings"]["wall_seconds"] = time.perf_counter() - started
-    return result

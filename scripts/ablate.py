@@ -98,7 +98,7 @@ def summarize(out_dir: Path) -> dict:
 def decode(plan: dict, drafters: dict[str, Path], argv: list[str]) -> dict:
     """One interleaved `draftsmith eval` run of every row's drafter beside plain decoding."""
     from eval.config import EvalConfig
-    from eval.runner import evaluate
+    from eval.evaluate import evaluate
     from serve.config import load_config
     from serve.target import load_target
 

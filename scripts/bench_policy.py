@@ -76,7 +76,7 @@ def main() -> None:
 
     from eval.config import EvalConfig
     from eval.report import write_json, write_report
-    from eval.runner import evaluate
+    from eval.evaluate import evaluate
     from serve.target_config import TargetConfig
 
     heads = dict(h.split("=", 1) if "=" in h else (Path(h).parent.name, h) for h in args.head)

@@ -54,7 +54,7 @@ def build_tok_s(target, args, out: Path) -> float:
 
 def eval_tok_s(target, args) -> tuple[float, float]:
     from eval.config import EvalConfig
-    from eval.runner import evaluate
+    from eval.evaluate import evaluate
 
     config = EvalConfig(per_domain_limit=args.per_domain, max_new_tokens=args.max_new_tokens, peers=False,
                         hf_plain=False, cost_model=False, warmup=False, progress=False)

@@ -89,7 +89,7 @@ def print_summary(result: dict, file=None) -> None:
 def run(args) -> int:
     from serve.drafters.spec import parse_named_specs
     from eval.report import write_json, write_report
-    from eval.runner import evaluate
+    from eval.evaluate import evaluate
 
     from serve.files import check_output_path
 

@@ -98,7 +98,9 @@ def run(args) -> int:
     if args.json:
         check_output_path(args.json, what="--json file")
     config.target.apply_threads()
-    target = config.target.load(require_chat_template=config.chat)
+    from serve.target import load_configured
+
+    target = load_configured(config.target, require_chat_template=config.chat)
     drafter = build_drafter(config.drafter, target)
     settings = draft_settings(drafter, k=config.k, tree=config.tree)
     input_ids = torch.tensor([encode_prompt(target.tokenizer, config.prompt, chat=config.chat)])  # (1, T)

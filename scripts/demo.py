@@ -179,7 +179,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     from data.build import build_dataset
     from data.capture import dataset_digest
     from eval.report import timing_line, write_report
-    from eval.runner import evaluate
+    from eval.evaluate import evaluate
     from serve.config import ConfigError
     from serve.decoding import speculative_generate
     from serve.drafters import build_drafter
@@ -187,6 +187,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     from serve.export import check_export, export_drafter
     from serve.export.common import default_prompts
     from serve.prompts import encode_prompt
+    from serve.target import load_configured
 
     if config.train_mode not in ("offline", "online"):
         raise ConfigError(f"train_mode must be offline or online, got {config.train_mode!r}")
@@ -200,7 +201,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
         log(f"[demo] {name} done in {stages[-1].seconds:.1f}s {note}")
 
     t0 = time.perf_counter()
-    target = config.target.load()
+    target = load_configured(config.target)
     stage("target", t0, f"({target.name}, {target.num_layers} layers)")
 
     t0 = time.perf_counter()

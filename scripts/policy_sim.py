@@ -252,7 +252,7 @@ def main() -> None:
 
     from eval.config import EvalConfig
     from eval.prompts import prepare_prompts
-    from eval.runner import _as_rows
+    from eval.evaluate import _as_rows
     from serve.costs import verify_costs_for
     from serve.decoding import speculative_generate
     from serve.drafters import build_drafter

@@ -19,6 +19,8 @@ import os
 
 import torch
 
+from serve.target_config import text_config
+
 FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 
 
@@ -29,8 +31,6 @@ def torch_has_gqa() -> bool:
 
 
 def grouped_heads(config) -> bool:
-    from serve.target import text_config  # serve.target imports this module
-
     config = text_config(config)
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads

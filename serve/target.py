@@ -11,9 +11,10 @@ from serve.attention import use_cpu_gqa
 from serve.errors import TargetError
 from serve.identity import config_hash, tokenizer_hash
 from serve.packed import pack_linears, packing_wanted, tune_small_rows
-from serve.target_config import DTYPE_NAMES
+from serve.target_config import DTYPE_NAMES, TargetConfig, text_config
 
-__all__ = ["DTYPES", "SUPPORTED_MODEL_TYPES", "Target", "TargetError", "eos_token_ids", "load_target", "text_config"]
+__all__ = ["DTYPES", "SUPPORTED_MODEL_TYPES", "Target", "TargetError", "eos_token_ids", "load_configured", "load_target",
+           "text_config"]
 
 # Target families our tests cover (the drafters' own layer is a Llama layer for every one of them).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
@@ -62,11 +63,6 @@ class WeightlessModel:
             self.generation_config = GenerationConfig.from_pretrained(path, **kwargs)
         except OSError:  # no generation_config.json: the model config's defaults, as from_pretrained does
             self.generation_config = GenerationConfig.from_model_config(config)
-
-
-def text_config(config: Any) -> Any:
-    """The decoder's config (multimodal configs keep it under `text_config`)."""
-    return getattr(config, "text_config", None) or config
 
 
 def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -180,3 +176,12 @@ def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", devic
         pack_linears(model)
         tune_small_rows(model)  # which kernel forwards over 1 to 3 tokens run fastest on, on this CPU
     return Target(model=model, tokenizer=tokenizer, name=display, path=path)
+
+
+def load_configured(config: TargetConfig, **kwargs: Any) -> Target:
+    """The target a `target` config section names: load_target(spec) in its dtype (auto: float32) on its device;
+    `kwargs` go to load_target."""
+    config.validate()
+    dtype = "float32" if config.dtype == "auto" else config.dtype
+    kwargs.setdefault("packed_weights", config.packed_weights)
+    return load_target(config.spec, dtype=dtype, device=config.resolved_device(), **kwargs)

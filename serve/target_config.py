@@ -1,5 +1,6 @@
 """The target a command runs, as a config section: embedded as `target` in every command's config (`--target`
-sets its spec). Kept free of torch, so the command line can build its parser without importing it."""
+sets its spec); and `text_config`, the decoder's part of a model's HF config. Kept free of torch, so the command line
+can build its parser without importing it. `serve.target.load_configured` loads the target a section names."""
 from __future__ import annotations
 
 import re
@@ -49,12 +50,7 @@ class TargetConfig:
 
         return apply_threads(self.threads, log=log or (lambda msg: print(msg, file=sys.stderr, flush=True)))
 
-    def load(self, **kwargs: Any):
-        """The serve.target.Target: load_target(spec) in this dtype (auto: float32) on this device; `kwargs` go
-        to load_target."""
-        from serve.target import load_target
 
-        self.validate()
-        dtype = "float32" if self.dtype == "auto" else self.dtype
-        kwargs.setdefault("packed_weights", self.packed_weights)
-        return load_target(self.spec, dtype=dtype, device=self.resolved_device(), **kwargs)
+def text_config(config: Any) -> Any:
+    """The decoder's config (multimodal configs keep it under `text_config`)."""
+    return getattr(config, "text_config", None) or config

@@ -94,7 +94,7 @@ def test_generate_and_eval_report_the_recorded_k(target, tiny_target_dir, tmp_pa
     assert settings["k"] == 2 and settings["tree"] == {"depth": 5, "top_k": 4, "total_tokens": 24}
 
     from eval.config import EvalConfig
-    from eval.runner import evaluate
+    from eval.evaluate import evaluate
 
     fast = EvalConfig(max_new_tokens=6, per_domain_limit=1, peers=False, hf_plain=False, cost_model=False, warmup=False,
                       bootstrap_samples=10, progress=False)

@@ -5,7 +5,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from eval.config import EvalConfig
-from eval.runner import evaluate
+from eval.evaluate import evaluate
 from serve.target_config import TargetConfig
 
 

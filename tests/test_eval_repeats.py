@@ -6,6 +6,7 @@ import json
 import pytest
 
 from eval import runner, stats
+from eval.evaluate import evaluate
 from eval.config import EvalConfig
 from eval.prompts import EvalPrompt
 from eval.report import markdown
@@ -69,7 +70,7 @@ def test_evaluate_with_repeats_reports_them(target, tmp_path):
     rows.write_text(json.dumps({"id": "r1", "domain": "repeat", "prompt": "abc abc abc abc abc"}) + "\n")
     config = EvalConfig(max_new_tokens=8, k=2, progress=False, bootstrap_samples=20, peers=False, cost_model=False,
                         repeats=2)
-    result = runner.evaluate(target, {"ngram": "ngram"}, [str(rows)], config)
+    result = evaluate(target, {"ngram": "ngram"}, [str(rows)], config)
     s = result["settings"]
     assert s["repeats"] == 2 and "fastest of 2" in s["timing"] and s["timing_spread"] >= 0
     assert all(len(r["repeat_seconds"]) == 2 for r in result["records"])

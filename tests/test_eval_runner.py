@@ -9,7 +9,7 @@ import torch
 
 from eval.config import EvalConfig
 from eval.report import write_json, write_report
-from eval.runner import evaluate
+from eval.evaluate import evaluate
 from serve.drafters.base import Draft, Drafter
 from serve.errors import DraftsmithError
 from serve.target import load_target

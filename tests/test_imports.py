@@ -50,3 +50,61 @@ def test_only_the_training_loop_touches_the_distributed_stack():
     touching = [p.name for p in sorted((ROOT / "train").glob("*.py"))
                 if any(m == d or m.startswith(d + ".") for m in imports_of(p) for d in DISTRIBUTED)]
     assert touching == ["loop.py"]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the project modules it imports (function-level imports too; `from pkg import mod` names mod)."""
+    paths = [p for package in ("serve", "data", "train", "eval", "scripts") for p in sorted((ROOT / package).rglob("*.py"))]
+    modules = {_module_name(p): p for p in paths}
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names if alias.name in modules)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module in modules:
+                subs = {f"{node.module}.{alias.name}" for alias in node.names} & set(modules)
+                edges.update(subs or {node.module})
+        graph[name] = edges - {name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles():
+    """No module reaches itself through imports, function-level ones included: every layer reads on its own."""
+    assert circles(import_graph()) == []

@@ -14,12 +14,13 @@ def build_app(config: ServeConfig, *, log=None) -> Any:
     from serve.drafters.settings import draft_settings
     from serve.server.app import create_app
     from serve.server.engine import Engine
+    from serve.target import load_configured
 
     config.validate()  # a config built by hand is checked too
     config.target.apply_threads()
     if log:
         log(f"loading target {config.target.spec} ({config.target.dtype}, {config.target.device})")
-    target = config.target.load()
+    target = load_configured(config.target)
     drafter = None
     if config.speculation:
         if log:
