@@ -31,8 +31,8 @@ from data.generate import Answer, ContinuousBatcher, Request
 from data.masks import render_prompt, render_with_mask
 from data.plan import Conversation, fit_prompt, keeps_answers, plan_conversation
 from data.prompts import PromptRow, read_prompts
-from serve.errors import DraftsmithError
-from serve.files import write_text_atomic
+from serve.core.errors import DraftsmithError
+from serve.core.files import write_text_atomic
 from serve.server.record import read_manifest, traffic_rows
 
 WORK = ".work"
@@ -102,7 +102,7 @@ def gather_prompts(config: DataBuildConfig) -> list[PromptRow]:
 
 
 def context_length(target: Any) -> int | None:
-    from serve.target import text_config
+    from serve.core.target import text_config
 
     return getattr(text_config(target.config), "max_position_embeddings", None)
 
@@ -286,7 +286,7 @@ def row_tokens(tokenizer: Any, record: dict, *, chat: bool, eos_token_ids: Seque
 def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, progress: bool = True,
                   log: Callable[[str], None] = print,
                   on_batch: Callable[[int], None] | None = None) -> BuildResult:
-    """Self-distil `config.prompts` with `target` (a serve.target.Target or a spec for load_target) into out_dir.
+    """Self-distil `config.prompts` with `target` (a serve.core.target.Target or a spec for load_target) into out_dir.
 
     on_batch(part) runs after each batch is saved as .work/part-<part>.jsonl (tests use it to interrupt a build).
     """
@@ -429,7 +429,7 @@ def _write_dataset(target, config: DataBuildConfig, rows: list[PromptRow], recor
                    counts: _Counts, out: Path, max_length: int, stats: dict) -> BuildResult:
     import datasets
 
-    from serve.config import save_config, to_dict
+    from serve.core.config import save_config, to_dict
 
     columns: dict[str, list] = {"id": [], "domain": [], "input_ids": [], "loss_mask": []}
     for row in rows:  # the prompts' own order, not the batches'
@@ -478,7 +478,7 @@ def _write_dataset(target, config: DataBuildConfig, rows: list[PromptRow], recor
         # A figure for choosing model.draft_vocab_size; training picks the vocabulary itself, from its training
         # rows only (train/run.py), so nothing is written here.
         from data.vocab import select_draft_vocab
-        from serve.target import text_config
+        from serve.core.target import text_config
 
         vocab_size = text_config(target.config).vocab_size
         _, _, result.draft_vocab_coverage = select_draft_vocab(dataset, vocab_size, config.draft_vocab_size)

@@ -27,10 +27,10 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from serve.errors import DraftsmithError
-from serve.files import write_text_atomic
-from serve.identity import sha256_file
-from serve.layers import FINAL
+from serve.core.errors import DraftsmithError
+from serve.core.files import write_text_atomic
+from serve.core.identity import sha256_file
+from serve.core.layers import FINAL
 
 FORMAT = "draftsmith-hidden-cache/1"
 MANIFEST = "manifest.json"

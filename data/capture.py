@@ -24,8 +24,8 @@ from data.cache import (FORMAT, MANIFEST, CacheError, CacheReader, PackedShard, 
                         write_shard)
 from data.config import CaptureConfig, validate
 from data.layers import CONVENTION, LayerSpec, resolve_layers
-from serve.errors import DraftsmithError
-from serve.layers import FINAL, pick_hidden_states
+from serve.core.errors import DraftsmithError
+from serve.core.layers import FINAL, pick_hidden_states
 
 __all__ = ["CacheReader", "CaptureResult", "capture_hidden_states", "check_cache_current", "check_disk",
            "dataset_digest",
@@ -178,13 +178,13 @@ def capture_hidden_states(target: Any, dataset_dir: str | Path, out_dir: str | P
                           on_shard: Callable[[int], None] | None = None) -> CaptureResult:
     """Capture `config.layers` of `target` over the dataset written by `data build` into `out_dir`.
 
-    target: a serve.target.Target or a spec for load_target. on_shard(index) runs after each shard is
+    target: a serve.core.target.Target or a spec for load_target. on_shard(index) runs after each shard is
     written (tests use it to interrupt a capture).
     """
     import datasets
 
     from data import dist as dist_mod
-    from serve.target import load_target, text_config
+    from serve.core.target import load_target, text_config
 
     validate(config)
     dist = dist_mod.current(cpu=True if config.device == "cpu" else None)
@@ -279,7 +279,7 @@ def _capture_shard(target: Any, block: Any, layer_ids: tuple[int, ...], max_leng
                    dtype: torch.dtype) -> PackedShard:
     """Forward the shard's rows in token-budgeted batches, copying each row's states straight into the
     preallocated shard (memory: one shard in the cache dtype plus one batch's activations)."""
-    from serve.target import text_config
+    from serve.core.target import text_config
 
     ids = [list(x)[:max_length] for x in block["input_ids"]]
     masks = [list(x)[:max_length] for x in block["loss_mask"]]
@@ -309,7 +309,7 @@ def _merge_manifest(out: Path, shards: list[tuple[int, int, int]], target: Any, 
         if not sidecar.is_file():
             raise CacheError(f"shard {index} of {out} was not written (a process failed?); run the capture again")
         entries.append(json.loads(sidecar.read_text())["shard"])
-    from serve.target import text_config
+    from serve.core.target import text_config
 
     text = text_config(target.config)
     truncated = sum(len(x) > identity["max_length"] for x in dataset.select_columns(["input_ids"])["input_ids"])

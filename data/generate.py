@@ -22,10 +22,10 @@ from typing import Any, Hashable, Sequence
 
 import torch
 
-from serve.kv import cache_kwargs
-from serve.sampling import sample, target_probs
-from serve.target import text_config
-from serve.target_masks import for_target
+from serve.core.kv import cache_kwargs
+from serve.core.sampling import sample, target_probs
+from serve.core.target import text_config
+from serve.core.target_masks import for_target
 
 
 @dataclass

@@ -1,11 +1,11 @@
-"""Which hidden states a capture stores for a drafter, in the layer-id convention of serve/layers.py
+"""Which hidden states a capture stores for a drafter, in the layer-id convention of serve/core/layers.py
 (FINAL, the last normed state, is always stored: the losses recompute the target's logits from it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serve.errors import DraftsmithError
-from serve.layers import CONVENTION, FINAL, default_eagle3_layers
+from serve.core.errors import DraftsmithError
+from serve.core.layers import CONVENTION, FINAL, default_eagle3_layers
 
 __all__ = ["CONVENTION", "LAYER_SETS", "LayerSpec", "resolve_layers"]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 from serve.server.record import is_traffic_folder, traffic_prompt_records
 
 FORMS = ("messages", "conversations", "turns", "prompt", "question", "instruction")

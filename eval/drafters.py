@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from serve.drafters.settings import describe_tree
 from serve.drafters.spec import parse_drafter_spec, spec_path
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 
 BASELINE = "plain"  # the name of plain decoding in results and records
 RESERVED_NAMES = (BASELINE,)

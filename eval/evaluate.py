@@ -23,8 +23,8 @@ from eval.sweep_axes import parse_sweeps
 from eval.sweeps import run_sweeps
 from eval.winners import winners
 from serve.drafters.settings import resolve_k
-from serve.errors import DraftsmithError
-from serve.target import load_configured
+from serve.core.errors import DraftsmithError
+from serve.core.target import load_configured
 
 
 def _as_target(target: Any, config: EvalConfig) -> Any:
@@ -86,7 +86,7 @@ def target_block(target: Any) -> dict[str, Any]:
 def evaluate(target: Any, drafters: Mapping[str, Any], prompts: Any, config: EvalConfig | None = None) -> dict:
     """Evaluate `drafters` on `target` over `prompts`; returns the OUT.json dict.
 
-    target:   a serve.target.Target or a spec for load_target (e.g. "demo").
+    target:   a serve.core.target.Target or a spec for load_target (e.g. "demo").
     drafters: name -> spec string for serve.drafters.build_drafter ("ngram", "model:PATH", "oracle", a
               drafter folder) or an already built Drafter.
     prompts:  sources for data.prompts.load_prompts (a string or a list; `DOMAIN=source` tags a source),

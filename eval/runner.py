@@ -19,7 +19,7 @@ from eval.costs import context_ids, fastest, forward_times, median
 from eval.drafters import BASELINE, BeginTimed, DrafterEntry
 from eval.peers import Peer, run_peer
 from eval.prompts import EvalPrompt, group_by_domain
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 
 WARMUP_TOKENS = 16  # the untimed runs before timing: one per method at the start, one plain run per prompt
 

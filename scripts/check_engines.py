@@ -78,7 +78,7 @@ def ensure_env(name: str, version: str) -> Path:
 def make_drafters(work: Path) -> tuple[Path, dict]:
     """The tiny target and one seeded native drafter per (method, vocabulary)."""
     sys.path.insert(0, str(ROOT))
-    from serve.target import load_target
+    from serve.core.target import load_target
     from tests.export_fixtures import make_native
     from tests.tiny_models import save_tiny_target
 
@@ -95,7 +95,7 @@ EXPORT_ONE = textwrap.dedent("""
     import json, sys
     from serve.export import export_drafter
     from serve.export.common import default_prompts
-    from serve.target import load_target
+    from serve.core.target import load_target
     native, fmt, out, target_dir = sys.argv[1:5]
     target = load_target(target_dir)
     try:
@@ -131,11 +131,11 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
     import torch
 
     from serve.drafters.draft_layer import shared_embedding
-    from serve.layers import FINAL
+    from serve.core.layers import FINAL
     from serve.drafters.folder import load_head
     from serve.drafters.masks import additive, causal_allowed
     from serve.drafters.vocab import draft_token_ids
-    from serve.target import load_target
+    from serve.core.target import load_target
 
     target = load_target(str(target_dir))
     T = input_ids.numel()

@@ -15,9 +15,9 @@ from typing import Callable, ClassVar
 
 from data.config import CaptureConfig, DataBuildConfig
 from eval.config import EvalConfig
-from serve.config import save_config, to_dict
-from serve.identity import sha256_file
-from serve.target_config import TargetConfig
+from serve.core.config import save_config, to_dict
+from serve.core.identity import sha256_file
+from serve.core.target_config import TargetConfig
 from train.config import TrainConfig
 
 
@@ -30,7 +30,7 @@ def _train_defaults(method: str) -> TrainConfig:
 
 @dataclass
 class DemoConfig:
-    ALIASES: ClassVar[dict[str, str]] = {"target": "target.spec"}  # `target: demo` (serve.config.load_config)
+    ALIASES: ClassVar[dict[str, str]] = {"target": "target.spec"}  # `target: demo` (serve.core.config.load_config)
     RANGES: ClassVar[dict[str, str]] = {"eval_prompts_per_domain": ">= 1", "export_check_prompts": ">= 1",
                                         "export_check_tokens": ">= 2", "generate_max_new_tokens": ">= 1"}
     target: TargetConfig = field(default_factory=TargetConfig)
@@ -180,14 +180,14 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     from data.capture import dataset_digest
     from eval.report import timing_line, write_report
     from eval.evaluate import evaluate
-    from serve.config import ConfigError
+    from serve.core.config import ConfigError
     from serve.decoding import speculative_generate
     from serve.drafters import build_drafter
-    from serve.errors import DraftsmithError
+    from serve.core.errors import DraftsmithError
     from serve.export import check_export, export_drafter
     from serve.export.common import default_prompts
-    from serve.prompts import encode_prompt
-    from serve.target import load_configured
+    from serve.core.prompts import encode_prompt
+    from serve.core.target import load_configured
 
     if config.train_mode not in ("offline", "online"):
         raise ConfigError(f"train_mode must be offline or online, got {config.train_mode!r}")

@@ -37,13 +37,13 @@ def check_family(family: str, work: Path, *, prompts: int = 3, new_tokens: int =
     decoding, export in every format (an engine that cannot host the family refuses in one line)."""
     import torch
 
-    from serve.config import load_config
+    from serve.core.config import load_config
     from serve.decoding import plain_generate, speculative_generate
     from serve.drafters import build_drafter
-    from serve.errors import DraftsmithError
+    from serve.core.errors import DraftsmithError
     from serve.export import export_drafter
     from serve.export.common import default_prompts
-    from serve.target import load_target, text_config
+    from serve.core.target import load_target, text_config
     from tests.train_fixtures import greedy_rows, save_rows, sharp_target
     from train.config import TrainConfig
     from train.run import train_drafter

@@ -9,11 +9,11 @@ import torch
 
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.settings import resolve_k
-from serve.kv import cache_kwargs, keep_positions, new_cache, sliding_window
-from serve.layers import pick_hidden_states
-from serve.sampling import greedy_tokens, sample, target_probs
+from serve.core.kv import cache_kwargs, keep_positions, new_cache, sliding_window
+from serve.core.layers import pick_hidden_states
+from serve.core.sampling import greedy_tokens, sample, target_probs
 from serve.stopping import StopChecker
-from serve.target_masks import for_target
+from serve.core.target_masks import for_target
 from serve.tree import TreeSpec, ancestor_mask, node_depths
 from serve.verify import Verdict, verify_chain, verify_greedy, verify_tree
 
@@ -70,7 +70,7 @@ def _generator(seed: int | None) -> torch.Generator:
 
 
 def _hidden(out, layers: Sequence[int], rows: torch.Tensor | slice) -> dict[int, torch.Tensor]:
-    """The drafter's layers of an HF output (serve.layers), the rows of batch entry 0: {id: (len(rows), h)}."""
+    """The drafter's layers of an HF output (serve.core.layers), the rows of batch entry 0: {id: (len(rows), h)}."""
     if not layers:
         return {}
     return {layer: h[0, rows] for layer, h in pick_hidden_states(out.hidden_states, layers).items()}
@@ -136,7 +136,7 @@ def plain_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int, temp
 
 def _verify_inputs(pending: int, draft: Draft, cache, device, model):
     """input_ids (1, n+1), position_ids (1, n+1), and for trees the attention mask: (1, 1, n+1, past+n+1) (see
-    serve/target_masks.py), or a dict per attention type when the target has sliding-window layers."""
+    serve/core/target_masks.py), or a dict per attention type when the target has sliding-window layers."""
     past = cache.get_seq_length()
     tokens = torch.cat([torch.tensor([pending]), draft.tokens.cpu()])
     if not draft.is_tree:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from serve.sampling import residual, sample
+from serve.core.sampling import residual, sample
 
 
 @dataclass

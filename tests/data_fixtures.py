@@ -7,7 +7,7 @@ import json
 import pytest
 
 from data.config import DataBuildConfig
-from serve.target_config import TargetConfig
+from serve.core.target_config import TargetConfig
 
 PROMPTS = [
     {"id": "a", "domain": "math", "prompt": "1+1?"},

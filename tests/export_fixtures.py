@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from serve.drafters.folder import build_head, save_drafter
-from serve.target import load_target
+from serve.core.target import load_target
 
 
 def _scatter_vocab(head, vocab: int, draft_vocab: int, seed: int) -> None:

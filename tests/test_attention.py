@@ -1,4 +1,4 @@
-"""serve/attention.py: grouped-query attention without copying the cache on a CPU, with identical logits."""
+"""serve/core/attention.py: grouped-query attention without copying the cache on a CPU, with identical logits."""
 from __future__ import annotations
 
 import os
@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers.integrations import sdpa_attention
 
-from serve.attention import FORCE_GQA, gqa_wanted, grouped_heads, torch_has_gqa, use_cpu_gqa
-from serve.kv import cache_kwargs, new_cache, rollback
-from serve.target import load_target
+from serve.core.attention import FORCE_GQA, gqa_wanted, grouped_heads, torch_has_gqa, use_cpu_gqa
+from serve.core.kv import cache_kwargs, new_cache, rollback
+from serve.core.target import load_target
 from tests.tiny_models import tiny_config, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch_has_gqa(), reason="torch's SDPA takes enable_gqa from 2.5 on")
@@ -34,7 +34,7 @@ def test_grouped_heads_attend_without_repeating_the_cache_and_give_the_same_logi
     monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda *a: calls.append(1) or original(*a))
     monkeypatch.setenv(FORCE_GQA, "0")
     copied = {n: verify_logits(model, n) for n in (1, 2, 5)}
-    assert calls, "transformers no longer repeats the cache under a mask: serve/attention.py has nothing to do"
+    assert calls, "transformers no longer repeats the cache under a mask: serve/core/attention.py has nothing to do"
     calls.clear()
     monkeypatch.setenv(FORCE_GQA, "1")
     for n, logits in copied.items():

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-import serve.files
+import serve.core.files
 from scripts.cli import main
-from scripts.errors import INTERRUPTED
+from scripts.cli.errors import INTERRUPTED
 
 
 def _cli_error(capsys, *argv, code: int = 2) -> str:
@@ -73,7 +73,7 @@ class _FullDisk:
 ])
 def test_a_full_disk_or_ctrl_c_while_writing_json(tmp_path, tiny_target_dir, capsys, monkeypatch, error, code, line):
     out = tmp_path / "runs" / "gen.json"
-    monkeypatch.setattr(serve.files, "open", lambda path, mode="r", **kw: _FullDisk(builtins.open(path, mode, **kw),
+    monkeypatch.setattr(serve.core.files, "open", lambda path, mode="r", **kw: _FullDisk(builtins.open(path, mode, **kw),
                                                                                     error), raising=False)
     got = _cli_error(capsys, "generate", "--target", tiny_target_dir, "--prompt", "abcabc", "--max-new-tokens", 4,
                      "--quiet", "--json", out, code=code)

@@ -9,11 +9,11 @@ import pytest
 from data.config import CaptureConfig, DataBuildConfig
 from eval.config import EvalConfig
 from scripts.cli import main
-from scripts.cmd_generate import GenerateConfig
-from serve.config import load_config
-from serve.errors import ConfigError, DraftsmithError
+from scripts.cli.generate import GenerateConfig
+from serve.core.config import load_config
+from serve.core.errors import ConfigError, DraftsmithError
 from serve.server.config import ServeConfig
-from serve.target_config import TargetConfig
+from serve.core.target_config import TargetConfig
 from train.config import TrainConfig
 
 

@@ -1,4 +1,4 @@
-"""Every numeric setting of every command is range-checked when its config is built (serve/ranges.py), and a recipe
+"""Every numeric setting of every command is range-checked when its config is built (serve/core/ranges.py), and a recipe
 file that is not YAML, or not a mapping, is a one-line error."""
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import pytest
 from data.config import CaptureConfig, DataBuildConfig
 from eval.config import EvalConfig
 from scripts.cli import main
-from scripts.cmd_fetch_demo import FetchDemoConfig
-from scripts.cmd_generate import GenerateConfig
+from scripts.cli.fetch_demo import FetchDemoConfig
+from scripts.cli.generate import GenerateConfig
 from scripts.demo import DemoConfig
-from serve.config import load_config
-from serve.errors import ConfigError
+from serve.core.config import load_config
+from serve.core.errors import ConfigError
 from serve.export.config import ExportConfig
-from serve.ranges import check_ranges, parse_range
+from serve.core.ranges import check_ranges, parse_range
 from serve.server.config import ServeConfig
 from train.config import TrainConfig
 

@@ -8,9 +8,9 @@ import pytest
 
 from data.build import build_dataset, unmask_cut_endings
 from data.config import DataBuildConfig
-from serve.config import ConfigError, load_config
-from serve.errors import DraftsmithError
-from serve.target import load_target
+from serve.core.config import ConfigError, load_config
+from serve.core.errors import DraftsmithError
+from serve.core.target import load_target
 from tests.data_fixtures import PROMPTS, config_for, prompts, quiet, read, write_jsonl  # noqa: F401  (prompts is a fixture)
 
 def runs(mask):

@@ -16,10 +16,10 @@ from data.cache import MANIFEST, CacheError, bytes_per_token
 from data.capture import CacheReader, capture_hidden_states, plan_batches
 from data.config import CaptureConfig, DataBuildConfig
 from data.layers import resolve_layers
-from serve.errors import DraftsmithError
-from serve.layers import FINAL
-from serve.target import load_target
-from serve.target_config import TargetConfig
+from serve.core.errors import DraftsmithError
+from serve.core.layers import FINAL
+from serve.core.target import load_target
+from serve.core.target_config import TargetConfig
 from tests.data_fixtures import PROMPTS, quiet, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ def dataset_dir(tmp_path_factory, tiny_target):
     return folder / "ds"
 
 
-# The 2-layer tiny target is too shallow for EAGLE-3's distinct default layers (serve/layers.py); capture the
+# The 2-layer tiny target is too shallow for EAGLE-3's distinct default layers (serve/core/layers.py); capture the
 # ids its old default gave, a low/mid/high triple that repeats a layer (the cache stores each layer once).
 LAYERS = "1,0,0"
 

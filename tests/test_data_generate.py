@@ -5,7 +5,7 @@ import torch
 
 from data.generate import Answer, ContinuousBatcher, Request, attention_masks
 from serve.decoding import plain_generate
-from serve.target import load_target
+from serve.core.target import load_target
 
 MAX_NEW = 24
 
@@ -108,7 +108,7 @@ def test_attention_masks_per_layer_type(tiny_target_factory):
 
 def test_greedy_rows_equal_the_former_generate_batches(tiny_target_dir):
     # the path `data build` took before continuous batching: transformers' generate over left-padded batches
-    from scripts.bench_generate import continuous_generate, former_generate
+    from scripts.bench.generate import continuous_generate, former_generate
 
     target = load_target(tiny_target_dir)
     prompts = random_prompts(10, seed=4)

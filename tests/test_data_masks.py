@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from data.masks import has_generation_markers, render_prompt, render_with_mask
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 from tests.tiny_models import CHAT_TEMPLATE, tiny_tokenizer
 
 CONVERSATION = [

@@ -5,7 +5,7 @@ import pytest
 
 from data.builtin import BUILTIN_DOMAINS
 from data.prompts import PromptRow, load_prompts
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 from tests.data_fixtures import write_jsonl
 
 

@@ -7,7 +7,7 @@ import torch
 from serve.decoding import plain_generate, speculative_generate
 from serve.drafters import build_drafter
 from serve.drafters.base import Draft, Drafter
-from serve.target import load_target
+from serve.core.target import load_target
 from serve.tree import TreeSpec, static_tree_parents
 
 PROMPTS = ["hello hello hello world", "abcabcabcabc", "def f(x):\n    return x", "The quick brown fox"]
@@ -156,7 +156,7 @@ def test_model_drafter_with_other_tokenizer_is_rejected(target, tmp_path):
 
 
 def test_bad_drafter_spec(target):
-    from serve.errors import DraftsmithError
+    from serve.core.errors import DraftsmithError
 
     with pytest.raises(DraftsmithError, match="unknown drafter"):
         build_drafter("nonsense", target)

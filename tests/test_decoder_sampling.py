@@ -12,13 +12,13 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from serve.costs import VerifyCosts
+from serve.core.costs import VerifyCosts
 from serve.decoding import plain_generate, speculative_generate
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.length import ExpectedGain
 from serve.drafters.model import ModelDrafter
-from serve.sampling import target_probs
-from serve.target import Target
+from serve.core.sampling import target_probs
+from serve.core.target import Target
 from tests.tiny_models import tiny_model, tiny_tokenizer
 
 VOCAB, STEPS, SAMPLES = 8, 3, 1500

@@ -41,7 +41,7 @@ def test_demo_quick_end_to_end(demo_target_dir, tmp_path):
 
 def test_demo_rejects_a_bad_train_mode(tmp_path):
     from scripts.demo import DemoConfig, run_demo
-    from serve.config import ConfigError
+    from serve.core.config import ConfigError
 
     with pytest.raises(ConfigError, match="train_mode must be offline or online"):
         run_demo(DemoConfig(out_dir=str(tmp_path / "d"), train_mode="sideways"))

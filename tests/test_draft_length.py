@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.costs import VerifyCosts, measure_verify_costs, use_verify_costs, verify_costs_for
+from serve.core.costs import VerifyCosts, measure_verify_costs, use_verify_costs, verify_costs_for
 from serve.decoding import plain_generate, speculative_generate
 from serve.drafters import DrafterSpecError, build_drafter
 from serve.drafters.length import (Calibration, ExpectedGain, FixedLength, LastDraft, MinConfidence, best_length,
                                    build_policy, expected_tokens, generation_factor, matched_prefix, scale_odds)
 from serve.drafters.ngram import GENERATION_WEIGHT as NGRAM_GENERATION_WEIGHT, LOCAL_WEIGHT as NGRAM_LOCAL_WEIGHT
 from serve.drafters.ngram import Match, NgramDrafter, longest_match, match_signal
-from serve.errors import DraftsmithError
-from serve.target import load_target
+from serve.core.errors import DraftsmithError
+from serve.core.target import load_target
 
 # a CPU-like cost curve: one or two drafts nearly free, then a jump (what SmolLM2 on one core measured)
 CPU = VerifyCosts(ratios={0: 1.0, 1: 1.05, 2: 1.1, 3: 1.6, 5: 1.65, 8: 2.0}, step_seconds=0.1)

@@ -10,9 +10,9 @@ import torch
 from serve.drafters import build_drafter
 from serve.drafters.settings import DEFAULT_K, draft_settings, resolve_k
 from serve.drafters.spec import DrafterSpecError, parse_drafter_spec
-from serve.errors import DraftsmithError
-from serve.target import load_target
-from serve.target_config import TargetConfig
+from serve.core.errors import DraftsmithError
+from serve.core.target import load_target
+from serve.core.target_config import TargetConfig
 from serve.tree import TreeSpec
 
 

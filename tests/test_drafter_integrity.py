@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 from scripts.cli import main
 from serve.drafters import build_drafter
 from serve.drafters.folder import CHECKSUMS_NAME, build_head, load_head, read_config, save_drafter
-from serve.errors import DraftsmithError
-from serve.target import load_target
+from serve.core.errors import DraftsmithError
+from serve.core.target import load_target
 
 
 @pytest.fixture(scope="module")

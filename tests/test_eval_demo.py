@@ -6,7 +6,7 @@ from transformers import AutoTokenizer
 
 from eval.config import EvalConfig
 from eval.evaluate import evaluate
-from serve.target_config import TargetConfig
+from serve.core.target_config import TargetConfig
 
 
 @pytest.mark.slow

@@ -10,8 +10,8 @@ from eval.evaluate import evaluate
 from eval.config import EvalConfig
 from eval.prompts import EvalPrompt
 from eval.report import markdown
-from serve.errors import DraftsmithError
-from serve.target import load_target
+from serve.core.errors import DraftsmithError
+from serve.core.target import load_target
 
 
 @pytest.fixture(scope="module")

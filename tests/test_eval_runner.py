@@ -11,8 +11,8 @@ from eval.config import EvalConfig
 from eval.report import write_json, write_report
 from eval.evaluate import evaluate
 from serve.drafters.base import Draft, Drafter
-from serve.errors import DraftsmithError
-from serve.target import load_target
+from serve.core.errors import DraftsmithError
+from serve.core.target import load_target
 
 PROMPTS = [
     {"id": "r1", "domain": "repeat", "prompt": "abc abc abc abc abc abc abc"},

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 from serve.export import export_drafter
 from serve.export.common import default_prompts
-from serve.target import load_target
+from serve.core.target import load_target
 from tests.export_fixtures import make_native, target  # noqa: F401 (fixture)
 
 COMBOS = [("eagle1", "vllm"), ("eagle1", "sglang"), ("eagle3", "vllm"), ("eagle3", "sglang"),

@@ -8,12 +8,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 from serve.export import validate_export, write_export
 from serve.export.common import ExportError, compare_drafts, default_prompts
 from serve.export.readback import read_export
 from serve.drafters.folder import load_drafter
-from serve.target import load_target
+from serve.core.target import load_target
 from tests.export_fixtures import make_native, target  # noqa: F401 (fixture)
 
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from scripts.support_matrix import FAMILIES, FORMATS, check_family, matrix_markdown
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 from serve.export.hosts import HOSTS
 
 

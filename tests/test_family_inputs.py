@@ -14,8 +14,8 @@ from scripts.cli import main
 from serve.decoding import speculative_generate
 from serve.drafters.draft_layer import draft_layer_config
 from serve.drafters.folder import load_drafter, read_config
-from serve.errors import DraftsmithError
-from serve.target import load_target
+from serve.core.errors import DraftsmithError
+from serve.core.target import load_target
 from tests.export_fixtures import make_native
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from serve.drafters.folder import build_head, make_drafter
-from serve.layers import FINAL
-from serve.target import load_target
+from serve.core.layers import FINAL
+from serve.core.target import load_target
 from serve.tree import TreeSpec
 
 
@@ -41,7 +41,7 @@ def test_eagle1_tensor_names_and_shapes(tiny_target_dir):
 
 def test_eagle3_tensor_names_and_shapes(tiny_target_dir):
     from serve.drafters.eagle3 import eagle3_config
-    from serve.layers import default_eagle3_layers
+    from serve.core.layers import default_eagle3_layers
 
     target = load_target(tiny_target_dir)
     cfg = eagle3_config(target, draft_vocab_size=100, aux_layer_ids=[0, 1, 1])
@@ -146,7 +146,7 @@ def test_min_confidence_shortens_chains_and_stays_exact(tiny_target_dir, tmp_pat
     from serve.drafters import DrafterSpecError, build_drafter
     from serve.drafters.folder import save_drafter
     from serve.drafters.medusa import medusa_config
-    from serve.errors import DraftsmithError
+    from serve.core.errors import DraftsmithError
 
     target = load_target(tiny_target_dir)
     ids = torch.randint(0, 256, (1, 10), generator=torch.Generator().manual_seed(3))

@@ -9,9 +9,9 @@ import torch
 from serve.drafters import build_drafter
 from serve.drafters.eagle3 import eagle3_config
 from serve.drafters.folder import build_head, load_drafter, load_head, save_drafter
-from serve.errors import DraftsmithError
-from serve.layers import FINAL
-from serve.target import load_target
+from serve.core.errors import DraftsmithError
+from serve.core.layers import FINAL
+from serve.core.target import load_target
 
 
 def test_folder_round_trip_and_build_drafter(tmp_path, tiny_target_dir):

@@ -5,8 +5,8 @@ import torch
 
 from serve.drafters.folder import build_head, make_drafter
 from serve.drafters.medusa import medusa_config
-from serve.layers import FINAL
-from serve.target import load_target
+from serve.core.layers import FINAL
+from serve.core.target import load_target
 from serve.tree import TreeSpec
 
 

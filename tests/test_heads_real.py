@@ -7,7 +7,7 @@ import torch
 from serve.decoding import plain_generate, speculative_generate
 from serve.drafters.eagle3 import eagle3_config
 from serve.drafters.folder import build_head, load_drafter, save_drafter
-from serve.target import load_target
+from serve.core.target import load_target
 from serve.tree import TreeSpec
 
 pytestmark = pytest.mark.slow

@@ -4,13 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.costs import VerifyCosts
+from serve.core.costs import VerifyCosts
 from serve.drafters import DrafterSpecError, build_drafter
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.hybrid import HybridDrafter, hybrid_of, tree_tokens
 from serve.drafters.length import ExpectedGain, FixedLength, LastDraft
 from serve.drafters.ngram import NgramDrafter
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 from serve.tree import add_chain, chain_parents
 
 FLAT = VerifyCosts(ratios={0: 1.0, 16: 1.0}, step_seconds=0.01)
@@ -125,7 +125,7 @@ def test_a_tree_holds_both_when_verification_is_cheap():
 
 
 def test_hybrid_spec_errors(tiny_target_dir):
-    from serve.target import load_target
+    from serve.core.target import load_target
 
     target = load_target(tiny_target_dir)
     with pytest.raises(DrafterSpecError, match="hybrid:DIR"):

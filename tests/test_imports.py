@@ -1,4 +1,4 @@
-"""The import layering the restructuring settled (issue: one home for the target contract), read from the source:
+"""The import layering the restructurings settled (issue: one home for the target contract), read from the source:
 the decoder sees drafters only through their protocol, no drafter imports the decoder, and the packages point one
 way (DESIGN.md: serve <- data <- train, serve <- eval, which reads prompts through data; scripts on top), and
 only train/loop.py touches accelerate, DeepSpeed or torch.distributed. Function-level imports count too."""
@@ -108,3 +108,24 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_circles():
     """No module reaches itself through imports, function-level ones included: every layer reads on its own."""
     assert circles(import_graph()) == []
+
+
+def test_the_core_stands_on_nothing_else():
+    """serve/core is what every package imports (target loading, configs, errors, files, threads, costs, the layer
+    convention, prompts, sampling): it imports nothing of draftsmith outside itself."""
+    wrong = []
+    for path in sorted((ROOT / "serve" / "core").glob("*.py")):
+        ours = {m for m in imports_of(path) if m.split(".")[0] in ("serve", "data", "train", "eval", "scripts")}
+        wrong += [f"{path.name} imports {m}" for m in sorted(ours) if not m.startswith("serve.core")]
+    assert wrong == []
+
+
+def test_cli_and_benchmarks_live_apart():
+    """The command line is scripts/cli/ (one module per subcommand); benchmarks and simulations are scripts/bench/;
+    nothing of the package imports a benchmark."""
+    top = sorted(p.name for p in (ROOT / "scripts").glob("*.py"))
+    assert not [name for name in top if name.startswith(("cmd_", "bench_"))], top
+    importers = [str(p.relative_to(ROOT)) for package in ("serve", "data", "train", "eval", "scripts/cli")
+                 for p in sorted((ROOT / package).rglob("*.py")) if any(m.startswith("scripts.bench")
+                                                                        for m in imports_of(p))]
+    assert importers == []

@@ -1,11 +1,11 @@
-"""The target contract (serve/layers.py): layer ids, FINAL, EAGLE-3's default aux layers, the one picker."""
+"""The target contract (serve/core/layers.py): layer ids, FINAL, EAGLE-3's default aux layers, the one picker."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from serve.errors import DraftsmithError
-from serve.layers import (EAGLE3_MIN_LAYERS, FINAL, check_eagle3_layers, default_eagle3_layers, pick_hidden_states,
+from serve.core.errors import DraftsmithError
+from serve.core.layers import (EAGLE3_MIN_LAYERS, FINAL, check_eagle3_layers, default_eagle3_layers, pick_hidden_states,
                           published_eagle3_layers)
 
 
@@ -38,7 +38,7 @@ def test_unservable_aux_layers_are_refused():
 
 
 def test_training_refuses_what_export_would_refuse():
-    from serve.config import load_config
+    from serve.core.config import load_config
     from train.config import TrainConfig, check
 
     with pytest.raises(DraftsmithError, match="repeats a layer"):
@@ -47,7 +47,7 @@ def test_training_refuses_what_export_would_refuse():
 
 
 def test_pick_hidden_states_follows_the_convention(tiny_target_dir):
-    from serve.target import load_target
+    from serve.core.target import load_target
 
     model = load_target(tiny_target_dir).model
     with torch.no_grad():

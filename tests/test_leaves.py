@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.costs import VerifyCosts
+from serve.core.costs import VerifyCosts
 from serve.decoding import plain_generate, speculative_generate
 from serve.drafters import DrafterSpecError, build_drafter
 from serve.drafters.length import ExpectedGain, FixedLength, LastDraft
 from serve.drafters.leaves import Leaf, choose_leaves, leaf_gains, leaf_tree, runner_ups
-from serve.target import load_target
+from serve.core.target import load_target
 from serve.tree import ancestor_mask
 
 FLAT = VerifyCosts(ratios={0: 1.0, 32: 1.0}, step_seconds=0.01)  # extra verified rows cost nothing

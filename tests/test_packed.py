@@ -1,4 +1,4 @@
-"""serve/packed.py: oneDNN's packed linear for forwards over several tokens, exact where it must be."""
+"""serve/core/packed.py: oneDNN's packed linear for forwards over several tokens, exact where it must be."""
 from __future__ import annotations
 
 import copy
@@ -7,14 +7,14 @@ import pytest
 import torch
 from torch import nn
 
-from serve import packed
+from serve.core import packed
 from serve.decoding import plain_generate, speculative_generate
 from serve.drafters import build_drafter
-from serve.errors import DraftsmithError, TargetError
-from serve.packed import (MIN_ROWS, PackedLinear, choose_kernels, pack_linears, packing_wanted, set_small_kernels,
+from serve.core.errors import DraftsmithError, TargetError
+from serve.core.packed import (MIN_ROWS, PackedLinear, choose_kernels, pack_linears, packing_wanted, set_small_kernels,
                           tune_small_rows, unpack_linears)
-from serve.target import load_target
-from serve.target_config import TargetConfig
+from serve.core.target import load_target
+from serve.core.target_config import TargetConfig
 
 
 def packed_twin(linear: nn.Linear) -> nn.Linear:

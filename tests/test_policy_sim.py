@@ -1,4 +1,4 @@
-"""scripts/policy_sim.py: policies compared on a modelled clock decide alike whatever the machine does."""
+"""scripts/bench/policy_sim.py: policies compared on a modelled clock decide alike whatever the machine does."""
 from __future__ import annotations
 
 import sys
@@ -6,9 +6,9 @@ import sys
 import pytest
 import torch
 
-from scripts import policy_sim
-from serve.errors import DraftsmithError
-from serve.target import load_target
+from scripts.bench import policy_sim
+from serve.core.errors import DraftsmithError
+from serve.core.target import load_target
 
 
 def _eagle3_folder(target, tmp_path) -> str:
@@ -80,7 +80,7 @@ def test_prompt_lookup_arm_drafts_what_transformers_drafts(tiny_target_dir):
 
 
 def test_fixed_costs_replace_the_measured_ones(tiny_target_dir):
-    from serve.costs import verify_costs_for
+    from serve.core.costs import verify_costs_for
 
     target = load_target(tiny_target_dir)
     costs = policy_sim.fixed_costs(target.model, "1.1,1.3,1.3")

@@ -20,7 +20,7 @@ from serve.drafters import build_drafter
 from serve.drafters.ngram import NgramDrafter
 from serve.server.app import create_app
 from serve.server.engine import Engine
-from serve.target import load_target
+from serve.core.target import load_target
 from tests.server_fixtures import running_server
 from tests.tiny_models import save_tiny_target
 
@@ -270,7 +270,7 @@ def test_disconnect_frees_the_slot(target):
 
 
 def test_loadtest_client_counts_tokens_and_latencies(url):
-    from scripts.loadtest import builtin_prompts, percentile, run_load
+    from scripts.bench.loadtest import builtin_prompts, percentile, run_load
 
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([1.0, 2.0], 99) == pytest.approx(1.99)
     (server,) = run_load({"tiny": url}, builtin_prompts(), clients=2, requests=4, max_tokens=8, temperature=0.0,
@@ -310,7 +310,7 @@ def test_sampling_with_a_seed_is_reproducible_and_matches_the_decoder(target, cl
 
 
 def test_build_app_from_config(tiny_target_dir):
-    from serve.config import load_config
+    from serve.core.config import load_config
     from serve.server import ServeConfig, build_app
 
     config = load_config(ServeConfig, overrides=[f"target={tiny_target_dir}", "drafter=ngram:max_n=2", "k=3",
@@ -356,7 +356,7 @@ def test_a_busy_port_is_reported_before_the_model_loads(tmp_path):
 
 def test_serves_a_drafter_folder_with_tree_drafting_losslessly(target, tiny_target_dir, tmp_path):
     """A (random) EAGLE-3 head folder served with dynamic trees: greedy text equals plain decoding's."""
-    from serve.config import load_config
+    from serve.core.config import load_config
     from serve.decoding import plain_generate
     from serve.drafters.eagle3 import eagle3_config
     from serve.drafters.folder import build_head, save_drafter

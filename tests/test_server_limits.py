@@ -15,7 +15,7 @@ import pytest
 
 from serve.server.app import Server, create_app
 from serve.server.engine import Engine
-from serve.target import load_target
+from serve.core.target import load_target
 from tests.server_fixtures import running_server
 
 MODEL = "tiny"
@@ -218,8 +218,8 @@ def test_fields_the_server_cannot_honour_are_refused_by_name(url):
                                                ("max_prompt_chars=0", "max_prompt_chars must be at least 1"),
                                                ("record_segment_mb=-1", "record_segment_mb must be above 0")])
 def test_limits_are_checked_when_the_config_is_built(override, message):
-    from serve.config import load_config
-    from serve.errors import ConfigError
+    from serve.core.config import load_config
+    from serve.core.errors import ConfigError
     from serve.server import ServeConfig
 
     with pytest.raises(ConfigError, match=message):

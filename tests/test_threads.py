@@ -1,13 +1,13 @@
-"""The busy-machine thread policy (serve/threads.py): --threads wins; else torch's default lowered to the cores
+"""The busy-machine thread policy (serve/core/threads.py): --threads wins; else torch's default lowered to the cores
 idle at start, never below 1, with one line saying so; every command that runs a target takes --threads."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-import serve.threads as threads
+import serve.core.threads as threads
 from scripts.cli import build_parser, main
-from serve.threads import ThreadChoice, apply_threads, choose_threads, idle_cores, usable_cores
+from serve.core.threads import ThreadChoice, apply_threads, choose_threads, idle_cores, usable_cores
 
 
 def test_the_policy():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from scripts.cli import main
-from serve.config import ConfigError, load_config
+from serve.core.config import ConfigError, load_config
 from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows, sharp_target
 from train.config import TrainConfig, check
 

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from serve.config import load_config
+from serve.core.config import load_config
 from serve.decoding import plain_generate, speculative_generate
 from serve.drafters import build_drafter
-from serve.target import load_target
+from serve.core.target import load_target
 from serve.tree import TreeSpec
 from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows, sharp_target
 from train.config import TrainConfig

@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from serve.config import load_config
-from serve.target import load_target
+from serve.core.config import load_config
+from serve.core.target import load_target
 from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows, sharp_target
 from train.config import TrainConfig
 from train.run import train_drafter

@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from serve.config import load_config
+from serve.core.config import load_config
 from serve.decoding import plain_generate, speculative_generate
 from serve.drafters import build_drafter
-from serve.target import load_target
+from serve.core.target import load_target
 from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows, sharp_target
 from train.config import TrainConfig
 from train.objectives import agreement_of
@@ -160,10 +160,10 @@ def test_early_stopping_after_patience(job):
 
 
 def test_ablation_script_trains_rows_side_by_side(job, tmp_path):
-    """scripts/ablate.py: one row per change, reused when rerun, a table and a plot of μ against tokens."""
+    """scripts/bench/ablate.py: one row per change, reused when rerun, a table and a plot of μ against tokens."""
     import yaml
 
-    from scripts.ablate import main
+    from scripts.bench.ablate import main
 
     target_dir, root = job
     recipe = tmp_path / "recipe.yaml"

@@ -1,7 +1,7 @@
 """Data order and learning-rate schedule: pure functions of the step, so a resume needs only the step."""
 from __future__ import annotations
 
-from serve.config import load_config
+from serve.core.config import load_config
 from train.config import TrainConfig
 from train.features import split_rows
 from train.loop import deepspeed_config

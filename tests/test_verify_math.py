@@ -2,7 +2,7 @@
 import torch
 
 from serve.drafters.ngram import continuation, lookup
-from serve.sampling import greedy_tokens, process_logits, residual, sample, target_probs
+from serve.core.sampling import greedy_tokens, process_logits, residual, sample, target_probs
 from serve.tree import ancestor_mask, node_depths, path_to, static_tree_parents
 from serve.verify import verify_chain, verify_greedy, verify_tree
 

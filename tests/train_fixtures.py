@@ -9,7 +9,7 @@ import torch
 
 def greedy_rows(target_dir: str | Path, *, rows: int = 24, prompt_len: int = 6, new_tokens: int = 40,
                 seed: int = 0) -> list[dict]:
-    from serve.target import load_target
+    from serve.core.target import load_target
 
     target = load_target(target_dir)
     gen = torch.Generator().manual_seed(seed)
@@ -32,7 +32,7 @@ def save_rows(rows: list[dict], folder: str | Path) -> Path:
     return Path(folder)
 
 
-# EAGLE-3 reads three distinct aux layers below the last one (serve/layers.py): its tiny targets need 4 layers.
+# EAGLE-3 reads three distinct aux layers below the last one (serve/core/layers.py): its tiny targets need 4 layers.
 EAGLE3_LAYERS = 4
 
 

@@ -1,4 +1,4 @@
-"""The typed training config: defaults < YAML recipe < `a.b=value` overrides (serve.config.load_config).
+"""The typed training config: defaults < YAML recipe < `a.b=value` overrides (serve.core.config.load_config).
 
 Every hyper-parameter lives here once; the DeepSpeed JSON and the accelerate plugins are generated from it.
 """
@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from serve.errors import DraftsmithError
-from serve.layers import check_eagle3_layers
-from serve.ranges import check_ranges
-from serve.target_config import TargetConfig
+from serve.core.errors import DraftsmithError
+from serve.core.layers import check_eagle3_layers
+from serve.core.ranges import check_ranges
+from serve.core.target_config import TargetConfig
 
 METHODS = ("eagle1", "eagle3", "medusa")
 STRATEGIES = ("ddp", "deepspeed", "fsdp")
@@ -23,7 +23,7 @@ class ModelConfig:
     method: str = "eagle3"                 # eagle1 | eagle3 | medusa
     num_speculative_tokens: int = 5        # K trained for; Medusa: number of heads
     draft_vocab_size: int = 0              # 0 = the target's whole vocabulary (EAGLE-1 always uses it)
-    aux_layer_ids: list[int] = field(default_factory=list)  # EAGLE-3; empty = serve.layers.default_eagle3_layers
+    aux_layer_ids: list[int] = field(default_factory=list)  # EAGLE-3; empty = serve.core.layers.default_eagle3_layers
     ttt_steps: int = 7                     # EAGLE-3 training-time-test unroll
     fc_norm: bool = False                  # EAGLE-3: an RMSNorm per aux feature before fc (EAGLE-3.1)
     norm_before_fc: bool = False           # EAGLE-3: one RMSNorm over the concatenated aux features before fc
@@ -115,7 +115,7 @@ class CheckpointConfig:
 
 @dataclass
 class TrainConfig:
-    # `target=PATH` and `device=cpu` of earlier versions keep working (serve.config.load_config)
+    # `target=PATH` and `device=cpu` of earlier versions keep working (serve.core.config.load_config)
     ALIASES: ClassVar[dict[str, str]] = {"target": "target.spec", "device": "target.device"}
     RANGES: ClassVar[dict[str, str]] = {"seed": ">= 0"}
     # device auto = cuda if available, else cpu; dtype auto = distributed.precision

@@ -12,8 +12,8 @@ from typing import Sequence
 
 import torch
 
-from serve.errors import DraftsmithError
-from serve.layers import pick_hidden_states
+from serve.core.errors import DraftsmithError
+from serve.core.layers import pick_hidden_states
 from train.objectives import FeatureBatch
 
 REQUIRED_COLUMNS = ("input_ids", "loss_mask")

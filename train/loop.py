@@ -100,7 +100,7 @@ def make_accelerator(config: TrainConfig):
         kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(use_orig_params=True)
     if world == 1:
         # accelerate keeps one state per process and refuses a second Accelerator with another precision; a
-        # single-process caller that trains twice (the demo, scripts/ablate.py's fp32 and bf16 rows) starts afresh
+        # single-process caller that trains twice (the demo, scripts/bench/ablate.py's fp32 and bf16 rows) starts afresh
         from accelerate.state import AcceleratorState
 
         AcceleratorState._reset_state()
@@ -136,7 +136,7 @@ def save_checkpoint(accelerator, out_dir: Path, step: int, keep: int, extra: dic
     """accelerate's save_state (model, optimizer, scheduler, RNG) into a temp folder, renamed when complete,
     so a kill -9 mid-save leaves the previous checkpoint intact; a failure or Ctrl-C mid-save removes the temp
     folder, and a full disk is a DiskFullError. files: name -> tensors saved beside it."""
-    from serve.files import disk_full, full_disk_error
+    from serve.core.files import disk_full, full_disk_error
 
     root = out_dir / CHECKPOINTS
     final, tmp = root / f"step_{step:08d}", root / f"step_{step:08d}.tmp"
@@ -297,7 +297,7 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
     global_batch = optim.batch_size * world * optim.grad_accum
     order = DataOrder(train_idx, seed=config.seed, global_batch=global_batch)
     if order.steps_per_epoch == 0:
-        from serve.errors import DraftsmithError
+        from serve.core.errors import DraftsmithError
 
         raise DraftsmithError(f"{len(train_idx)} training rows are fewer than one global batch ({global_batch} = "
                               f"batch_size x processes x grad_accum)")

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from serve.drafters.draft_layer import SharedEmbedding, shared_embedding
-from serve.layers import FINAL
+from serve.core.layers import FINAL
 from serve.drafters.masks import additive, ttt_allowed
 from serve.drafters.vocab import draft_token_ids
 from train import losses

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
-from serve.config import save_config, to_dict
+from serve.core.config import save_config, to_dict
 from serve.drafters.folder import build_head, load_head, read_config, save_drafter
 from serve.drafters.head_config import HeadConfig
 from serve.drafters.identity import check_target_identity
-from serve.errors import DraftsmithError
-from serve.files import write_text_atomic
-from serve.layers import FINAL, check_eagle3_layers
+from serve.core.errors import DraftsmithError
+from serve.core.files import write_text_atomic
+from serve.core.layers import FINAL, check_eagle3_layers
 from train.config import TrainConfig, check
 from train.features import collate, open_rows, split_rows, target_features
 from train.objectives import TargetParts, build_objective
@@ -104,7 +104,7 @@ def _batch_maker(config: TrainConfig, target, layers, device, *, online: bool, t
 
 def train_drafter(config: TrainConfig) -> Path:
     """Train the drafter `config` describes; returns the native drafter folder (written by the main process)."""
-    from serve.target import load_target
+    from serve.core.target import load_target
     from train.loop import deepspeed_config, resolve_device, resolve_precision, train_loop
     from train.tracking import Tracker
 

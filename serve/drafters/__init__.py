@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.spec import TREE_KINDS, DrafterSpec, DrafterSpecError, parse_drafter_spec
-from serve.errors import DraftsmithError
-from serve.layers import FINAL
+from serve.core.errors import DraftsmithError
+from serve.core.layers import FINAL
 
 __all__ = ["FINAL", "Draft", "Drafter", "DrafterSpec", "DrafterSpecError", "build_drafter", "parse_drafter_spec"]
 
@@ -48,7 +48,7 @@ def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
         drafter = OracleDrafter(target, generate=plain_generate, **opts)
     elif parsed.kind == "model":
         from serve.drafters.model import ModelDrafter
-        from serve.target import load_target, text_config
+        from serve.core.target import load_target, text_config
 
         options = {**parsed.options, **opts}
         if set(options) - {"length"}:
@@ -77,7 +77,7 @@ def _ngram_policy(target, length: str, *, alone: bool = False):
 
 
 def _policy(target, length: str, **gain_options):
-    from serve.costs import verify_costs_for
+    from serve.core.costs import verify_costs_for
     from serve.drafters.length import build_policy
 
     try:

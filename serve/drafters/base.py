@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import torch
 
-from serve.layers import FINAL  # noqa: F401  (the key of the final normed state in `hidden_states`)
+from serve.core.layers import FINAL  # noqa: F401  (the key of the final normed state in `hidden_states`)
 from serve.tree import TreeSpec
 
 
@@ -79,4 +79,4 @@ class Drafter:
         """next_tokens: (m+1,) = accepted drafts then the new token; hidden_states[l]: (m+1, h)."""
 
     def check_target(self, target) -> None:
-        """Raise serve.errors.DraftsmithError if this drafter cannot serve `target` (tokenizer, config)."""
+        """Raise serve.core.errors.DraftsmithError if this drafter cannot serve `target` (tokenizer, config)."""

@@ -17,8 +17,8 @@ from torch import nn
 
 from serve.drafters.draft_layer import build_layer, draft_layer_config, rotary
 from serve.drafters.head_config import HeadConfig
-from serve.kv import cache_argument
-from serve.layers import FINAL
+from serve.core.kv import cache_argument
+from serve.core.layers import FINAL
 
 
 class Eagle1Head(nn.Module):
@@ -53,7 +53,7 @@ class Eagle1Head(nn.Module):
 
 def eagle1_config(target, *, fc_bias: bool = False, num_speculative_tokens: int = 5,
                   attn_implementation: str = "sdpa") -> HeadConfig:
-    from serve.target import text_config
+    from serve.core.target import text_config
 
     text = text_config(target.config)
     layer = draft_layer_config(text.to_dict(), attn_implementation=attn_implementation)

@@ -21,10 +21,10 @@ from torch import nn
 from serve.drafters.draft_layer import build_layer, draft_layer_config, rms_norm, rotary
 from serve.drafters.head_config import HeadConfig
 from serve.drafters.vocab import identity_vocab
-from serve.errors import DraftsmithError
-from serve.kv import cache_argument
-from serve.layers import default_eagle3_layers
-from serve.target import text_config
+from serve.core.errors import DraftsmithError
+from serve.core.kv import cache_argument
+from serve.core.layers import default_eagle3_layers
+from serve.core.target import text_config
 
 _WIDE_INPUTS = ("q_proj", "k_proj", "v_proj", "qkv_proj")
 

@@ -18,7 +18,7 @@ from serve.drafters.identity import check_target_identity
 from serve.drafters.leaves import LEAF_RANKS, MAX_LEAVES, check_leaves, hang_leaves, runner_ups
 from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
 from serve.drafters.masks import additive, causal_allowed
-from serve.kv import rollback
+from serve.core.kv import rollback
 
 
 class EagleDrafter(Drafter):

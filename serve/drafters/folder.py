@@ -22,9 +22,9 @@ from serve.drafters.identity import check_target_identity
 from serve.drafters.leaves import MAX_LEAVES
 from serve.drafters.legacy import upgrade_v1
 from serve.drafters.settings import tree_from_record
-from serve.errors import DraftsmithError
-from serve.files import atomic_path, write_text_atomic
-from serve.identity import sha256_file
+from serve.core.errors import DraftsmithError
+from serve.core.files import atomic_path, write_text_atomic
+from serve.core.identity import sha256_file
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -63,7 +63,7 @@ def make_drafter(head: nn.Module, target, *, check: bool = True, min_confidence:
     falls below it (the policy then; 0 = the length policy decides). leaves: at most this many runner-up drafts
     a head's greedy chain carries where the `auto` policy expects them to pay (serve/drafters/leaves.py; 0: plain
     chains)."""
-    from serve.costs import verify_costs_for
+    from serve.core.costs import verify_costs_for
     from serve.drafters.length import build_policy
 
     config = head.config

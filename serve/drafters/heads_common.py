@@ -6,7 +6,7 @@ import torch
 
 from serve.drafters.length import Signal
 from serve.drafters.vocab import full_vocab_probs
-from serve.sampling import sample
+from serve.core.sampling import sample
 
 CONFIDENCE_BINS = 10
 

@@ -19,7 +19,7 @@ from typing import ClassVar
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.length import ExpectedGain, expected_tokens
 from serve.drafters.ngram import NgramDrafter
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 from serve.tree import add_chain, chain_parents
 
 HEAD_KINDS = ("eagle1", "eagle3", "medusa", "model")

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from serve.drafters.head_config import HeadConfig
-from serve.errors import DraftsmithError
-from serve.target import text_config
+from serve.core.errors import DraftsmithError
+from serve.core.target import text_config
 
 
 def check_target_identity(config: HeadConfig, target) -> None:

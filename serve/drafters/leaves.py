@@ -5,7 +5,7 @@ unused. Hung off the chain as leaves (the rank-r token of q_i a child of d_{i-1}
 position i into one more token whenever the target's token there is one of them: the leaf is accepted, and the
 target's row for it yields the bonus. A leaf costs no draft step (q_i is already computed), only one more row in
 the verify forward, which on hardware where a forward over a few more tokens costs about the same (a GPU, or a
-CPU running packed weights, serve/packed.py) is nearly free. So the policy adds leaves while the expected rate
+CPU running packed weights, serve/core/packed.py) is nearly free. So the policy adds leaves while the expected rate
 E/C of the cycle improves, with
 
     gain of leaf (i, r) = P_{i-1} · (1 - a_i) · b_{i,r},   P_{i-1} = a_1·...·a_{i-1},

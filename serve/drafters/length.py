@@ -6,7 +6,7 @@ A cycle that drafts n tokens costs, in target steps (a 1-token target forward = 
 
 o: the drafter's own work per drafting cycle (running the head over the tokens committed since it last
 drafted), c: one draft step, V(n): the verify forward over n + 1
-tokens (V(0) = 1, a plain step; measured on the target, serve/costs.py). It yields
+tokens (V(0) = 1, a plain step; measured on the target, serve/core/costs.py). It yields
 
     E(n) = 1 + P_1 + ... + P_n,   P_i = a_1·...·a_i,
 
@@ -45,9 +45,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
-from serve.costs import VerifyCosts
+from serve.core.costs import VerifyCosts
 from serve.drafters.leaves import Leaf, choose_leaves, leaf_gains
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 
 Signal = tuple[Hashable, float]  # (calibration key, prior acceptance for that key)
 

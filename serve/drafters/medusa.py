@@ -20,8 +20,8 @@ from serve.drafters.identity import check_target_identity
 from serve.drafters.leaves import LEAF_RANKS, MAX_LEAVES, check_leaves, hang_leaves, runner_ups
 from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
 from serve.drafters.vocab import draft_token_ids, identity_vocab
-from serve.layers import FINAL
-from serve.target import text_config
+from serve.core.layers import FINAL
+from serve.core.target import text_config
 
 
 class MedusaBlock(nn.Module):

@@ -8,9 +8,9 @@ import torch
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.heads_common import confidence_signal
 from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
-from serve.errors import DraftsmithError
-from serve.kv import cache_kwargs, new_cache, rollback
-from serve.sampling import process_logits, sample
+from serve.core.errors import DraftsmithError
+from serve.core.kv import cache_kwargs, new_cache, rollback
+from serve.core.sampling import process_logits, sample
 
 
 class TokenizerMismatch(DraftsmithError):

@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import torch
 
-from serve.costs import DEFAULT_SIZES
+from serve.core.costs import DEFAULT_SIZES
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Signal
 
@@ -112,7 +112,7 @@ class NgramDrafter(Drafter):
         # far past K, extending the proposal costs nothing, and a verify forward's cost grows slowly past a few
         # tokens (this CPU, fp32: 16 drafts 1.6-2.0 steps, 5 drafts 1.2-1.6), so the policy, which weighs every token,
         # decides how far (README: the ablation). A fixed length drafts K. Default: the longest verify
-        # serve/costs.py measures.
+        # serve/core/costs.py measures.
         if max_k is None:
             max_k = 0 if isinstance(self.policy, FixedLength) else max(DEFAULT_SIZES) - 1
         if max_k < 0:

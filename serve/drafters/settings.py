@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Mapping
 
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 from serve.tree import TreeSpec
 
 DEFAULT_K = 5  # draft tokens per cycle for drafters that record no K (ngram, model, oracle)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Sequence
 
 from serve.drafters.settings import choose_tree
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 from serve.tree import TreeSpec
 
 TREE_SUFFIX = "@tree"

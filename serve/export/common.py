@@ -18,7 +18,7 @@ import torch
 
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.folder import CONFIG_NAME, WEIGHTS_NAME  # an export keeps the native folder's (HF's) names
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 
 PROVENANCE_KEY = "draftsmith_export"  # config.json entry recording what was exported, from what, for which target
 ABSENT = object()  # FormatSpec value: the key must not be there
@@ -53,7 +53,7 @@ class TargetFacts:
 
 
 def target_facts(target, *, verifier: str | None = None) -> TargetFacts:
-    from serve.target import text_config
+    from serve.core.target import text_config
 
     path = Path(target.path)
     default = str(path.resolve()) if path.is_dir() else target.name

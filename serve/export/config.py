@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 from pathlib import Path
 
-from serve.errors import DraftsmithError
-from serve.ranges import check_ranges
+from serve.core.errors import DraftsmithError
+from serve.core.ranges import check_ranges
 
 FORMAT_NAMES = ("vllm", "sglang", "speculators")
 

@@ -13,12 +13,12 @@ import torch
 
 from serve.drafters.draft_layer import draft_layer_config
 from serve.drafters.head_config import HeadConfig
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 from serve.export.common import ABSENT, Expect, ExportError, get_field
 from serve.export.layer_ids import engine_default_layer_ids, from_engine_layer_ids
 from serve.export.llama_config import check_llama_like, expected_layer_shapes, rope_fields
-from serve.layers import EAGLE3_NUM_AUX as NUM_AUX  # vLLM and SGLang size fc as 3 * target_hidden_size
-from serve.layers import FINAL
+from serve.core.layers import EAGLE3_NUM_AUX as NUM_AUX  # vLLM and SGLang size fc as 3 * target_hidden_size
+from serve.core.layers import FINAL
 
 
 def check_eagle_exportable(config: HeadConfig, fmt: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 
 Version = tuple[int, ...]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 from serve.export import sglang, speculators, vllm
 
 FORMATS: dict[str, ModuleType] = {"vllm": vllm, "sglang": sglang, "speculators": speculators}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ cannot be served; the final normed state (our FINAL = -1) is not an aux layer at
 """
 from __future__ import annotations
 
-from serve.errors import DraftsmithError
-from serve.layers import CONVENTION, published_eagle3_layers
+from serve.core.errors import DraftsmithError
+from serve.core.layers import CONVENTION, published_eagle3_layers
 
 ENGINES = ("draftsmith", "vllm", "sglang", "speculators")
 # engine id = draftsmith id + offset

@@ -18,7 +18,7 @@ from serve.drafters.identity import check_target_identity
 from serve.export.common import ExportError, read_config, read_tensors
 from serve.export.formats import FORMATS
 from serve.export.provenance import target_identity
-from serve.target import text_config
+from serve.core.target import text_config
 
 
 def read_export(path: str | Path, target, *, fmt: str, attn_implementation: str = "sdpa") -> Drafter:

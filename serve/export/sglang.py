@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from serve.drafters.head_config import HeadConfig
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 from serve.export.common import ABSENT, Expect, ExportError, FormatSpec, TargetFacts, get_field
 from serve.export.eagle import (check_eagle_exportable, eagle_tensors, expected_eagle_tensors, expected_llama_fields,
                                 feature_norm_fields, feature_norm_support, feature_norms, read_eagle1, read_eagle3)

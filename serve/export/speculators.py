@@ -23,7 +23,7 @@ import torch
 
 from serve.drafters.draft_layer import shared_embedding
 from serve.drafters.head_config import HeadConfig
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 from serve.export.common import ABSENT, Expect, ExportError, FormatSpec, TargetFacts
 from serve.export.eagle import (check_eagle_exportable, eagle_tensors, expected_eagle_tensors, expected_llama_fields,
                                 feature_norm_fields, feature_norm_support, feature_norms, read_eagle3, rename_prefix)
@@ -207,7 +207,7 @@ def _compare_first_step(model, head, target, *, where: str) -> None:
     """speculators' modules vs our read-back head on one teacher-forced pass over a short prompt."""
     from serve.drafters.masks import additive, causal_allowed
 
-    from serve.target import text_config
+    from serve.core.target import text_config
 
     ids = torch.arange(3, 3 + 12) % int(text_config(target.config).vocab_size)
     out = target.model(ids[None], output_hidden_states=True)

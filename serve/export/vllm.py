@@ -27,7 +27,7 @@ import json
 import torch
 
 from serve.drafters.head_config import HeadConfig
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 from serve.export.common import ABSENT, Expect, ExportError, FormatSpec, TargetFacts, get_field
 from serve.export.eagle import (check_eagle_exportable, eagle_tensors, expected_eagle_tensors, expected_llama_fields,
                                 feature_norm_fields, feature_norm_support, feature_norms, read_eagle1, read_eagle3,
@@ -180,7 +180,7 @@ def read(config: dict, tensors: dict, *, num_layers: int, where: str) -> tuple[H
 
 
 def _read_medusa(config: dict, tensors: dict, where: str) -> tuple[HeadConfig, dict]:
-    from serve.layers import FINAL
+    from serve.core.layers import FINAL
 
     # MedusaConfig.from_pretrained renames every key holding "num" + "heads"/"layers".
     renamed = dict(config)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from serve.drafters.folder import CHECKSUMS_NAME, load_head, read_config as read_native_config, write_weights
 from serve.drafters.identity import check_target_identity
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 from serve.export.common import CONFIG_NAME, WEIGHTS_NAME, target_facts
-from serve.files import write_text_atomic
+from serve.core.files import write_text_atomic
 from serve.export.engines import refuse_unless_supported
 from serve.export.formats import format_module
 from serve.export.hosts import check_hosted

@@ -14,7 +14,7 @@ def build_app(config: ServeConfig, *, log=None) -> Any:
     from serve.drafters.settings import draft_settings
     from serve.server.app import create_app
     from serve.server.engine import Engine
-    from serve.target import load_configured
+    from serve.core.target import load_configured
 
     config.validate()  # a config built by hand is checked too
     config.target.apply_threads()

@@ -41,7 +41,7 @@ from serve.server.record import TrafficRecorder
 from serve.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList,
                                   SamplingFields, Usage, error_body)
 from serve.server.text import TextAssembler
-from serve.target import text_config
+from serve.core.target import text_config
 
 DISCONNECT_POLL_SECONDS = 0.25
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import socket
 
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 
 
 class BindError(DraftsmithError):

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-from serve.ranges import check_ranges
-from serve.target_config import TargetConfig
+from serve.core.ranges import check_ranges
+from serve.core.target_config import TargetConfig
 
 
 @dataclass
@@ -21,7 +21,7 @@ class TreeOptions:
 
 @dataclass
 class ServeConfig:
-    # the flat spellings of earlier versions keep working (serve.config.load_config)
+    # the flat spellings of earlier versions keep working (serve.core.config.load_config)
     ALIASES: ClassVar[dict[str, str]] = {"dtype": "target.dtype", "device": "target.device",
                                          "threads": "target.threads", "target": "target.spec"}
     RANGES: ClassVar[dict[str, str]] = {"k": ">= 1", "port": "[0, 65535]", "context_length": ">= 2",

@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from serve.errors import DraftsmithError
+from serve.core.errors import DraftsmithError
 
 MANIFEST = "manifest.json"
 SUMMARY = "summary.json"

@@ -1,0 +1,45 @@
+"""`draftsmith data build`: prompts -> the target's own answers -> tokenized dataset with loss masks."""
+from __future__ import annotations
+
+import sys
+
+from serve.core.threads import THREADS_HELP
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--target", required=True, help="HF folder, .gguf file, hub id, or `demo` (= data.target.spec)")
+    parser.add_argument("--prompts", action="append", default=None, metavar="SRC",
+                        help="JSONL file (DOMAIN=file sets its rows' domain), HF datasets folder/name, builtin or "
+                             "builtin:<domain>; repeatable (default: data.prompts of the recipe)")
+    parser.add_argument("--out", required=True, help="dataset folder (datasets.load_from_disk); resumable")
+    parser.add_argument("--limit", type=int, default=None, help="first N prompts of each source (= data.limit)")
+    parser.add_argument("--domain-field", default=None, help="row field naming the domain (default: domain)")
+    parser.add_argument("--server", default=None, metavar="URL",
+                        help="generate through this OpenAI-compatible server (vLLM, SGLang, draftsmith serve) "
+                             "instead of in process (= data.server.url; see data.server.* for the rest)")
+    parser.add_argument("--traffic", action="append", default=None, metavar="DIR",
+                        help="a `serve --record` folder: its served answers join the dataset as they are; "
+                             "repeatable (= data.traffic)")
+    parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    from data.build import build_dataset
+    from data.config import DataBuildConfig
+    from serve.core.config import load_config
+    from serve.core.files import check_output_path
+
+    flags = {"target.spec": args.target, "target.threads": args.threads, "prompts": args.prompts, "limit": args.limit,
+             "domain_field": args.domain_field, "traffic": args.traffic, "server.url": args.server}
+    config = load_config(DataBuildConfig, config_file=args.config, section="data", overrides=args.overrides,
+                         flags=flags)
+    check_output_path(args.out, what="dataset folder", folder=True)
+    config.target.apply_threads()
+    result = build_dataset(config.target.spec, config, out_dir=args.out, progress=not args.no_progress,
+                           log=lambda msg: print(msg, file=sys.stderr))
+    if result.draft_vocab_coverage is not None:
+        print(f"a draft vocabulary of {config.draft_vocab_size} tokens would cover {result.draft_vocab_coverage:.2%} "
+              f"of the loss tokens (training picks its own: model.draft_vocab_size)", file=sys.stderr)
+    print(result.out_dir)
+    return 0

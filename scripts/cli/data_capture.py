@@ -1,0 +1,43 @@
+"""`draftsmith data capture`: the target's hidden states at a drafter's layers, as a sharded cache.
+
+Runs alone or under `accelerate launch` / `torchrun` (each process captures its own shards)."""
+from __future__ import annotations
+
+import os
+import sys
+
+from serve.core.threads import THREADS_HELP
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--target", required=True,
+                        help="the target the dataset was built with (folder, .gguf, `demo`; = capture.target.spec)")
+    parser.add_argument("--dataset", required=True, help="folder written by `draftsmith data build`")
+    parser.add_argument("--out", required=True, help="cache folder; a capture interrupted there resumes")
+    parser.add_argument("--layers", default=None,
+                        help="eagle3 | eagle1 | medusa | comma-separated layer ids, -1 = final normed state "
+                             "(default: capture.layers = eagle3)")
+    parser.add_argument("--storage-dtype", "--dtype", dest="storage_dtype", default=None,
+                        help="the cache's dtype: bf16 | fp16 | fp32 (default: capture.storage_dtype = bf16; "
+                             "--dtype is its earlier name)")
+    parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    from data.capture import capture_hidden_states
+    from data.config import CaptureConfig
+    from serve.core.config import load_config
+    from serve.core.files import check_output_path
+
+    flags = {"target.spec": args.target, "target.threads": args.threads, "layers": args.layers,
+             "storage_dtype": args.storage_dtype}
+    config = load_config(CaptureConfig, config_file=args.config, section="capture", overrides=args.overrides,
+                         flags=flags)
+    check_output_path(args.out, what="cache folder", folder=True)
+    config.target.apply_threads()  # each process of a multi-process capture then takes its share
+    result = capture_hidden_states(config.target.spec, args.dataset, args.out, config, progress=not args.no_progress,
+                                   log=lambda msg: print(msg, file=sys.stderr))
+    if os.environ.get("RANK", "0") == "0":  # one line for the whole launch
+        print(result.out_dir)
+    return 0

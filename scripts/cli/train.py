@@ -1,0 +1,35 @@
+"""`draftsmith train --config configs/<target>/<method>.yaml [key=value ...]`: train a drafter.
+
+Runs alone or under `accelerate launch` / `torchrun` (see scripts/launch_*.sh); prints the drafter folder.
+"""
+from __future__ import annotations
+
+import os
+
+from serve.core.threads import THREADS_HELP
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+
+
+def run(args) -> int:
+    from omegaconf import OmegaConf
+
+    from serve.core.config import load_config
+    from serve.core.files import check_output_path
+    from train.config import TrainConfig, check
+    from train.run import train_drafter
+
+    config = check(load_config(TrainConfig, config_file=args.config, overrides=args.overrides,
+                               flags={"target.threads": args.threads}))
+    if args.print_config:
+        print(OmegaConf.to_yaml(OmegaConf.structured(config)), end="")
+        return 0
+    check_output_path(config.out_dir, what="out_dir", folder=True)
+    config.target.apply_threads()
+    path = train_drafter(config)
+    if int(os.environ.get("RANK", "0")) == 0:  # one line from a multi-process run, not one per process
+        print(path)
+    return 0

@@ -1,0 +1,187 @@
+"""Loading a target: an HF folder, a hub id, a GGUF file, or `demo` (the cached default)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from serve.core.attention import use_cpu_gqa
+from serve.core.errors import TargetError
+from serve.core.identity import config_hash, tokenizer_hash
+from serve.core.packed import pack_linears, packing_wanted, tune_small_rows
+from serve.core.target_config import DTYPE_NAMES, TargetConfig, text_config
+
+__all__ = ["DTYPES", "SUPPORTED_MODEL_TYPES", "Target", "TargetError", "eos_token_ids", "load_configured", "load_target",
+           "text_config"]
+
+# Target families our tests cover (the drafters' own layer is a Llama layer for every one of them).
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
+                         "gemma3", "phi3", "olmo2", "gpt_oss")
+
+_SHORT = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DTYPES = {name: getattr(torch, _SHORT.get(name, name)) for name in DTYPE_NAMES}  # what TargetConfig.dtype accepts
+
+
+@dataclass
+class Target:
+    model: Any  # a transformers *ForCausalLM, in eval mode, frozen
+    tokenizer: Any
+    name: str  # what the user passed (or the hub name of the demo target)
+    path: str  # where the weights were read from
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def config_hash(self) -> str:
+        return config_hash(self.model.config)
+
+    @property
+    def tokenizer_hash(self) -> str:
+        return tokenizer_hash(self.tokenizer)
+
+    @property
+    def num_layers(self) -> int:
+        return text_config(self.model.config).num_hidden_layers
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return eos_token_ids(self.model, self.tokenizer)
+
+
+class WeightlessModel:
+    """What a Target without weights keeps of its model: the config and the generation config."""
+
+    def __init__(self, config: Any, path: str, kwargs: dict[str, Any]):
+        from transformers import GenerationConfig
+
+        self.config = config
+        try:
+            self.generation_config = GenerationConfig.from_pretrained(path, **kwargs)
+        except OSError:  # no generation_config.json: the model config's defaults, as from_pretrained does
+            self.generation_config = GenerationConfig.from_model_config(config)
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    ids: list[int] = []
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if value is None:
+            continue
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if v is not None and int(v) not in ids:
+                ids.append(int(v))
+    return ids
+
+
+def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise TargetError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "tiktoken.model")
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
+
+
+def check_model_folder(folder: Path, *, weights: bool) -> None:
+    """TargetError naming what a save_pretrained folder lacks (its tokenizer, or its weights when they are loaded),
+    before transformers fails on it with a message about missing packages."""
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise TargetError(f"{folder} has config.json but no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save "
+                          f"the tokenizer beside the model (`tokenizer.save_pretrained({str(folder)!r})`) or copy "
+                          f"its files from the model you fine-tuned from")
+    if weights and not any(any(folder.glob(pattern)) for pattern in WEIGHT_PATTERNS):
+        raise TargetError(f"{folder} has config.json but no weights (no *.safetensors or *.bin): save the model with "
+                          f"`model.save_pretrained({str(folder)!r})`, or finish copying it")
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", device: str = "cpu",
+                require_chat_template: bool = False, cache_dir: str | None = None, weights: bool = True,
+                packed_weights: str = "auto") -> Target:
+    """Load a frozen target and its tokenizer from `spec`.
+
+    `spec` is `demo` / `demo:<name>` (the embedded default targets, built on first use), a folder
+    written by `save_pretrained`, a `.gguf` file, or a hub id (needs the network). `weights=False` loads
+    the config, generation config and tokenizer only (a server generates; the identity hashes still work).
+    `packed_weights` (auto | on | off): CPU forwards over several tokens through oneDNN's packed linear
+    (serve/core/packed.py).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = _resolve_dtype(dtype)
+    spec = str(spec)
+    kwargs: dict[str, Any] = {}
+    if spec == "demo" or spec.startswith("demo:"):
+        from serve.core.demo_target import DEFAULT_MODEL, DEMO_MODELS, fetch_demo
+
+        name = spec.split(":", 1)[1] if ":" in spec else DEFAULT_MODEL
+        path = str(fetch_demo(name, cache_dir=cache_dir))
+        display = DEMO_MODELS[name].hf_name
+    elif spec.endswith(".gguf"):
+        gguf = Path(spec)
+        if not gguf.is_file():
+            raise TargetError(f"GGUF file not found: {gguf}")
+        path, display = str(gguf.parent), spec
+        kwargs["gguf_file"] = gguf.name
+    else:
+        local = Path(spec)
+        if local.exists():
+            if not (local / "config.json").is_file():
+                raise TargetError(f"{local} is not a model folder: no config.json (expected a folder written "
+                                  f"by save_pretrained, a .gguf file, a hub id, or `demo`)")
+        elif spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+            raise TargetError(f"target path not found: {spec}")
+        path, display = spec, spec
+        if local.is_dir():
+            check_model_folder(local, weights=weights)
+    try:
+        config = AutoConfig.from_pretrained(path, **kwargs)
+    except OSError as err:
+        raise TargetError(f"could not load a model config from {spec!r}: {str(err).splitlines()[0]} "
+                          f"(offline? use a local folder, a .gguf file or `demo`)") from None
+    except (ValueError, KeyError) as err:  # a model_type this transformers does not know
+        raise TargetError(f"transformers {_transformers_version()} cannot build the model in {spec!r}: "
+                          f"{str(err).splitlines()[0][:200]} (a newer transformers, or a supported family: "
+                          f"{', '.join(SUPPORTED_MODEL_TYPES)})") from None
+    model_type = getattr(text_config(config), "model_type", None) or config.model_type
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise TargetError(f"{spec!r} is a {model_type!r} model; draftsmith supports "
+                          f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    if require_chat_template and not getattr(tokenizer, "chat_template", None):
+        raise TargetError(f"{spec!r} has no chat template but a chat dataset/--chat was asked for; use "
+                          f"plain prompts (no --chat) or a tokenizer that has one")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if not weights:
+        return Target(model=WeightlessModel(config, path, kwargs), tokenizer=tokenizer, name=display, path=path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
+    if getattr(model, "hf_quantizer", None) is not None and "gguf_file" in kwargs:
+        model.hf_quantizer.remove_quantization_config(model)
+    model.to(device).eval().requires_grad_(False)
+    use_cpu_gqa(model)  # forwards over several tokens attend grouped heads without copying the cache (serve/core/attention.py)
+    if packing_wanted(model, packed_weights):
+        pack_linears(model)
+        tune_small_rows(model)  # which kernel forwards over 1 to 3 tokens run fastest on, on this CPU
+    return Target(model=model, tokenizer=tokenizer, name=display, path=path)
+
+
+def load_configured(config: TargetConfig, **kwargs: Any) -> Target:
+    """The target a `target` config section names: load_target(spec) in its dtype (auto: float32) on its device;
+    `kwargs` go to load_target."""
+    config.validate()
+    dtype = "float32" if config.dtype == "auto" else config.dtype
+    kwargs.setdefault("packed_weights", config.packed_weights)
+    return load_target(config.spec, dtype=dtype, device=config.resolved_device(), **kwargs)
