@@ -33,6 +33,7 @@ from data.plan import Conversation, fit_prompt, keeps_answers, plan_conversation
 from data.prompts import PromptRow, read_prompts
 from serve.core.errors import DraftsmithError
 from serve.core.files import write_text_atomic
+from serve.core.target import load_configured
 from serve.server.record import read_manifest, traffic_rows
 
 WORK = ".work"
@@ -296,8 +297,8 @@ def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, 
         read_manifest(folder)  # not a traffic folder: refused before any work
     if isinstance(target, (str, Path)):
         # a server generates: the tokenizer and config suffice
-        target = replace(config.target, spec=str(target)).load(require_chat_template=config.chat,
-                                                               weights=not config.server.url)
+        target = load_configured(replace(config.target, spec=str(target)), require_chat_template=config.chat,
+                                 weights=not config.server.url)
     elif config.chat and not getattr(target.tokenizer, "chat_template", None):
         raise DraftsmithError(f"target {target.name!r} has no chat template; set data.chat=false to build plain "
                               f"prompt + completion data for a base model")

@@ -2,20 +2,27 @@
 run before changing an export, like a benchmark; never in CI, never a dependency of the project)
 
     .venv/bin/python scripts/check_engines.py [--engines vllm==0.33.0,vllm==0.32.0,speculators==0.9.0,sglang==0.5.23]
-                                              [--exporter-repo DIR] [--work DIR]
+                                              [--families llama,qwen2,...] [--exporter-repo DIR] [--work DIR]
+                                              [--json FILE]
 
 1. Installs each engine's released wheel with `--no-deps` into its own virtual environment OUTSIDE the
    repository, ~/.cache/draftsmith/engines/<name>-<version> (wheels cached in .../engines/wheels; a few small
    pure-Python modules the engine imports are added the same way, see EXTRAS), which sees the project's
    environment (torch, transformers) through a .pth file: never the reverse.
-2. Builds a tiny 4-layer Llama target and seeded random-weight drafters for every method and vocabulary
-   (EAGLE-1 full; EAGLE-3 and Medusa full and reduced), and exports each in every format with draftsmith's
-   exporter (`--exporter-repo` picks another checkout's exporter, e.g. an older commit, for a before/after).
+2. For every target family (`--families`, default all of tests/tiny_models.py) builds a tiny 4-layer target and
+   seeded random-weight drafters for every method and vocabulary (EAGLE-1 full; EAGLE-3 and Medusa full and
+   reduced; Medusa for Llama only, see MEDUSA_FAMILIES), and exports each in every format with draftsmith's
+   exporter (`--exporter-repo` picks another checkout's exporter, e.g. an older commit, for a before/after). A
+   combination the exporter refuses (an engine whose target class cannot host the draft) is reported as such.
 3. Runs scripts/engine_worker.py inside each engine environment: the engine's config readers, draft-model
-   classes and `load_weights` load the folder, its target model computes the aux hidden states, and one
-   teacher-forced draft step runs (stand-ins only for what needs a GPU: see engine_worker.py).
+   classes and `load_weights` load the folder, the engine's own class for the family's target computes the aux
+   hidden states, and one teacher-forced draft step runs (stand-ins only for what needs a GPU: see
+   engine_worker.py, which says in the verdict when the target's states came from transformers instead). Where
+   SGLang's modules cannot be imported, its installed source is read instead, per family: the config keys its draft
+   module reads, and whether its class for the target has the hooks its EAGLE worker calls.
 4. Compares that step with our head's: logits over the target vocabulary, the token ids after d2t, and the
-   state fed back; prints format x method x vocabulary x engine -> loads / drafts identically / fails (error).
+   state fed back; prints family x format x method x vocabulary x engine -> loads / drafts identically / fails
+   (error), and with `--json FILE` writes those rows.
 """
 from __future__ import annotations
 
@@ -30,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("DRAFTSMITH_CACHE", Path.home() / ".cache" / "draftsmith")) / "engines"
-DEFAULT_ENGINES = "vllm==0.33.0,vllm==0.32.0,speculators==0.9.0,sglang==0.5.23"
+DEFAULT_ENGINES = "vllm==0.34.0,vllm==0.32.0,speculators==0.9.0,sglang==0.5.23"
 # Pure-Python (or small) modules the engines import on the code paths run here, installed with --no-deps too.
 EXTRAS = {
     "vllm": ["pyzmq", "cbor2", "aiohttp", "multidict", "attrs", "yarl", "propcache", "aiohappyeyeballs",
@@ -42,6 +49,11 @@ EXTRAS = {
 }
 FORMATS_OF = {"vllm": ("vllm", "speculators"), "speculators": ("speculators",), "sglang": ("sglang",)}
 CASES = [("eagle1", "full"), ("eagle3", "full"), ("eagle3", "reduced"), ("medusa", "full"), ("medusa", "reduced")]
+# tests/tiny_models.py's families (gemma = gemma3_text)
+FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "gemma", "phi3", "gpt_oss")
+# Medusa heads read only the target's last hidden state and share nothing else with it: the family does not change
+# what the engine loads, so one family is enough
+MEDUSA_FAMILIES = ("llama",)
 FORMAT_METHODS = {"vllm": ("eagle1", "eagle3", "medusa"), "sglang": ("eagle1", "eagle3"), "speculators": ("eagle3",)}
 REDUCED = 150  # draft vocabulary of the reduced drafters (the tiny target has 259 tokens)
 
@@ -75,52 +87,63 @@ def ensure_env(name: str, version: str) -> Path:
 
 # ------------------------------------------------------------------------------------ drafters, exports
 
-def make_drafters(work: Path) -> tuple[Path, dict]:
-    """The tiny target and one seeded native drafter per (method, vocabulary)."""
+def make_drafters(work: Path, family: str) -> tuple[Path, dict]:
+    """The family's tiny target and one seeded native drafter per (method, vocabulary)."""
     sys.path.insert(0, str(ROOT))
     from serve.core.target import load_target
     from tests.export_fixtures import make_native
     from tests.tiny_models import save_tiny_target
 
-    target_dir = save_tiny_target(work / "target", "llama", num_hidden_layers=4)
+    target_dir = save_tiny_target(work / "target", family, num_hidden_layers=4)
     target = load_target(str(target_dir))
     natives = {}
     for method, vocab in CASES:
+        if method == "medusa" and family not in MEDUSA_FAMILIES:
+            continue
         options = {} if method == "eagle1" else {"draft_vocab_size": None if vocab == "full" else REDUCED}
         natives[method, vocab] = make_native(target, method, work / "native" / f"{method}-{vocab}", seed=7, **options)
     return target_dir, natives
 
 
-EXPORT_ONE = textwrap.dedent("""
+# One process per family exports every (drafter, format): it imports the exporter of --exporter-repo, not ours.
+EXPORT_FAMILY = textwrap.dedent("""
     import json, sys
+    import torch
     from serve.export import export_drafter
     from serve.export.common import default_prompts
     from serve.core.target import load_target
-    native, fmt, out, target_dir = sys.argv[1:5]
+    torch.set_num_threads(1)
+    target_dir, jobs = sys.argv[1], json.loads(sys.argv[2])
     target = load_target(target_dir)
-    try:
-        export_drafter(native, fmt, out, target=target, prompts=default_prompts(target, count=1), k=3,
-                       max_new_tokens=8)
-        print(json.dumps({"ok": True}))
-    except Exception as err:
-        print(json.dumps({"ok": False, "error": f"{type(err).__name__}: {err}"}))
+    prompts = default_prompts(target, count=1)
+    for native, fmt, out in jobs:
+        try:
+            export_drafter(native, fmt, out, target=target, prompts=prompts, k=3, max_new_tokens=8)
+            result = {"ok": True}
+        except Exception as err:
+            result = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+        print(json.dumps({"out": out, **result}), flush=True)
 """)
 
 
 def export_all(natives: dict, target_dir: Path, work: Path, exporter_repo: Path) -> dict:
-    """(fmt, method, vocab) -> folder, or the exporter's refusal."""
+    """(fmt, method, vocab) -> folder, or the exporter's refusal (its first line)."""
+    jobs = {(fmt, method, vocab): (str(native), fmt, str(work / "exports" / f"{fmt}-{method}-{vocab}"))
+            for (method, vocab), native in natives.items()
+            for fmt, methods in FORMAT_METHODS.items() if method in methods}
+    proc = subprocess.run([sys.executable, "-c", EXPORT_FAMILY, str(target_dir), json.dumps(list(jobs.values()))],
+                          cwd=exporter_repo, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(exporter_repo)})
+    done = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            result = json.loads(line)
+            done[result["out"]] = result
+    crash = {"ok": False, "error": f"exporter process: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}"}
     out = {}
-    for (method, vocab), native in natives.items():
-        for fmt, methods in FORMAT_METHODS.items():
-            if method not in methods:
-                continue
-            folder = work / "exports" / f"{fmt}-{method}-{vocab}"
-            proc = subprocess.run([sys.executable, "-c", EXPORT_ONE, str(native), fmt, str(folder), str(target_dir)],
-                                  cwd=exporter_repo, capture_output=True, text=True,
-                                  env={**os.environ, "PYTHONPATH": str(exporter_repo)})
-            lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-            result = json.loads(lines[-1]) if lines else {"ok": False, "error": proc.stderr.strip()[-300:]}
-            out[fmt, method, vocab] = folder if result["ok"] else result["error"].splitlines()[0][:200]
+    for key, (_, _, folder) in jobs.items():
+        result = done.get(folder, crash)
+        out[key] = Path(folder) if result["ok"] else result["error"].splitlines()[0][:300]
     return out
 
 
@@ -168,13 +191,28 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
     return refs
 
 
+def source_verdict(got: dict) -> str:
+    """What SGLang's installed source says of one export (engine_worker.run_sglang): refusals first."""
+    target = got["target"]
+    if target["missing"]:
+        where = f" ({target['file']})" if target["file"] else " (no such class in sglang/srt/models)"
+        return f"REFUSED: SGLang's target class {target['class']}{where} lacks {', '.join(target['missing'])}"
+    parts = []
+    if got["draft_class"]:
+        parts.append(f"REFUSED: architectures {got['draft_class']!r} is no class of {got['module']}")
+    parts.append(f"target {target['class']} ({target['file']}) has the EAGLE hooks"
+                 + ("" if target["shifts_ids"] in (None, True) else "; it does NOT add 1 to the given aux ids"))
+    unwritten = ", ".join(f"{key}={default}" for key, default in got["missing"].items())
+    parts.append(f"every config key {got['module']} reads is written" if not unwritten
+                 else f"unwritten keys take SGLang's defaults: {unwritten}")
+    return "; ".join(parts)
+
+
 def compare(ref: dict, got: dict) -> str:
     import torch
 
     if got["status"] == "source":
-        verdict = (f"every config key {got['module']} reads is written" if not got["missing"] else
-                   f"its defaults apply to the unwritten keys {got['missing']}")
-        return f"not built on CPU ({got['error']}); source check: {verdict}"
+        return f"not built on CPU ({got['error']}); source check: {source_verdict(got)}"
     if got["status"] != "loaded":
         return f"fails: {got['error']}"
     logits = ref["draft_logits"] if got.get("draft_vocab") else ref["logits"]
@@ -195,6 +233,8 @@ def compare(ref: dict, got: dict) -> str:
     if hidden.shape != ref["hidden"].shape or not torch.allclose(hidden, ref["hidden"], atol=1e-4, rtol=1e-4):
         problems.append("state fed back differs")
     verdict = "loads, drafts differently: " + "; ".join(problems) if problems else "loads, drafts identically"
+    if got.get("target_states"):  # the engine's target class could not run here: say whose states the draft read
+        verdict += f" (draft checked with HF target states: {got['target_states']})"
     if "serve_dir" in got:  # speculators format in vLLM: the `vllm serve OUT` form too
         verdict += f"; `vllm serve OUT` {got['serve_dir']}"
     return verdict
@@ -202,13 +242,13 @@ def compare(ref: dict, got: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------ main
 
-def run_engine(python: Path, engine: str, cases: list[dict], target_dir: Path, inputs: Path, work: Path) -> dict:
+def run_engine(python: Path, engine: str, cases: list[dict], inputs: Path, work: Path) -> dict:
+    """One worker process per engine runs every family's cases (each case names its target)."""
     import torch
 
     job = work / f"job-{engine}-{os.getpid()}.json"
     out = work / f"result-{engine}-{os.getpid()}.pt"
-    job.write_text(json.dumps({"engine": engine, "target": str(target_dir), "inputs": str(inputs),
-                               "out": str(out), "cases": cases}))
+    job.write_text(json.dumps({"engine": engine, "inputs": str(inputs), "out": str(out), "cases": cases}))
     proc = subprocess.run([str(python), str(ROOT / "scripts" / "engine_worker.py"), str(job)], cwd=ROOT,
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     if proc.returncode != 0 or not out.is_file():
@@ -221,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", default=DEFAULT_ENGINES, help=f"comma-separated name==version (default "
                                                                   f"{DEFAULT_ENGINES})")
+    parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated target families of "
+                                                                         f"tests/tiny_models.py (default: all, "
+                                                                         f"{','.join(FAMILIES)})")
     parser.add_argument("--exporter-repo", default=str(ROOT), help="the draftsmith checkout whose exporter writes "
                                                                     "the folders (default: this one)")
     parser.add_argument("--work", default="", help="work folder (default: a temporary one)")
@@ -233,27 +276,39 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="draftsmith-engines-"))
     work.mkdir(parents=True, exist_ok=True)
     engines = [tuple(spec.split("==")) for spec in args.engines.split(",") if spec]
+    families = [f for f in args.families.split(",") if f]
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown:
+        parser.error(f"unknown families {unknown}; choose from {', '.join(FAMILIES)}")
     pythons = {spec: ensure_env(*spec) for spec in engines}
-    target_dir, natives = make_drafters(work)
-    exports = export_all(natives, target_dir, work, Path(args.exporter_repo).resolve())
     input_ids = torch.arange(3, 15)
     inputs = work / "inputs.pt"
     torch.save({"input_ids": input_ids}, inputs)
-    refs = reference_steps(natives, target_dir, input_ids)
+    targets, exports, refs = {}, {}, {}
+    for family in families:
+        targets[family], natives = make_drafters(work / family, family)
+        for key, folder in export_all(natives, targets[family], work / family,
+                                      Path(args.exporter_repo).resolve()).items():
+            exports[(family, *key)] = folder
+        for key, ref in reference_steps(natives, targets[family], input_ids).items():
+            refs[(family, *key)] = ref
 
     rows = []
     for name, version in engines:
-        cases = [{"name": f"{fmt}-{m}-{v}", "format": fmt, "method": m, "folder": str(folder)}
-                 for (fmt, m, v), folder in exports.items() if fmt in FORMATS_OF[name] and isinstance(folder, Path)]
-        results = run_engine(pythons[name, version], name, cases, target_dir, inputs, work) if cases else {}
-        for (fmt, method, vocab), folder in exports.items():
+        cases = [{"name": f"{family}-{fmt}-{m}-{v}", "family": family, "target": str(targets[family]),
+                  "format": fmt, "method": m, "folder": str(folder)}
+                 for (family, fmt, m, v), folder in exports.items()
+                 if fmt in FORMATS_OF[name] and isinstance(folder, Path)]
+        results = run_engine(pythons[name, version], name, cases, inputs, work) if cases else {}
+        for (family, fmt, method, vocab), folder in exports.items():
             if fmt not in FORMATS_OF[name]:
                 continue
             verdict = (f"refused by the exporter: {folder}" if not isinstance(folder, Path)
-                       else compare(refs[method, vocab], results[f"{fmt}-{method}-{vocab}"]))
-            rows.append({"format": fmt, "method": method, "vocabulary": vocab, "engine": f"{name} {version}",
-                         "result": verdict})
-    width = {k: max(len(k), *(len(r[k]) for r in rows)) for k in ("format", "method", "vocabulary", "engine")}
+                       else compare(refs[family, method, vocab], results[f"{family}-{fmt}-{method}-{vocab}"]))
+            rows.append({"family": family, "format": fmt, "method": method, "vocabulary": vocab,
+                         "engine": f"{name} {version}", "result": verdict})
+    columns = ("family", "format", "method", "vocabulary", "engine")
+    width = {k: max(len(k), *(len(r[k]) for r in rows)) for k in columns}
     print(" | ".join(k.ljust(width[k]) for k in width) + " | result")
     for row in rows:
         print(" | ".join(row[k].ljust(width[k]) for k in width) + " | " + row["result"])

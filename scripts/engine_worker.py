@@ -3,17 +3,24 @@ engine's own config readers, draft-model classes and `load_weights`, and runs on
 
     ENGINE_PYTHON scripts/engine_worker.py JOB.json
 
-JOB.json: {"engine": "vllm"|"sglang"|"speculators", "target": DIR, "inputs": FILE.pt, "out": FILE.pt,
-"cases": [{"name", "format", "method", "folder"}]}. FILE.pt (inputs) holds `input_ids` (T,) of a prompt.
-The result FILE.pt maps each case name to {"status": "loaded", "logits" (T, V) over the target vocabulary,
-"token_ids" (T,) target ids, "hidden" (T, h) the state the engine feeds back} or {"status": "failed",
-"error": one line}. Nothing here imports draftsmith: the engine's code is the only reader.
+JOB.json: {"engine": "vllm"|"sglang"|"speculators", "inputs": FILE.pt, "out": FILE.pt,
+"cases": [{"name", "family", "target": DIR, "format", "method", "folder"}]}. FILE.pt (inputs) holds `input_ids`
+(T,) of a prompt. The result FILE.pt maps each case name to {"status": "loaded", "logits" (T, V) over the target
+vocabulary, "token_ids" (T,) target ids, "hidden" (T, h) the state the engine feeds back, and "target_states"
+when the target's hidden states came from transformers rather than the engine's target class} or
+{"status": "failed", "error": one line}. Nothing here imports draftsmith: the engine's code is the only reader.
 
-Stand-ins, only for what cannot run on a CPU: vLLM's paged `Attention` (a CUDA/paged-KV kernel) is replaced by
-plain causal attention over the step's tokens (`CausalAttention`); the distributed groups are vLLM's own,
-initialized for one process on gloo; the proposer's sharing of the target's embeddings / lm_head is done here
-as vLLM's EAGLE proposer does it; custom ops run their `forward_native` (no CUDA kernels). SGLang: see
-`run_sglang` (its modules cannot be imported on this CPU: the fallback reads its installed source).
+Stand-ins, only for what cannot run on a CPU: vLLM's paged `Attention` (a CUDA/paged-KV kernel) is replaced, in
+every vLLM model module the target and draft classes use, by plain causal attention over the step's tokens
+(`CausalAttention`, with gpt-oss's sinks and sliding windows); the distributed groups are vLLM's own,
+initialized for one process on gloo; the target's embeddings / lm_head are shared with the draft by vLLM's own
+proposer helpers (`maybe_share_target_embed`, `share_target_lm_head`; by hand as they do where a release lacks
+them); custom ops run their `forward_native` (no CUDA kernels); fused-MoE layers (Qwen3-MoE, gpt-oss) keep vLLM's
+router (the one it builds on a CPU), weights and weight loaders, and only the routed experts' grouped GEMM runs in
+torch (`NativeExperts`). Where the engine's target class still cannot be built or run on a CPU, the aux hidden
+states come from the transformers target and the verdict says so; the engine's draft class and `load_weights`
+still load and run the export. SGLang: see `run_sglang` (its modules
+cannot be imported on this CPU: the fallback reads its installed source).
 """
 from __future__ import annotations
 
@@ -24,7 +31,6 @@ import sys
 import traceback
 
 import torch
-import torch.nn.functional as F
 
 
 def one_line(err: BaseException) -> str:
@@ -33,12 +39,19 @@ def one_line(err: BaseException) -> str:
 
 
 class CausalAttention(torch.nn.Module):
-    """Stands in for vLLM's paged Attention: causal attention over the tokens of one step, (T, H*D) in and out."""
+    """Stands in for vLLM's paged Attention: causal attention over the tokens of one step, (T, H*D) in and out.
 
-    def __init__(self, num_heads, head_size, scale, num_kv_heads=None, *args, **kwargs):
+    Honours what the families' layers pass it: a per-layer sliding window (Gemma-3, gpt-oss: the last `window`
+    tokens, the query's own included, as flash-attention's (window - 1, 0)), a logits soft cap, and gpt-oss's
+    attention sinks (one learned logit per head that joins the softmax and is then dropped)."""
+
+    def __init__(self, num_heads, head_size, scale, num_kv_heads=None, *args, per_layer_sliding_window=None,
+                 logits_soft_cap=None, sinks=None, **kwargs):
         super().__init__()
         self.num_heads, self.head_size, self.scale = num_heads, head_size, scale
         self.num_kv_heads = num_kv_heads or num_heads
+        self.window, self.soft_cap = per_layer_sliding_window, logits_soft_cap
+        self._sinks = (sinks,)  # a tuple: the owner registers (and loads) the parameter, not this stand-in
 
     def forward(self, query, key, value, *args, **kwargs):
         T = query.shape[0]
@@ -46,19 +59,109 @@ class CausalAttention(torch.nn.Module):
         rep = self.num_heads // self.num_kv_heads
         k = key.view(T, self.num_kv_heads, self.head_size).transpose(0, 1).repeat_interleave(rep, 0)
         v = value.view(T, self.num_kv_heads, self.head_size).transpose(0, 1).repeat_interleave(rep, 0)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)  # (H, T, D)
+        scores = (q @ k.transpose(1, 2)).float() * self.scale  # (H, T, T)
+        if self.soft_cap:
+            scores = self.soft_cap * torch.tanh(scores / self.soft_cap)
+        pos = torch.arange(T)
+        allowed = pos[None, :] <= pos[:, None]  # (T, T): key <= query
+        if self.window:
+            allowed &= pos[:, None] - pos[None, :] < self.window
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        sinks = self._sinks[0]
+        if sinks is not None:
+            sink = sinks.float().view(self.num_heads, 1, 1).expand(-1, T, 1)  # (H, T, 1)
+            probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]  # (H, T, T)
+        else:
+            probs = scores.softmax(-1)
+        out = probs.to(v.dtype) @ v  # (H, T, D)
         return out.transpose(0, 1).reshape(T, self.num_heads * self.head_size)
 
 
 # ------------------------------------------------------------------------------------------------- vLLM
 
 def _vllm_setup():
-    import vllm.model_executor.models.llama as llama
+    from vllm.distributed import destroy_model_parallel, init_distributed_environment, initialize_model_parallel
 
-    llama.Attention = CausalAttention  # the one stand-in: paged attention needs a GPU and a block table
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    _stand_in_moe()
 
-    return init_distributed_environment, initialize_model_parallel
+    def init_parallel():
+        # per case: vLLM makes the expert-parallel group only when the current config's model is a MoE
+        destroy_model_parallel()
+        initialize_model_parallel(1, 1)
+
+    return init_distributed_environment, init_parallel
+
+
+def _stand_in_attention() -> None:
+    """Paged attention needs a GPU and a block table. Every imported vLLM model module that builds `Attention`
+    (the family's own, and llama.py whose layers Mistral, Phi-3 and the drafts reuse) gets CausalAttention;
+    called after the registry imported the target's module."""
+    from vllm.model_executor.layers.attention import Attention
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("vllm.model_executor.models.") and getattr(module, "Attention", None) is Attention:
+            module.Attention = CausalAttention
+
+
+class NativeExperts:
+    """Stands in for the routed experts' grouped-GEMM kernel (Triton / FlashInfer on a GPU; a CPU build's vllm._C
+    kernels, absent from the CUDA wheel): the fused-MoE layer keeps vLLM's router, weights and weight loaders, and
+    `forward_native` runs each selected expert's MLP in torch with vLLM's own activation's `forward_native`."""
+
+    @staticmethod
+    def is_monolithic() -> bool:  # the router runs first and passes topk_weights / topk_ids (a modular kernel)
+        return False
+
+    @staticmethod
+    def forward_native(method, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
+        from vllm.model_executor.layers.activation import SiluAndMul, SwigluOAIAndMul
+        from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+        if shared_experts is not None or layer.apply_router_weight_on_input:
+            raise NotImplementedError("the native experts stand-in covers routed experts only")
+        # SILU: w13 holds [gate; up]; SWIGLUOAI (gpt-oss): interleaved, with the defaults of the fused kernel
+        # `swigluoai_and_mul(out, in)`, which takes no alpha / limit
+        act = {MoEActivation.SILU: SiluAndMul, MoEActivation.SWIGLUOAI: SwigluOAIAndMul}[layer.activation]()
+        w13_bias, w2_bias = getattr(layer, "w13_bias", None), getattr(layer, "w2_bias", None)
+        out = torch.zeros_like(x, dtype=torch.float32)  # (T, h)
+        for slot in range(topk_ids.shape[1]):
+            for expert in topk_ids[:, slot].unique().tolist():
+                rows = topk_ids[:, slot] == expert
+                up = x[rows] @ layer.w13_weight[expert].t()  # (n, 2I)
+                if w13_bias is not None:
+                    up = up + w13_bias[expert]
+                down = act.forward_native(up) @ layer.w2_weight[expert].t()  # (n, I) -> (n, h)
+                if w2_bias is not None:
+                    down = down + w2_bias[expert]
+                out[rows] += topk_weights[rows, slot, None].float() * down.float()
+        return out.to(x.dtype)
+
+
+class _CpuRouting:
+    """The platform as vLLM's router factory sees it: a CPU, so it builds CPURouter (vLLM's plain-torch softmax /
+    grouped top-k) instead of routers that call CUDA ops (`_moe_C.topk_softmax`); all else is the real platform."""
+
+    def __init__(self, platform):
+        self._platform = platform
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def __getattr__(self, name):
+        return getattr(self._platform, name)
+
+
+def _stand_in_moe() -> None:
+    """Unquantized fused-MoE layers pick NativeExperts: no backend to select (vLLM's oracle knows none for an
+    unspecified platform), no kernel to build after loading (the OOT path), the torch forward above; routing is
+    vLLM's CPURouter."""
+    from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
+    from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
+    from vllm.model_executor.layers.fused_moe.router import router_factory
+
+    method.select_unquantized_moe_backend = lambda *args, **kwargs: (UnquantizedMoeBackend.OOT, NativeExperts)
+    method.UnquantizedFusedMoEMethod.forward_native = NativeExperts.forward_native
+    router_factory.current_platform = _CpuRouting(router_factory.current_platform)
 
 
 def _vllm_config(target: str, case: dict, k: int = 3):
@@ -80,6 +183,7 @@ def _vllm_model(vllm_config, model_config, folder: str | None):
     from vllm.model_executor.models.registry import ModelRegistry
 
     cls, _ = ModelRegistry.resolve_model_cls(model_config.architectures, model_config=model_config)
+    _stand_in_attention()
     model = cls(vllm_config=vllm_config, prefix="").eval()
     files = sorted(glob.glob(os.path.join(folder or model_config.model, "*.safetensors")))
     model.load_weights(safetensors_weights_iterator(files, use_tqdm_on_load=False))
@@ -92,25 +196,22 @@ def run_vllm(job: dict) -> dict:
 
     init_env, init_parallel = _vllm_setup()
     ids = torch.load(job["inputs"])["input_ids"]
-    T = ids.numel()
-    positions = torch.arange(T)
-    next_ids = torch.cat([ids[1:], ids[-1:]])  # teacher forcing: the draft at t reads token t+1
     results, initialized = {}, False
     for case in job["cases"]:
         try:
-            vllm_config = _vllm_config(job["target"], case)
+            vllm_config = _vllm_config(case["target"], case)
             with set_current_vllm_config(vllm_config):
                 if not initialized:
                     init_env(world_size=1, rank=0, local_rank=0, backend="gloo",
                              distributed_init_method=f"tcp://127.0.0.1:{29500 + os.getpid() % 1000}")
-                    init_parallel(1, 1)
                     initialized = True
-                target = _vllm_model(vllm_config, vllm_config.model_config, None)
+                init_parallel()
                 draft_config = vllm_config.speculative_config.draft_model_config
+                target, states, fallback = _vllm_target_states(vllm_config, case["target"], ids)
                 draft = _vllm_model(vllm_config, draft_config, case["folder"])
-                results[case["name"]] = _vllm_step(case["method"], target, draft, draft_config.hf_config, ids,
-                                                   next_ids, positions, shares_embeddings=not _stores_embeddings(
-                                                       case["folder"]))
+                results[case["name"]] = _vllm_step(case["method"], target, draft, ids, states)
+                if fallback:
+                    results[case["name"]]["target_states"] = fallback
                 if case["format"] == "speculators":
                     results[case["name"]]["serve_dir"] = _serve_dir(case["folder"])
         except Exception as err:  # the engine's own error is the result
@@ -119,31 +220,122 @@ def run_vllm(job: dict) -> dict:
     return results
 
 
-def _vllm_step(method, target, draft, hf_config, ids, next_ids, positions, *, shares_embeddings: bool) -> dict:
-    if method == "eagle3":
-        layer_ids = getattr(hf_config, "eagle_aux_hidden_state_layer_ids", None) or \
-            (getattr(hf_config, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
-        if not layer_ids:  # gpu_model_runner's default when the draft config names none
-            layer_ids = target.get_eagle3_default_aux_hidden_state_layers()
-        target.set_aux_hidden_state_layers(tuple(int(i) for i in layer_ids))
-    out = target.model(ids, positions, None)  # (input_ids, positions, intermediate_tensors)
-    hidden, aux = (out if isinstance(out, tuple) else (out, None))
-    if shares_embeddings and method != "medusa":  # the EAGLE proposer shares the target's embeddings then
-        draft.model.embed_tokens = target.model.embed_tokens
+def _aux_layer_ids(hf_config) -> tuple[int, ...] | None:
+    """The draft config's aux layer ids as vLLM reads them (top-level field, else eagle_config's); None: default."""
+    layer_ids = getattr(hf_config, "eagle_aux_hidden_state_layer_ids", None) or \
+        (getattr(hf_config, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
+    return tuple(int(i) for i in layer_ids) if layer_ids else None
+
+
+def _vllm_target_states(vllm_config, target_dir: str, ids):
+    """(target, (final hidden (T, h), aux states or None), fallback reason or None).
+
+    The engine's target class for the family computes the states. If it cannot be built or run on this CPU, the
+    transformers target does (vLLM's aux id k = the input of layer k = HF `hidden_states[k]`, in layer order), and
+    `target` is the engine's own if it was built, else `TargetEmbedAndHead`: what the draft shares either way."""
+    arch = vllm_config.model_config.architectures[0]
+    eagle3 = vllm_config.speculative_config.method == "eagle3"
+    target, reason = None, None
+    try:
+        target = _vllm_model(vllm_config, vllm_config.model_config, None)
+    except Exception as err:  # noqa: BLE001 (why the engine's target cannot be built here goes into the verdict)
+        reason = f"vLLM's {arch} builds not on CPU ({one_line(err)[:160]})"
+    if target is not None:
+        if eagle3:  # outside the try: vLLM's refusal of the target ("does not support EAGLE3") is the result
+            _set_aux_layers(target, vllm_config)
+        try:
+            from vllm.forward_context import set_forward_context
+
+            with set_forward_context(None, vllm_config, num_tokens=ids.numel()):  # fused-MoE layers look up theirs
+                out = target.model(ids, torch.arange(ids.numel()), None)  # (input_ids, positions, intermediate)
+            hidden, aux = out if isinstance(out, tuple) else (out, None)
+            return target, (hidden, aux), None
+        except Exception as err:  # noqa: BLE001 (as above)
+            reason = f"vLLM's {arch} runs not on CPU ({one_line(err)[:160]})"
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    hs = hf(ids[None], output_hidden_states=True).hidden_states
+    n = len(hs) - 1
+    aux = None
+    if eagle3:
+        layer_ids = _aux_layer_ids(vllm_config.speculative_config.draft_model_config.hf_config)
+        aux = [hs[k][0] for k in sorted(layer_ids or (2, n // 2, n - 3))]  # interfaces.py's default
+    return target or TargetEmbedAndHead(vllm_config, target_dir), (hs[-1][0], aux), reason
+
+
+def _set_aux_layers(target, vllm_config) -> None:
+    """vLLM's own step (model runner V2, eagle3_utils.py: the SupportsEagle3 check, the config's ids or the
+    model's default); by hand as gpu_model_runner did for releases without it."""
+    try:
+        from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import set_eagle3_aux_hidden_state_layers
+    except ImportError:
+        layer_ids = _aux_layer_ids(vllm_config.speculative_config.draft_model_config.hf_config)
+        target.set_aux_hidden_state_layers(layer_ids or target.get_eagle3_default_aux_hidden_state_layers())
+        return
+    set_eagle3_aux_hidden_state_layers(target, vllm_config.speculative_config)
+
+
+class TargetEmbedAndHead(torch.nn.Module):
+    """The target's embeddings and lm_head in vLLM's own layer classes, loaded from the target checkpoint by their
+    weight loaders: what the proposer shares with the draft, when the target class itself cannot be built here."""
+
+    def __init__(self, vllm_config, target_dir: str):
+        from safetensors.torch import load_file
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+        super().__init__()
+        hf_config = vllm_config.model_config.hf_text_config
+        vocab, hidden = hf_config.vocab_size, hf_config.hidden_size
+        weights = {}
+        for path in sorted(glob.glob(os.path.join(target_dir, "*.safetensors"))):
+            weights.update(load_file(path))
+        self.model = torch.nn.Module()
+        self.model.embed_tokens = VocabParallelEmbedding(vocab, hidden, params_dtype=torch.float32)
+        self.lm_head = ParallelLMHead(vocab, hidden, params_dtype=torch.float32)
+        embed = weights["model.embed_tokens.weight"]
+        for layer, weight in ((self.model.embed_tokens, embed), (self.lm_head, weights.get("lm_head.weight", embed))):
+            layer.weight.weight_loader(layer.weight, weight)
+
+
+def _vllm_step(method, target, draft, ids, states) -> dict:
+    hidden, aux = states
+    positions = torch.arange(ids.numel())
+    next_ids = torch.cat([ids[1:], ids[-1:]])  # teacher forcing: the draft at t reads token t+1
+    if method != "medusa":
+        _share_with_draft(target, draft)
     if method == "medusa":
         blocks = draft(hidden)
         logits = torch.stack(draft.compute_logits(blocks))  # (heads, T, V)
         return {"status": "loaded", "logits": logits.float(), "token_ids": logits.argmax(-1),
                 "hidden": torch.stack(blocks).float()}
-    if method == "eagle1":
-        draft.lm_head = target.lm_head  # EagleLlamaForCausalLM has no lm_head: the proposer shares the target's
-        features = hidden
-    else:
-        features = draft.combine_hidden_states(torch.cat(aux, dim=-1))
+    features = hidden if method == "eagle1" else draft.combine_hidden_states(torch.cat(aux, dim=-1))
     draft_out = draft(next_ids, positions, features)
     normed, fed_back = draft_out if isinstance(draft_out, tuple) else (draft_out, draft_out)
     logits = draft.compute_logits(normed).float()  # (T, V): draft ids already mapped to target ids by vLLM
     return {"status": "loaded", "logits": logits, "token_ids": logits.argmax(-1), "hidden": fed_back.float()}
+
+
+def _share_with_draft(target, draft) -> None:
+    """What vLLM's EAGLE proposer does after loading the draft (`load_eagle_model` in
+    v1/worker/gpu/spec_decode/eagle/utils.py, vLLM >= 0.33): the target's embeddings and lm_head go to the draft
+    unless it holds its own differing copy; by hand, as llm_base_proposer does, for older releases."""
+    try:
+        from vllm.v1.worker.gpu.spec_decode.eagle import utils
+    except ImportError:
+        if not getattr(draft, "has_own_embed_tokens", False):
+            draft.model.embed_tokens = getattr(target.model, "embed_tokens", None) or target.model.embedding
+        if not getattr(draft, "has_own_lm_head", False):
+            draft.lm_head = target.lm_head
+        return
+    utils.maybe_share_target_embed(draft, draft.model, target.model)
+    head = utils.get_target_lm_head(target, target)
+    # load_eagle_model's lm_head step (0.34 wraps it in share_target_lm_head; 0.33 inlines it)
+    own = getattr(draft, "lm_head", None)
+    if head is not None and utils._should_share(draft, "has_own_lm_head", own, head):  # noqa: SLF001
+        if hasattr(draft, "lm_head"):
+            del draft.lm_head
+        draft.lm_head = head
 
 
 def _serve_dir(folder: str) -> str:
@@ -155,16 +347,6 @@ def _serve_dir(folder: str) -> str:
     except Exception as err:  # noqa: BLE001 (vLLM's refusal is the result)
         return f"refused ({one_line(err)})"
     return f"serves the verifier {model}"
-
-
-def _stores_embeddings(folder: str) -> bool:
-    from safetensors import safe_open
-
-    for path in glob.glob(os.path.join(folder, "*.safetensors")):
-        with safe_open(path, "pt") as f:
-            if any("embed_tokens" in name for name in f.keys()):
-                return True
-    return False
 
 
 # -------------------------------------------------------------------------------------------- speculators
@@ -179,14 +361,17 @@ def run_speculators(job: dict) -> dict:
     ids = torch.load(job["inputs"])["input_ids"]
     T = ids.numel()
     next_ids = torch.cat([ids[1:], ids[-1:]])
-    target = AutoModelForCausalLM.from_pretrained(job["target"], dtype=torch.float32).eval()
-    hidden_states = target(ids[None], output_hidden_states=True).hidden_states
+    states = {}  # target folder -> its hidden states (speculators trains on the transformers target's)
     results = {}
     for case in job["cases"]:
         try:
+            if case["target"] not in states:
+                target = AutoModelForCausalLM.from_pretrained(case["target"], dtype=torch.float32).eval()
+                states[case["target"]] = target(ids[None], output_hidden_states=True).hidden_states
+            hidden_states = states[case["target"]]
             config = SpeculatorModelConfig.from_pretrained(case["folder"])
             config.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
-            config.speculators_config.verifier.name_or_path = job["target"]  # this machine's copy of the target
+            config.speculators_config.verifier.name_or_path = case["target"]  # this machine's copy of the target
             model = Eagle3DraftModel.from_pretrained(case["folder"], config=config).eval()
             model._load_verifier_weights(overwrite_embed_tokens=True)  # noqa: SLF001
             layers = list(model.config.eagle_aux_hidden_state_layer_ids)  # speculators: input of layer i
@@ -215,49 +400,118 @@ def run_speculators(job: dict) -> dict:
 # ------------------------------------------------------------------------------------------------ SGLang
 
 SGLANG_MODULES = {"eagle1": "sglang.srt.models.llama_eagle", "eagle3": "sglang.srt.models.llama_eagle3"}
+# What SGLang's EAGLE workers call on the TARGET model: every draft shares its embeddings (eagle_worker_v2.py
+# `init_lm_head` -> `get_embed_and_head`); EAGLE-3 has it capture the aux states (attention_backend_setup.py).
+SGLANG_TARGET_HOOKS = {"eagle1": ("get_embed_and_head",),
+                       "eagle3": ("set_eagle3_layers_to_capture", "get_embed_and_head")}
 
 
 def run_sglang(job: dict) -> dict:
     """SGLang's EAGLE modules import CUDA kernels and a torchvision built for its pinned torch; when they cannot
-    be imported here, fall back to their installed SOURCE: the config keys they read (`getattr(config, KEY)`,
-    `eagle_config.get(KEY)`), which the export must carry, since a missing one takes SGLang's default."""
+    be imported here, fall back to their installed SOURCE: the config keys the draft module reads
+    (`getattr(config, KEY)`, `eagle_config.get(KEY)`), which the export must carry, since a missing one takes
+    SGLang's default; that the draft architecture the export names is a class of that module; and, per target
+    family, whether SGLang's class for the target (its `architectures`, methods inherited within sglang/srt/models
+    included) has the hooks the EAGLE worker calls, and whether it shifts given aux ids by one (`val + 1`)."""
     import importlib
 
+    classes = _sglang_classes()
+    errors = {}  # module -> why it cannot be imported (None: it can)
     results = {}
     for case in job["cases"]:
         module = SGLANG_MODULES[case["method"]]
-        try:
-            importlib.import_module(module)
-            error = None
-        except Exception as err:  # noqa: BLE001 (the reason it cannot be built here is the result)
-            error = one_line(err)
-        keys = _source_config_keys(module)
+        failed = [e for e in errors.values() if e]
+        if module not in errors and failed:  # the package failed to import once: a retry sees it half-imported
+            errors[module] = failed[0]
+        if module not in errors:
+            try:
+                importlib.import_module(module)
+                errors[module] = None
+            except Exception as err:  # noqa: BLE001 (the reason it cannot be built here is the result)
+                errors[module] = one_line(err)
+        error = errors[module]
+        keys = _source_config_keys(_sglang_source(module))
         config = json.loads(open(os.path.join(case["folder"], "config.json")).read())
         present = set(config) | set(config.get("eagle_config") or {})
-        missing = sorted(k for k in keys if k not in present)
+        missing = {k: default for k, default in sorted(keys.items()) if k not in present}
+        draft_arch = (config.get("architectures") or ["?"])[0]
+        draft_file = classes.get(draft_arch, {}).get("file")
+        target_arch = json.loads(open(os.path.join(case["target"], "config.json")).read())["architectures"][0]
         results[case["name"]] = {"status": "source", "module": module, "error": error or "imported (not run)",
-                                 "keys": sorted(keys), "missing": missing}
+                                 "keys": sorted(keys), "missing": missing,
+                                 "draft_class": None if draft_file == _sglang_source(module) else draft_arch,
+                                 "target": _target_hooks(classes, target_arch, SGLANG_TARGET_HOOKS[case["method"]])}
     return results
 
 
-def _source_config_keys(module: str) -> set[str]:
-    import ast
+def _sglang_source(module: str) -> str:
+    """The installed file of an sglang module, found without importing the package (its __init__ needs CUDA)."""
     import importlib.util
 
-    spec = importlib.util.find_spec(module)
-    tree = ast.parse(open(spec.origin).read())
-    keys = set()
+    root = importlib.util.find_spec(module.split(".")[0]).submodule_search_locations[0]
+    return os.path.join(root, *module.split(".")[1:]) + ".py"
+
+
+def _sglang_classes() -> dict[str, dict]:
+    """Every class of sglang/srt/models/*.py by name: its file, base names and methods; where a name is defined
+    twice, the module whose EntryClass lists it (what SGLang's registry loads) wins."""
+    import ast
+
+    folder = os.path.dirname(_sglang_source("sglang.srt.models.llama"))
+    found = {}
+    for path in sorted(glob.glob(os.path.join(folder, "*.py"))):
+        tree = ast.parse(open(path).read())
+        entry = {n.id for node in tree.body if isinstance(node, ast.Assign)
+                 and any(getattr(t, "id", "") == "EntryClass" for t in node.targets)
+                 for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and (node.name not in found or node.name in entry):
+                bases = [getattr(b, "id", getattr(b, "attr", "")) for b in node.bases]
+                found[node.name] = {"file": path, "bases": bases,
+                                    "methods": {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}}
+    return found
+
+
+def _target_hooks(classes: dict, arch: str, hooks: tuple[str, ...]) -> dict:
+    """{"class", "file", "missing": hooks no class of its MRO (within sglang/srt/models) defines, "shifts_ids"}."""
+    import ast
+
+    if arch not in classes:
+        return {"class": arch, "file": None, "missing": list(hooks), "shifts_ids": None}
+    methods, queue, seen = {}, [arch], set()
+    while queue:  # breadth-first over the bases: a subclass's own method wins
+        name = queue.pop(0)
+        if name in seen or name not in classes:
+            continue
+        seen.add(name)
+        for method, node in classes[name]["methods"].items():
+            methods.setdefault(method, node)
+        queue += classes[name]["bases"]
+    shifts = None
+    if "set_eagle3_layers_to_capture" in methods:
+        shifts = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add) and isinstance(n.right, ast.Constant)
+                     and n.right.value == 1 for n in ast.walk(methods["set_eagle3_layers_to_capture"]))
+    return {"class": arch, "file": os.path.basename(classes[arch]["file"]),
+            "missing": [h for h in hooks if h not in methods], "shifts_ids": shifts}
+
+
+def _source_config_keys(path: str) -> dict[str, str]:
+    """KEY -> its default as source text ("-" where none: a missing key raises) for every config key read."""
+    import ast
+
+    tree = ast.parse(open(path).read())
+    keys = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and node.args and True:
+        if isinstance(node, ast.Call) and node.args:
             func = node.func
             name = getattr(func, "id", None) or getattr(func, "attr", None)
             args = node.args
             if name == "getattr" and len(args) >= 2 and getattr(args[0], "id", "") == "config" \
                     and isinstance(args[1], ast.Constant):
-                keys.add(args[1].value)
+                keys.setdefault(args[1].value, ast.unparse(args[2]) if len(args) > 2 else "-")
             if name == "get" and isinstance(func, ast.Attribute) and getattr(func.value, "id", "") == "eagle_config" \
                     and isinstance(args[0], ast.Constant):
-                keys.add(args[0].value)
+                keys.setdefault(args[0].value, ast.unparse(args[1]) if len(args) > 1 else "None")
     return keys
 
 

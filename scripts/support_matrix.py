@@ -80,16 +80,22 @@ def check_family(family: str, work: Path, *, prompts: int = 3, new_tokens: int =
     return result
 
 
-def _engine_verdicts(rows: list[dict]) -> dict[str, list[str]]:
-    """check_engines rows -> family -> short verdicts ("vLLM 0.34.0 eagle3: drafts identically", ...)."""
-    out: dict[str, list[str]] = {}
+def _engine_cells(rows: list[dict]) -> dict[str, str]:
+    """check_engines rows (EAGLE only: Medusa is family-independent) -> family -> one cell, per engine release:
+    how many exports its own loader drafted identically, how many it could only source-read, refusals, failures."""
+    tally: dict[str, dict[str, dict[str, int]]] = {}
     for row in rows:
+        if row["method"] == "medusa":
+            continue
         result = row["result"]
-        short = ("identical" if "drafts identically" in result else "refused" if result.startswith("refused")
-                 else "source-read" if result.startswith("not built on CPU") else "FAILS")
-        out.setdefault(row.get("family", "llama"), []).append(f"{row['engine']} {row['format']}/{row['method']}"
-                                                              f"/{row['vocabulary']}: {short}")
-    return out
+        kind = ("identical" if result.startswith("loads, drafts identically") else
+                "refused" if result.startswith("refused by the exporter") else
+                "source-read" if result.startswith("not built on CPU") else "FAILS")
+        counts = tally.setdefault(row.get("family", "llama"), {}).setdefault(row["engine"], {})
+        counts[kind] = counts.get(kind, 0) + 1
+    return {family: "; ".join(f"{engine}: " + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+                              for engine, counts in engines.items())
+            for family, engines in tally.items()}
 
 
 def _cell(verdict: str | None) -> str:
@@ -101,15 +107,12 @@ def _cell(verdict: str | None) -> str:
 
 
 def matrix_markdown(results: list[FamilyResult], engine_rows: list[dict] | None = None) -> str:
-    engines = _engine_verdicts(engine_rows or [])
+    engines = _engine_cells(engine_rows or [])
     lines = ["| family (model_type) | train EAGLE-3 / EAGLE-1 | exact decode | vLLM EAGLE-3 / EAGLE-1 | "
              "SGLang EAGLE-3 / EAGLE-1 | speculators | engine-checked |", "|---|---|---|---|---|---|---|"]
     for r in results:
         exact = sum(a for a, _ in r.exact.values()), sum(b for _, b in r.exact.values())
-        checked = engines.get(r.family)
-        engine_cell = ("–" if checked is None else
-                       f"{sum('identical' in c for c in checked)}/{len(checked)} identical"
-                       + ("" if not any("FAILS" in c for c in checked) else ", some FAIL"))
+        engine_cell = engines.get(r.family, "–")
         lines.append(
             f"| {r.family} ({r.model_type}) | ✓ {r.train_seconds['eagle3']:.0f} s / ✓ {r.train_seconds['eagle1']:.0f} s"
             f" | {exact[0]}/{exact[1]} identical | {_cell(r.exports['eagle3'].get('vllm'))} / "
