@@ -58,7 +58,8 @@ class HybridDrafter(Drafter):
         # after this many n-gram proposals in a row whose first token was wrong, the head drafts (the n-gram's
         # chain joins its tree where that pays) until an n-gram proposal is right again: in retrieval, multi-turn
         # and chat answers the context holds long matches that the answer only resembles, and the calibration,
-        # pooled over the text where such matches are copied, kept the n-gram drafting them (README: the ablation)
+        # pooled over the text where such matches are copied, kept the n-gram drafting them (docs/results.md, "The
+        # hybrid on the modelled clock")
         self.doubt_after = 3
         self._head_k: int | None = None  # the decoder's K: the head drafts at most that, the n-gram side its own cap
 

@@ -85,11 +85,12 @@ PRIOR_NEXT = {1: (0.5, 0.6, 0.65), 2: (0.65, 0.65, 0.8), 3: (0.64, 0.8, 0.8), 4:
 
 # A match length means different things in different texts: in a summary a 2-token match is the start of a copied
 # phrase, in a multi-turn answer a coincidence. The length policy's estimates for the current generation are its
-# own drafts' outcomes, with the estimate pooled over every generation worth this many of them (README: the ablation).
+# own drafts' outcomes, with the estimate pooled over every generation worth this many of them (docs/results.md,
+# "What this text makes of a match").
 LOCAL_WEIGHT = 4.0
 # Before any key has been tried often enough here, the current generation's drafts of every key say whether its text
 # copies: the pooled estimates' odds are scaled by how its drafts fared against them, with this many pseudo-drafts
-# at the pooled rate (serve/drafters/length.py, generation_factor; README: the ablation).
+# at the pooled rate (serve/drafters/length.py, generation_factor; docs/results.md, "What this text makes of a match").
 GENERATION_WEIGHT = 2.0
 
 
@@ -111,8 +112,8 @@ class NgramDrafter(Drafter):
         # max_k: with a per-step length, a cycle may draft up to max(K, max_k) tokens. A copied passage is accepted
         # far past K, extending the proposal costs nothing, and a verify forward's cost grows slowly past a few
         # tokens (this CPU, fp32: 16 drafts 1.6-2.0 steps, 5 drafts 1.2-1.6), so the policy, which weighs every token,
-        # decides how far (README: the ablation). A fixed length drafts K. Default: the longest verify
-        # serve/core/costs.py measures.
+        # decides how far (docs/results.md, "Copied passages past K"). A fixed length drafts K. Default: the longest
+        # verify serve/core/costs.py measures.
         if max_k is None:
             max_k = 0 if isinstance(self.policy, FixedLength) else max(DEFAULT_SIZES) - 1
         if max_k < 0:
@@ -132,7 +133,8 @@ class NgramDrafter(Drafter):
         # copying: the last proposal was right on every token the target's output could check it on. A cycle drafts
         # past K only then (reach="copying"): in a copied passage the next match goes on as far, while in free text
         # a long draft the policy finds worth its flat verify cost is mostly rejected at its first token
-        # (reach="always": qa and multiturn 3-5% slower on the modelled clock; README: the ablation)
+        # (reach="always": qa and multiturn 3-5% slower on the modelled clock; docs/results.md, "Copied passages
+        # past K")
         self.copying, self.reach = False, "copying"
         self._k: int | None = None  # the decoder's K (draft_cap)
 
