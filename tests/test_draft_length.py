@@ -8,8 +8,9 @@ import torch
 from serve.core.costs import VerifyCosts, measure_verify_costs, use_verify_costs, verify_costs_for
 from serve.decoding import plain_generate, speculative_generate
 from serve.drafters import DrafterSpecError, build_drafter
-from serve.drafters.length import (Calibration, ExpectedGain, FixedLength, LastDraft, MinConfidence, best_length,
-                                   build_policy, expected_tokens, generation_factor, matched_prefix, scale_odds)
+from serve.drafters.calibration import Calibration, generation_factor, scale_odds
+from serve.drafters.length import ExpectedGain, FixedLength, LastDraft, MinConfidence, build_policy, matched_prefix
+from serve.drafters.length_model import best_length, expected_tokens
 from serve.drafters.ngram import GENERATION_WEIGHT as NGRAM_GENERATION_WEIGHT, LOCAL_WEIGHT as NGRAM_LOCAL_WEIGHT
 from serve.drafters.ngram import Match, NgramDrafter, longest_match, match_signal
 from serve.core.errors import DraftsmithError

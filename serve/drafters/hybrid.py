@@ -17,7 +17,8 @@ from collections import Counter
 from typing import ClassVar
 
 from serve.drafters.base import Draft, Drafter
-from serve.drafters.length import ExpectedGain, expected_tokens
+from serve.drafters.length import ExpectedGain
+from serve.drafters.length_model import expected_tokens
 from serve.drafters.ngram import NgramDrafter
 from serve.core.errors import DraftsmithError
 from serve.tree import add_chain, chain_parents

@@ -22,16 +22,9 @@ passage, a formulaic phrase) last for several tokens, so each cycle should be as
 current situation allows (Leviathan et al. 2023, https://arxiv.org/abs/2211.17192, sec. 3.5, with V and c
 measured rather than assumed).
 
-Whether the drafter runs at all is decided from what its cycles really took: each cycle's wall time, from the
-start of drafting to the end of its verification, against the wall time of a cycle in which the drafter did no
-work (a plain step). That realized rate covers what the model above leaves out (the decoder's own work per
-cycle, a context longer than the one the costs were measured on, a machine busier than then); a drafter whose
-cycles yield less than a plain step's one token per step's time pauses, and is retried ever less often while
-it keeps not paying. The plain cycle is re-timed while the drafter works: after `refresh` working cycles in a row
-one cycle is left plain. Without that, a drafter that stops pausing keeps comparing itself with a plain step timed
-earlier, however the machine's speed has moved since: a plain step timed while the machine was slow makes a head's
-cycles look worth their time, and the head keeps working in cycles that keep no draft (docs/results.md, "Draft
-length per step", has the measurement).
+Whether the drafter runs at all is decided from what its cycles really took, against a plain step's wall time
+(serve/drafters/pause.py). The model's parts: E(n) and the best rate in serve/drafters/length_model.py, the
+calibrated acceptance in serve/drafters/calibration.py.
 
 Drafters that draft step by step (EAGLE, a draft model) cannot see a_{i+1} before paying for it: `offer`
 decides token i with a_i known and a_{i+1}, ... projected as a_i. Drafters that see the whole proposal at
@@ -46,61 +39,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
 from serve.core.costs import VerifyCosts
+from serve.drafters.calibration import Calibration, generation_factor, scale_odds
 from serve.drafters.leaves import Leaf, choose_leaves, leaf_gains
+from serve.drafters.length_model import best_length, expected_tokens
+from serve.drafters.pause import PauseRule
 from serve.core.errors import DraftsmithError
 
 Signal = tuple[Hashable, float]  # (calibration key, prior acceptance for that key)
-
-
-@dataclass
-class Calibration:
-    """P(accepted | key): Beta-binomial per key with the drafter's prior as pseudo-counts, learned from the
-    drafter's own verified drafts. Old evidence decays, so the estimate follows the current text."""
-    prior_weight: float = 3.0
-    decay: float = 0.995  # per observation of the same key
-    counts: dict = field(default_factory=dict)  # key -> [accepted, tried]
-
-    def predict(self, key: Hashable, prior: float) -> float:
-        accepted, tried = self.counts.get(key, (0.0, 0.0))
-        return (accepted + self.prior_weight * prior) / (tried + self.prior_weight)
-
-    def update(self, key: Hashable, accepted: bool) -> None:
-        entry = self.counts.setdefault(key, [0.0, 0.0])
-        entry[0] = entry[0] * self.decay + float(accepted)
-        entry[1] = entry[1] * self.decay + 1.0
-
-
-def scale_odds(p: float, factor: float) -> float:
-    """p with its odds multiplied by `factor` (> 0): stays inside (0, 1) for any factor."""
-    if p <= 0.0 or p >= 1.0:
-        return p
-    odds = p / (1.0 - p) * factor
-    return odds / (1.0 + odds)
-
-
-def generation_factor(accepted: float, expected: float, tried: float, weight: float) -> float:
-    """The odds ratio by which the current generation's drafts beat the pooled estimates: of `tried` drafts,
-    `accepted` were accepted where the estimates summed to `expected`. Accepted over expected, divided by rejected
-    over expected rejections, each with `weight` pseudo-drafts at the pooled rate: 1 before any draft, and a few
-    drafts move it."""
-    return ((accepted + weight) / (expected + weight)) / ((tried - accepted + weight) / (tried - expected + weight))
-
-
-def expected_tokens(accept: Sequence[float]) -> list[float]:
-    """a_1..a_n -> E(0..n): tokens a cycle yields if it keeps the first i drafts (bonus included)."""
-    out, running, product = [1.0], 1.0, 1.0
-    for a in accept:
-        product *= a
-        running += product
-        out.append(running)
-    return out
-
-
-def best_length(accept: Sequence[float], cost: Callable[[int], float]) -> tuple[int, float]:
-    """The n <= len(accept) with the best expected rate E(n)/C(n), and that rate (ties: the shorter)."""
-    rates = [e / cost(n) for n, e in enumerate(expected_tokens(accept))]
-    n = max(range(len(rates)), key=lambda i: (rates[i], -i))
-    return n, rates[n]
 
 
 class LengthPolicy:
@@ -195,21 +140,14 @@ class MinConfidence(LengthPolicy):
         return True
 
 
-class ExpectedGain(LengthPolicy):
-    """Draft while the expected rate E(n)/C(n) improves, with calibrated acceptance and measured costs.
+class ExpectedGain(PauseRule, LengthPolicy):
+    """Draft while the expected rate E(n)/C(n) improves, with calibrated acceptance and measured costs; pause while
+    the realized rate says the drafter does not pay (PauseRule, serve/drafters/pause.py).
 
     costs: the target's verify costs (or a function returning them, called on first use: measuring takes a
     second). c and o are measured as the drafter runs (seconds over the target's step); `step_cost` and
-    `overhead_cost` set starting values in target steps. A drafter whose realized rate falls below 1 pauses; it
-    is retried after `explore` cycles, then after twice as many each time the retry does not pay, up to
-    `max_explore`; the back-off is forgiven once the drafter has paid for as many cycles as it last waited. A retry
-    is a trial of `trial` drafting cycles judged by their joint realized rate: one that paid resumes the drafter
-    at that rate, one that did not pauses it at that rate. One cycle is too few to judge by: a one-cycle retry
-    fails whenever its first draft is rejected, even for a drafter that pays on average, so its wait doubles each
-    time and the drafter sits out whole prompts it would speed up; one good cycle cannot lift a smoothed rate back
-    above 1 either, so the trial's rate replaces the smoothed one. After `refresh` working cycles in a row
-    (0: never) one cycle is left plain to re-time the plain step; that sample weighs `refresh_weight`, and the rate,
-    measured against the old time, is rescaled to the new one.
+    `overhead_cost` set starting values in target steps. `explore`, `max_explore`, `trial`, `refresh` and
+    `refresh_weight` are the pause rule's.
     """
 
     name = "auto"
@@ -218,16 +156,11 @@ class ExpectedGain(LengthPolicy):
                  overhead_cost: float = 0.0, smoothing: float = 0.1, explore: int = 8, max_explore: int = 64,
                  trial: int = 4, local_weight: float = 0.0, generation_weight: float = 0.0, refresh: int = 32,
                  refresh_weight: float = 0.5):
-        super().__init__()
+        LengthPolicy.__init__(self)
+        PauseRule.__init__(self, smoothing=smoothing, explore=explore, max_explore=max_explore, trial=trial,
+                           refresh=refresh, refresh_weight=refresh_weight)
         self._costs = costs
         self.step_cost, self.overhead_cost = step_cost, overhead_cost
-        self.smoothing = smoothing
-        self.explore, self.max_explore, self.trial = explore, max_explore, max(1, trial)
-        self._idle, self._wait = 0, explore  # paused cycles so far, and how many before the next retry
-        self._paying = 0  # cycles in a row at a rate of 1 or more
-        self._trial_left, self._trial_tokens, self._trial_seconds = 0, 0, 0.0  # the trial under way, if any
-        self.refresh, self.refresh_weight = refresh, refresh_weight
-        self._since_plain, self._refreshing = 0, False  # working cycles since a plain one; this cycle re-times it
         self.calibration = {False: Calibration(), True: Calibration()}  # greedy / sampled drafts accept differently
         # the same within the current generation, with the pooled estimate as its prior, worth `local_weight` of
         # this generation's drafts of a key (0: the current generation is not used)
@@ -238,10 +171,6 @@ class ExpectedGain(LengthPolicy):
         self.generation_weight = generation_weight
         self.generation = {False: [0.0, 0.0, 0.0], True: [0.0, 0.0, 0.0]}
         self.priors: list[float] = []  # the prior of each of this cycle's `keys`
-        # realized tokens per plain step's wall time over the cycles the drafter worked, smoothed (what decides
-        # whether it runs, and what a hybrid compares drafters by); plain_seconds: a plain cycle's wall time
-        self.rate = 1.0
-        self.plain_seconds: float | None = None
         self._accept: list[float] = []
         self._more = False
         self._measured: set[str] = set()
@@ -255,6 +184,12 @@ class ExpectedGain(LengthPolicy):
     def cost(self, n: int, nodes: int | None = None) -> float:
         """C(n) of a cycle drafting n tokens; `nodes`: the verify forward holds that many (a chain with leaves)."""
         return self.overhead_cost + n * self.step_cost + self.costs.ratio(n if nodes is None else nodes)
+
+    def work_is_negligible(self) -> bool:
+        return self.overhead_cost + self.step_cost < 0.02  # n-gram lookup: never worth pausing
+
+    def measured_step_seconds(self) -> float:
+        return self.costs.step_seconds
 
     @property
     def local_weight(self) -> float:
@@ -296,34 +231,6 @@ class ExpectedGain(LengthPolicy):
     def start(self, cap: int, *, sampled: bool = False) -> None:
         super().start(cap, sampled=sampled)
         self._accept, self._more, self.priors = [], False, []
-
-    def should_draft(self) -> bool:
-        """Skip the drafter's work while its realized rate is below a plain step's (1 token per step), but retry
-        after `explore` paused cycles, twice as many after each retry that left it below; a drafter whose work
-        is negligible (n-gram lookup) always runs, and so does one on trial."""
-        if self._trial_left > 0:
-            return True
-        negligible = self.overhead_cost + self.step_cost < 0.02
-        if self.refresh and self._since_plain >= self.refresh and not negligible:
-            self._since_plain, self._refreshing = 0, True  # a plain cycle, timed as the reference again
-            return False
-        if self.rate >= 1.0 or negligible:
-            self._idle, self._paying = 0, self._paying + 1
-            if self._paying >= self._wait:
-                self._wait = self.explore
-            return True
-        self._idle, self._paying = self._idle + 1, 0
-        if self._idle >= self._wait:
-            self._idle, self._wait = 0, min(2 * self._wait, self.max_explore)
-            self.probe()
-            return True
-        return False
-
-    def probe(self) -> None:
-        """Put the drafter on trial: it drafts the next `trial` cycles it is asked for, and their joint realized
-        rate replaces its rate (a retry after a pause; a hybrid trying a head it has not used for a while)."""
-        if self._trial_left == 0:
-            self._trial_left, self._trial_tokens, self._trial_seconds = self.trial, 0, 0.0
 
     def offer(self, signal: Signal) -> bool:
         n = len(self._accept)
@@ -384,30 +291,6 @@ class ExpectedGain(LengthPolicy):
         for leaf in leaves:
             if leaf.depth == matched + 1:
                 self.learn(False, leaf.key, leaf.token == target_token)
-
-    def record_cycle(self, seconds: float, tokens: int, *, worked: bool) -> None:
-        if not (math.isfinite(seconds) and seconds > 0):
-            return
-        if not worked:
-            before = self.plain_seconds
-            weight = self.refresh_weight if self._refreshing else self.smoothing
-            self.plain_seconds = seconds if before is None else before + weight * (seconds - before)
-            if self._refreshing and before is not None:  # the rate was measured against the old time: rescale it
-                self.rate *= self.plain_seconds / before
-            self._since_plain, self._refreshing = 0, False
-            return
-        self._since_plain += 1
-        # until a plain cycle has been timed, the 1-token forward measured with the costs stands in for one
-        plain = self.plain_seconds if self.plain_seconds is not None else self.costs.step_seconds
-        if not (math.isfinite(plain) and plain > 0):
-            return
-        self.rate += self.smoothing * (tokens * plain / seconds - self.rate)
-        if self._trial_left > 0:
-            self._trial_left -= 1
-            self._trial_tokens, self._trial_seconds = self._trial_tokens + tokens, self._trial_seconds + seconds
-            if self._trial_left == 0:
-                joint = self._trial_tokens * plain / self._trial_seconds
-                self.rate = max(self.rate, joint) if joint >= 1.0 else joint
 
     def record_step(self, seconds: float) -> None:
         self.step_cost = self._smooth("step", self.step_cost, seconds)
