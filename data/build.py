@@ -34,7 +34,7 @@ from data.prompts import PromptRow, read_prompts
 from serve.core.errors import DraftsmithError
 from serve.core.files import write_text_atomic
 from serve.core.target import load_configured
-from serve.server.record import read_manifest, traffic_rows
+from serve.core.traffic import read_manifest, traffic_rows
 
 WORK = ".work"
 BUILD_INFO = "build_info.json"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from serve.core.errors import DraftsmithError
-from serve.server.record import is_traffic_folder, traffic_prompt_records
+from serve.core.traffic import is_traffic_folder, traffic_prompt_records
 
 FORMS = ("messages", "conversations", "turns", "prompt", "question", "instruction")
 ROLES = ("system", "user", "assistant")

@@ -129,3 +129,15 @@ def test_cli_and_benchmarks_live_apart():
                  for p in sorted((ROOT / package).rglob("*.py")) if any(m.startswith("scripts.bench")
                                                                         for m in imports_of(p))]
     assert importers == []
+
+
+def test_data_train_and_eval_take_shared_concepts_from_the_core():
+    """data/, train/ and eval/ take what every package shares from serve/core; of the rest of serve/ only the
+    drafters (which training trains and evaluation measures) and the decoder (which evaluation measures)."""
+    allowed = ("serve.core", "serve.drafters", "serve.decoding")
+    wrong = []
+    for package in ("data", "train", "eval"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            wrong += [f"{path.relative_to(ROOT)} imports {m}" for m in sorted(imports_of(path))
+                      if m.startswith("serve") and not m.startswith(allowed)]
+    assert wrong == []

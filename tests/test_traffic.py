@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from scripts.cli import main
 from serve.server import ServeConfig, build_app
-from serve.server.record import TrafficError, TrafficRecorder, read_traffic, traffic_rows
+from serve.core.traffic import TrafficError, TrafficRecorder, read_traffic, traffic_rows
 from serve.core.target import load_target
 from serve.core.target_config import TargetConfig
 from tests.server_fixtures import running_server

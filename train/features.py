@@ -26,7 +26,7 @@ class DatasetRows:
     def __init__(self, path: str | Path, *, tokenizer_hash: str | None = None):
         from datasets import Dataset, load_from_disk
 
-        from serve.server.record import is_traffic_folder, traffic_rows
+        from serve.core.traffic import is_traffic_folder, traffic_rows
 
         if not Path(path).exists():
             raise DraftsmithError(f"training dataset not found: {path} (make one with `draftsmith data build`)")

@@ -26,7 +26,7 @@ def add_arguments(parser) -> None:
                              "repository name, e.g. SmolLM2-135M-Instruct); requests may also name the target as given")
     parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     parser.add_argument("--record", default=None, metavar="DIR",
-                        help="keep every answered request in DIR as training data (serve/server/record.py; a request "
+                        help="keep every answered request in DIR as training data (serve/core/traffic.py; a request "
                              "sent with \"store\": false is not kept; metadata.domain files it by domain)")
 
 

@@ -34,7 +34,7 @@ def build_app(config: ServeConfig, *, log=None) -> Any:
     engine = Engine(target, drafter, k=settings.k, tree=settings.tree, max_queue=config.max_queue)
     recorder = None
     if config.record:
-        from serve.server.record import TrafficRecorder
+        from serve.core.traffic import TrafficRecorder
 
         recorder = TrafficRecorder(config.record, target=target,
                                    max_segment_bytes=int(config.record_segment_mb * (1 << 20)))

@@ -37,7 +37,7 @@ from serve.server.limits import BodyLimit, check_prompt_chars, longest_token_cha
 from serve.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from serve.server.prompts import (check_token_ids, completion_prompt, encode_text_prompt, render_chat,
                                   resolve_max_tokens)
-from serve.server.record import TrafficRecorder
+from serve.core.traffic import TrafficRecorder
 from serve.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList,
                                   SamplingFields, Usage, error_body)
 from serve.server.text import TextAssembler
@@ -377,7 +377,7 @@ def create_app(engine: Engine, *, model_name: str | None = None, context_length:
                recorder: TrafficRecorder | None = None, max_body_mb: float = ServeConfig.max_body_mb,
                max_prompt_chars: int | None = None) -> FastAPI:
     """The ASGI app; it starts the engine's worker on startup and stops it on shutdown. `model_name`: the id it
-    serves (default: the target's short name); `recorder` keeps every answered request (serve.server.record);
+    serves (default: the target's short name); `recorder` keeps every answered request (serve.core.traffic);
     the limits are ServeConfig's."""
     server = Server(engine, model_name=model_name, context_length=context_length, recorder=recorder,
                     max_prompt_chars=max_prompt_chars)

@@ -47,7 +47,7 @@ class ServeConfig:
     # a longer prompt (characters, before tokenizing) gets a 400; default: the vocabulary's longest entry times the
     # context length, the most characters a prompt that fits could have
     max_prompt_chars: Optional[int] = None
-    record: Optional[str] = None  # folder that keeps every answered request (serve.server.record); None: off
+    record: Optional[str] = None  # folder that keeps every answered request (serve.core.traffic); None: off
     record_segment_mb: float = 64.0  # a new traffic-NNNNN.jsonl segment starts beyond this size
     log_level: str = "info"
 

@@ -1,4 +1,5 @@
-"""`draftsmith serve --record DIR`: what the server answered, kept as training data for the drafter.
+"""The traffic folder: what `draftsmith serve --record DIR` answered, kept as training data for the drafter. The
+server writes it; data/ and train/ read it, so its format lives in the core.
 
 Every answer the server returns is the target's own output for a real prompt: what self-distillation tries
 to produce. The recorder appends one JSON line per answered request to size-rotated segments:
