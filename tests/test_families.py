@@ -38,7 +38,7 @@ def test_family_trains_drafts_exactly_and_exports(family, tmp_path):
 def test_hosting_refusals_name_engine_version_and_what_is_missing():
     from serve.export.hosts import check_hosted
 
-    with pytest.raises(DraftsmithError, match=r"vLLM 0\.34\.0 cannot host a eagle3 drafter for a 'gemma3_text' "
+    with pytest.raises(DraftsmithError, match=r"vLLM 0\.34\.0 cannot host an eagle3 drafter for a 'gemma3_text' "
                                               r"target: its Gemma3ForCausalLM does not implement SupportsEagle3.*"
                                               r"--format sglang"):
         check_hosted("eagle3", "gemma3", "vllm", "0.34.0")

@@ -34,7 +34,7 @@ class Hosts:
         else:
             why = (f"draftsmith has not read {self.engine}'s code for {family!r} targets (it knows "
                    f"{', '.join(sorted(hosted))})")
-        return f"{release} cannot host a {method} drafter for a {family!r} target: {why}"
+        return f"{release} cannot host an {method} drafter for a {family!r} target: {why}"
 
 
 _CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
