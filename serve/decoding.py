@@ -134,9 +134,10 @@ def plain_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int, temp
     return GenerationResult(output, stats)
 
 
-def _verify_inputs(pending: int, draft: Draft, cache, device, model):
-    """input_ids (1, n+1), position_ids (1, n+1), and for trees the attention mask: (1, 1, n+1, past+n+1) (see
-    serve/core/target_masks.py), or a dict per attention type when the target has sliding-window layers."""
+def _verify_inputs(pending: int, draft: Draft, cache, device):
+    """input_ids (1, n+1), position_ids (1, n+1), and for trees the attention mask: (1, 1, n+1, past+n+1) bool,
+    or a dict per attention type when the target has sliding-window layers (the forward takes it through
+    serve/core/target_masks.for_target)."""
     past = cache.get_seq_length()
     tokens = torch.cat([torch.tensor([pending]), draft.tokens.cpu()])
     if not draft.is_tree:
@@ -145,8 +146,7 @@ def _verify_inputs(pending: int, draft: Draft, cache, device, model):
     depths = torch.cat([torch.zeros(1, dtype=torch.long), node_depths(draft.parents.cpu())])
     positions = past + depths  # (n+1,)
     tree = ancestor_mask(draft.parents.cpu())  # (n+1, n+1)
-    full = for_target(model, torch.cat([torch.ones(tree.shape[0], past, dtype=torch.bool), tree], dim=1)[None, None]
-                      .to(device))
+    full = torch.cat([torch.ones(tree.shape[0], past, dtype=torch.bool), tree], dim=1)[None, None].to(device)
     window = sliding_window(cache)
     if window is None:
         return tokens[None].to(device), positions[None].to(device), full
@@ -155,7 +155,7 @@ def _verify_inputs(pending: int, draft: Draft, cache, device, model):
     key_positions = torch.cat([torch.arange(past - held, past), positions])  # (held + n+1,)
     near = (positions[:, None] - key_positions[None, :]) < window
     visible = torch.cat([torch.ones(tree.shape[0], held, dtype=torch.bool), tree], dim=1) & near
-    sliding = for_target(model, visible[None, None].to(device))
+    sliding = visible[None, None].to(device)
     if all(getattr(layer, "is_sliding", False) for layer in cache.layers):
         return tokens[None].to(device), positions[None].to(device), sliding  # e.g. Mistral: one mask for all
     masks = {"full_attention": full, "sliding_attention": sliding}  # mixed layers (Gemma 2/3) take a mapping
@@ -207,8 +207,8 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, m
             else Draft.empty()
         t1 = time.perf_counter()
         past = cache.get_seq_length()
-        ids, positions, mask = _verify_inputs(pending, draft, cache, device, model)
-        extra = {"attention_mask": mask} if mask is not None else {}
+        ids, positions, mask = _verify_inputs(pending, draft, cache, device)
+        extra = {"attention_mask": for_target(model, mask)} if mask is not None else {}
         out = model(ids, position_ids=positions, **cache_kwargs(model, cache), output_hidden_states=want_hidden,
                     **extra)
         verdict = _verdict(draft, out.logits[0], gen, **probs)

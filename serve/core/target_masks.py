@@ -13,11 +13,16 @@ import torch
 Masks = torch.Tensor | dict[str, torch.Tensor]  # one mask, or one per layer type (sliding / full attention)
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool mask (True = may attend) -> additive float mask of the same shape (0 / the dtype's most negative)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed,
+                                                                                      torch.finfo(dtype).min)
+
+
 def for_target(model: Any, masks: Masks) -> Masks:
     """(B, 1, Q, K) bool masks, or a dict of them -> what the model's attention reads (bool, or 0 / dtype min)."""
     if isinstance(masks, dict):
         return {kind: for_target(model, mask) for kind, mask in masks.items()}
     if getattr(model.config, "_attn_implementation", "sdpa") != "eager":
         return masks
-    dtype = model.dtype
-    return torch.zeros(masks.shape, dtype=dtype, device=masks.device).masked_fill_(~masks, torch.finfo(dtype).min)
+    return additive_mask(masks, model.dtype)

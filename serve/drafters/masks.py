@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import torch
 
+from serve.core.target_masks import additive_mask
+
 
 def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """bool mask (True = may attend) -> additive float mask (0 / most negative), (.., Q, K) -> (.., 1, Q, K)."""
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask.unsqueeze(-3)
+    return additive_mask(allowed, dtype).unsqueeze(-3)
 
 
 def causal_allowed(q_len: int, past: int, *, device=None) -> torch.Tensor:
