@@ -1,7 +1,7 @@
 """Self-distillation generation with continuous batching: `slots` rows decode together, and a row that ends
 hands its slot to the next prompt at once, so no row waits for the longest answer of its batch.
 
-The KV cache is one preallocated buffer pair per layer, (slots, kv_heads, capacity, head_dim). Row r holds
+The KV cache (serve/core/slots.py) is one preallocated buffer pair per layer, (slots, kv_heads, capacity, head_dim). Row r holds
 its sequence at columns [0, length_r) (left-aligned), a decode step writes one column per row in place and
 attends over the columns up to the longest row, masked per row. Newcomers are prefilled together, left-padded
 as in transformers' `generate`, and their keys and values copied into their rows.
@@ -23,8 +23,8 @@ from typing import Any, Hashable, Sequence
 import torch
 
 from serve.core.kv import cache_kwargs
+from serve.core.slots import SlotCache, attention_masks
 from serve.core.sampling import sample, target_probs
-from serve.core.target import text_config
 from serve.core.target_masks import for_target
 
 
@@ -39,85 +39,6 @@ class Request:
     key: Hashable  # the caller's handle, returned with the answer
     prompt: Sequence[int]
     seed: int | None = None  # sampling seed of this answer (None: greedy, or a random draw)
-
-
-def attention_masks(config: Any, allowed: torch.Tensor, query_positions: torch.Tensor,
-                    key_positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
-    """(B, 1, Q, K) bool mask -> what the model's forward takes: the mask itself, or one per layer type.
-
-    Sliding-window layers (Gemma 2/3, Qwen2/3 with use_sliding_window, Mistral) also drop keys more than
-    `sliding_window` positions back; positions broadcast against `allowed`. A prepared 4D mask is used as is
-    by transformers, so the window must be applied here.
-    """
-    config = text_config(config)
-    window = getattr(config, "sliding_window", None)
-    sliding = allowed & (key_positions > query_positions - window) if window else allowed
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is None:
-        return sliding  # Mistral / Phi-3 apply config.sliding_window to every layer (None: none)
-    unknown = set(layer_types) - {"full_attention", "sliding_attention"}
-    if unknown:
-        raise NotImplementedError(f"attention layer types {sorted(unknown)} are not supported by data generation")
-    return {"full_attention": allowed, "sliding_attention": sliding}
-
-
-class SlotCache:
-    """The KV buffers, filled through the `update` call every attention layer makes (transformers' Cache API).
-
-    `plan_prefill` / `plan_decode` say what the next forward writes; buffers are allocated on first use.
-    """
-
-    def __init__(self, slots: int, capacity: int):
-        self.slots = slots
-        self.capacity = capacity
-        self.keys: dict[int, torch.Tensor] = {}  # layer -> (slots, kv_heads, capacity, head_dim)
-        self.values: dict[int, torch.Tensor] = {}
-        self._plan: tuple = ()
-
-    def plan_prefill(self, rows: Sequence[int], lengths: Sequence[int]) -> None:
-        """Next forward: newcomers left-padded to max(lengths); newcomer n goes to row rows[n], columns [0, len)."""
-        self._plan = ("prefill", list(rows), list(lengths))
-
-    def plan_decode(self, active: int, columns: torch.Tensor, window: int) -> None:
-        """Next forward: one token for each of rows [0, active), written at columns[r]; attend to [0, window)."""
-        self._plan = ("decode", active, columns, window)
-
-    def grow(self, capacity: int) -> None:
-        if capacity <= self.capacity:
-            return
-        for store in (self.keys, self.values):
-            for layer, old in store.items():
-                new = old.new_zeros(old.shape[0], old.shape[1], capacity, old.shape[3])
-                new[:, :, : self.capacity] = old
-                store[layer] = new
-        self.capacity = capacity
-
-    def move_row(self, src: int, dst: int, length: int) -> None:
-        for store in (self.keys, self.values):
-            for buffer in store.values():
-                buffer[dst, :, :length] = buffer[src, :, :length]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        if layer_idx not in self.keys:
-            shape = (self.slots, key_states.shape[1], self.capacity, key_states.shape[3])
-            self.keys[layer_idx] = key_states.new_zeros(shape)
-            self.values[layer_idx] = value_states.new_zeros(shape)
-        keys, values = self.keys[layer_idx], self.values[layer_idx]
-        if self._plan[0] == "prefill":
-            _, rows, lengths = self._plan
-            width = key_states.shape[2]
-            for n, (row, length) in enumerate(zip(rows, lengths)):  # key_states: (N, kv_heads, width, head_dim)
-                keys[row, :, :length] = key_states[n, :, width - length:]
-                values[row, :, :length] = value_states[n, :, width - length:]
-            return key_states, value_states  # the prefill attends within its own (padded) batch
-        _, active, columns, window = self._plan
-        rows = torch.arange(active, device=columns.device)
-        keys[rows, :, columns] = key_states[:, :, 0]  # (active, kv_heads, head_dim)
-        values[rows, :, columns] = value_states[:, :, 0]
-        return keys[:active, :, :window], values[:active, :, :window]  # (active, kv_heads, window, head_dim)
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0  # positions are always passed explicitly
 
 
 @dataclass

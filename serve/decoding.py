@@ -63,7 +63,7 @@ class GenerationResult:
     stats: SpecStats
 
 
-def _generator(seed: int | None) -> torch.Generator:
+def new_generator(seed: int | None) -> torch.Generator:
     gen = torch.Generator()
     gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
     return gen
@@ -76,19 +76,19 @@ def _hidden(out, layers: Sequence[int], rows: torch.Tensor | slice) -> dict[int,
     return {layer: h[0, rows] for layer, h in pick_hidden_states(out.hidden_states, layers).items()}
 
 
-def _stopper(target, eos_token_ids, stop_strings) -> StopChecker:
+def stopper_for(target, eos_token_ids, stop_strings) -> StopChecker:
     eos = tuple(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
     return StopChecker(eos_token_ids=eos, stop_strings=tuple(stop_strings), tokenizer=target.tokenizer)
 
 
-def _next_token(logits: torch.Tensor, gen: torch.Generator | None, **probs) -> int:
+def next_token(logits: torch.Tensor, gen: torch.Generator | None, **probs) -> int:
     """(V,) logits -> the token decoding emits: the argmax at temperature 0, else a draw from target_probs."""
     if probs["temperature"] <= 0:
         return int(greedy_tokens(logits))
     return sample(target_probs(logits, **probs).cpu(), gen)
 
 
-def _verdict(draft: Draft, logits: torch.Tensor, gen: torch.Generator | None, **probs) -> Verdict:
+def verdict_of(draft: Draft, logits: torch.Tensor, gen: torch.Generator | None, **probs) -> Verdict:
     """logits: (n+1, V), the target's after the pending token and after each draft node -> what it keeps."""
     tokens = draft.tokens.cpu()
     parents = draft.parents.cpu() if draft.is_tree else None
@@ -106,8 +106,8 @@ def plain_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int, temp
                    eos_token_ids: Sequence[int] | None = None,
                    on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
     """One target forward per token: the reference speculative decoding must reproduce."""
-    model, stats, gen = target.model, SpecStats(), _generator(seed)
-    stopper = _stopper(target, eos_token_ids, stop_strings)
+    model, stats, gen = target.model, SpecStats(), new_generator(seed)
+    stopper = stopper_for(target, eos_token_ids, stop_strings)
     device = model.device
     cache = new_cache(model)
     t_start = time.perf_counter()
@@ -116,7 +116,7 @@ def plain_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int, temp
     while len(output) < max_new_tokens:
         logits = model(step_input, **cache_kwargs(model, cache), logits_to_keep=1).logits[0, -1]
         stats.target_forwards += 1
-        token = _next_token(logits, gen, temperature=temperature, top_k=top_k, top_p=top_p)
+        token = next_token(logits, gen, temperature=temperature, top_k=top_k, top_p=top_p)
         output.append(token)
         if stats.target_forwards == 1:
             stats.prefill_seconds = time.perf_counter() - t_start
@@ -177,8 +177,8 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, m
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"speculative_generate takes input_ids of shape (1, T), got {tuple(input_ids.shape)}")
     k = resolve_k([drafter], k)
-    model, stats, gen = target.model, SpecStats(), _generator(seed)
-    stopper = _stopper(target, eos_token_ids, stop_strings)
+    model, stats, gen = target.model, SpecStats(), new_generator(seed)
+    stopper = stopper_for(target, eos_token_ids, stop_strings)
     layers = tuple(drafter.target_layers)
     want_hidden = bool(layers)
     device = model.device
@@ -189,7 +189,7 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, m
     out = model(input_ids.to(device), **cache_kwargs(model, cache), output_hidden_states=want_hidden,
                 logits_to_keep=1)
     stats.target_forwards = 1
-    pending = _next_token(out.logits[0, -1], gen, **probs)
+    pending = next_token(out.logits[0, -1], gen, **probs)
     prompt = input_ids[0].cpu()
     drafter.begin(prompt, torch.cat([prompt[1:], torch.tensor([pending])]), _hidden(out, layers, slice(None)))
     del out
@@ -211,7 +211,7 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, m
         extra = {"attention_mask": for_target(model, mask)} if mask is not None else {}
         out = model(ids, position_ids=positions, **cache_kwargs(model, cache), output_hidden_states=want_hidden,
                     **extra)
-        verdict = _verdict(draft, out.logits[0], gen, **probs)
+        verdict = verdict_of(draft, out.logits[0], gen, **probs)
         rows = [0] + [i + 1 for i in verdict.accepted]  # verify-input rows the target keeps
         keep_positions(cache, past, rows)
         accepted_tokens = [int(draft.tokens[i]) for i in verdict.accepted]

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from data.generate import Answer, ContinuousBatcher, Request, attention_masks
+from data.generate import Answer, ContinuousBatcher, Request
+from serve.core.slots import attention_masks
 from serve.decoding import plain_generate
 from serve.core.target import load_target
 

@@ -21,6 +21,8 @@ from serve.core.kv import cache_kwargs, new_cache, rollback
 # Verify sizes measured by default (new tokens = drafted + 1); others are interpolated. 13: the width of a chain
 # carrying leaves (serve/drafters/leaves.py), where the curve bends on a CPU.
 DEFAULT_SIZES = (1, 2, 3, 4, 6, 9, 13, 17)
+# At batch > 1 (serve/batch/costs.py) every row's forward grows together: fewer sizes, fewer rounds.
+BATCH_SIZES = (1, 2, 3, 5, 9, 17)
 
 def verify_ratio_at(ratios: Mapping[int, float], k: int) -> float:
     """verify_ratio(K) from measured points: piecewise linear, linear extrapolation past the last two."""
@@ -66,18 +68,19 @@ def context_ids(vocab_size: int, context_tokens: int) -> torch.Tensor:
 
 @torch.inference_mode()
 def forward_times(model, context: torch.Tensor, ns: Sequence[int], *, repeats: int = 5) -> dict[int, list[float]]:
-    """Seconds of each repeat of a forward over n new tokens after `context` (KV-cached), for each n in `ns`.
+    """Seconds of each repeat of a forward over n new tokens after `context` (KV-cached), for each n in `ns`;
+    context (B, T): B rows, each n new tokens.
 
     The n's are interleaved across repeats so a noisy machine hits them alike; round 0 warms every shape up."""
     device = next(model.parameters()).device
-    context = context.to(device)  # (1, T)
+    context = context.to(device)  # (B, T)
     length = context.shape[1]
     cache = new_cache(model)
     model(input_ids=context, logits_to_keep=1, **cache_kwargs(model, cache))
     times: dict[int, list[float]] = {n: [] for n in ns}
     for r in range(repeats + 1):
         for n in ns:
-            new_ids = context[:, :n]  # (1, n)
+            new_ids = context[:, :n]  # (B, n)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
@@ -92,15 +95,17 @@ def forward_times(model, context: torch.Tensor, ns: Sequence[int], *, repeats: i
 
 
 def measure_verify_costs(model, *, sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 4,
-                         context_tokens: int = 256) -> VerifyCosts:
-    """Time forwards over `sizes` new tokens on a `context_tokens` cache, interleaved. Each round's forwards are
+                         context_tokens: int = 256, batch: int = 1) -> VerifyCosts:
+    """Time forwards over `sizes` new tokens on a `context_tokens` cache, interleaved; `batch` rows at once (the
+    ratios are then V(n, B) / V(0, B): B rows drafting n each, over B rows' plain step). Each round's forwards are
     divided by that round's 1-token step and the median over rounds gives the ratio: a machine whose speed drifts
     (another process, a neighbour on a VM) moves a round's forwards together, so their ratio holds, where the
     fastest of each size can pair a lucky 1-token step with an unlucky wide forward. On a 2-core VM whose step time
     swung by 20%, three measurements of 16 drafts gave 1.41-1.74 steps with the fastest of 2 and 1.40-1.44 with
     the median of 4 rounds; a 30-round timing gave 1.51."""
     vocab = int(getattr(getattr(model.config, "text_config", None) or model.config, "vocab_size", 2))
-    times = forward_times(model, context_ids(vocab, context_tokens), sorted(set(sizes) | {1}), repeats=repeats)
+    context = context_ids(vocab, context_tokens).repeat(batch, 1)  # (B, T)
+    times = forward_times(model, context, sorted(set(sizes) | {1}), repeats=repeats)
     step = statistics.median(times[1])
     ratios = {n: statistics.median(t / one for t, one in zip(ts, times[1])) for n, ts in times.items()}
     # A forward over more tokens never costs less; a noisy round must not make drafting look free.
@@ -113,22 +118,23 @@ def measure_verify_costs(model, *, sizes: Sequence[int] = DEFAULT_SIZES, repeats
 _MEASURED: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, VerifyCosts]]" = weakref.WeakKeyDictionary()
 
 
-def _costs_key(model) -> tuple:
+def _costs_key(model, batch: int) -> tuple:
     param = next(model.parameters())
-    return str(param.device), param.dtype, torch.get_num_threads()
+    return str(param.device), param.dtype, torch.get_num_threads(), batch
 
 
-def verify_costs_for(model) -> VerifyCosts:
-    """The verify costs of `model` on its device and dtype with the current torch thread count, measured on first
-    use in this process (or set by `use_verify_costs`)."""
+def verify_costs_for(model, batch: int = 1) -> VerifyCosts:
+    """The verify costs of `model` on its device and dtype with the current torch thread count, `batch` rows at
+    once, measured on first use in this process (or set by `use_verify_costs`)."""
     per_model = _MEASURED.setdefault(model, {})
-    key = _costs_key(model)
+    key = _costs_key(model, batch)
     if key not in per_model:
-        per_model[key] = measure_verify_costs(model)
+        per_model[key] = measure_verify_costs(model) if batch == 1 else \
+            measure_verify_costs(model, sizes=BATCH_SIZES, repeats=2, context_tokens=128, batch=batch)
     return per_model[key]
 
 
-def use_verify_costs(model, costs: VerifyCosts) -> None:
-    """Make `verify_costs_for(model)` return `costs` on the current device, dtype and thread count, instead of what
-    it measures (a policy comparison on fixed costs: scripts/bench/policy_sim.py --costs)."""
-    _MEASURED.setdefault(model, {})[_costs_key(model)] = costs
+def use_verify_costs(model, costs: VerifyCosts, batch: int = 1) -> None:
+    """Make `verify_costs_for(model, batch)` return `costs` on the current device, dtype and thread count, instead
+    of what it measures (a policy comparison on fixed costs: scripts/bench/policy_sim.py --costs)."""
+    _MEASURED.setdefault(model, {})[_costs_key(model, batch)] = costs

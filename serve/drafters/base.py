@@ -18,8 +18,9 @@ through `target_layers`; drafters that need none get empty dicts and the target 
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, Iterator
 
 import torch
 
@@ -62,6 +63,8 @@ class Drafter:
     # What it records about how to draft (a trained folder's config.json); flags override, see settings.py.
     default_k: int | None = None  # None: no preference (DEFAULT_K)
     default_tree: TreeSpec | None = None  # None: chains
+    # attributes every fork shares with its origin (fork); weights, the target and tokenizers are always shared
+    shared_state: ClassVar[tuple[str, ...]] = ()
 
     def begin(self, prompt_ids: torch.Tensor, next_tokens: torch.Tensor,
               hidden_states: dict[int, torch.Tensor]) -> None:
@@ -80,3 +83,53 @@ class Drafter:
 
     def check_target(self, target) -> None:
         """Raise serve.core.errors.DraftsmithError if this drafter cannot serve `target` (tokenizer, config)."""
+
+    def fork(self) -> "Drafter":
+        """A drafter for another sequence of a batch: the same weights, target and settings, its own state (its
+        length policy starts from what this one has learned). begin() then starts its sequence."""
+        memo: dict[int, Any] = {}
+        _share(self, memo, set())
+        return copy.deepcopy(self, memo)
+
+    def policies(self) -> Iterator[Any]:
+        """The length policies this drafter drafts by (a hybrid: both sides')."""
+        seen: set[int] = set()
+        for value in vars(self).values():
+            found = [value] if _is_policy(value) else list(value.policies()) if isinstance(value, Drafter) else []
+            for policy in found:
+                if id(policy) not in seen:
+                    seen.add(id(policy))
+                    yield policy
+
+
+def _is_policy(value: Any) -> bool:
+    return hasattr(value, "offer") and hasattr(value, "new_context")
+
+
+def _is_shared(value: Any) -> bool:
+    """Weights, a target (its model and tokenizer), a tokenizer, anything callable (a module, an embedding lookup, a
+    function): read-only while drafting, never copied."""
+    if isinstance(value, Drafter):
+        return False
+    if isinstance(value, torch.nn.Parameter) or callable(value):
+        return True
+    if hasattr(value, "model") and hasattr(value, "tokenizer"):  # serve.core.target.Target
+        return True
+    return hasattr(value, "encode") and hasattr(value, "decode") and hasattr(value, "vocab_size")  # a tokenizer
+
+
+def _share(obj: Any, memo: dict[int, Any], seen: set[int]) -> None:
+    """Put every shared object reachable from a drafter into deepcopy's memo, so copies point at the original."""
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, Drafter):
+        for name in obj.shared_state:
+            memo[id(getattr(obj, name))] = getattr(obj, name)
+    children = vars(obj).values() if hasattr(obj, "__dict__") and not isinstance(obj, type) else \
+        obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    for value in children:
+        if _is_shared(value):
+            memo[id(value)] = value
+        elif isinstance(value, (dict, list, tuple)) or hasattr(value, "__dict__"):
+            _share(value, memo, seen)

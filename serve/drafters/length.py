@@ -181,6 +181,10 @@ class ExpectedGain(PauseRule, LengthPolicy):
             self._costs = self._costs()
         return self._costs
 
+    def use_costs(self, costs: VerifyCosts) -> None:
+        """Weigh drafts against these costs from now on (the batched decoder: the costs at its current batch size)."""
+        self._costs = costs
+
     def cost(self, n: int, nodes: int | None = None) -> float:
         """C(n) of a cycle drafting n tokens; `nodes`: the verify forward holds that many (a chain with leaves)."""
         return self.overhead_cost + n * self.step_cost + self.costs.ratio(n if nodes is None else nodes)

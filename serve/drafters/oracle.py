@@ -11,6 +11,7 @@ from serve.drafters.base import Draft, Drafter
 
 class OracleDrafter(Drafter):
     kind: ClassVar[str] = "oracle"
+    shared_state: ClassVar[tuple[str, ...]] = ("_continuations",)  # prepared once for every row of a batch
 
     def __init__(self, target, *, generate: Callable[..., Any], max_new_tokens: int = 512):
         """generate: the plain decoder (serve.decoding.plain_generate), handed in by build_drafter so that the

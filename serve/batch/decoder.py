@@ -1,0 +1,329 @@
+"""The batched speculative decoder: rows advance together, each with its own drafter, accepted count, sampling
+settings and stop; requests join at the next cycle and leave when done (continuous batching).
+
+Each cycle drafts for every running row (its own drafter: `Drafter.fork` of the one given), verifies all rows in
+one target forward over the slot cache (serve/core/slots.py, inputs from serve/batch/masks.py) and keeps, per
+row, the accepted prefix and the target's next token (ragged acceptance: no row is cut back to another's
+count). Verification is the batch-1 decoder's (serve/decoding.py), row by row, on the row's own logits and
+generator, so a row's output does not depend on the rows beside it: at temperature 0 it is the plain batched
+decoder's, and sampled rows keep the target's distribution. Without a drafter every cycle is a plain step: the
+batched plain decoder, the baseline.
+
+    decoder = BatchDecoder(target, drafter, slots=8)
+    decoder.add(Job("a", prompt_ids, max_new_tokens=128))
+    while decoder.busy:
+        for done in decoder.step(): ...      # Finished(job, result, reason)
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Sequence
+
+import torch
+
+from serve.batch.costs import BatchCosts
+from serve.batch.masks import verify_inputs
+from serve.core.errors import DraftsmithError
+from serve.core.kv import cache_kwargs
+from serve.core.layers import pick_hidden_states
+from serve.core.slots import SlotCache, attention_masks, check_fits
+from serve.core.target_config import text_config
+from serve.core.target_masks import for_target
+from serve.decoding import GenerationResult, SpecStats, new_generator, next_token, stopper_for, verdict_of
+from serve.drafters.base import Draft, Drafter
+from serve.drafters.settings import resolve_k
+from serve.tree import TreeSpec, node_depths
+
+
+@dataclass
+class Job:
+    """One request: a prompt and how to answer it."""
+    key: Hashable
+    prompt: Sequence[int]
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_strings: Sequence[str] = ()
+    eos_token_ids: Sequence[int] | None = None  # None: the target's
+    on_tokens: Callable[[list[int]], None] | None = None  # called with each cycle's new tokens (streaming)
+
+    @property
+    def probs(self) -> dict:
+        return dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+
+@dataclass
+class Finished:
+    job: Job
+    result: GenerationResult
+    reason: str  # "stop" (EOS or stop string), "length" (max_new_tokens), "context" (the target's), "cancelled"
+
+
+@dataclass
+class _Row:
+    job: Job
+    drafter: Drafter | None
+    generator: torch.Generator
+    stopper: object
+    started: float
+    length: int = 0  # tokens in the cache (the pending one is not)
+    pending: int = -1
+    output: list[int] = field(default_factory=list)
+    stats: SpecStats = field(default_factory=SpecStats)
+    stop: int | None = None
+    draft: Draft | None = None
+    cancelled: bool = False
+
+
+class BatchDecoder:
+    """Runs Jobs `slots` at a time. drafter None: plain batched decoding. k: None = the drafter's recorded K.
+    costs: the batch-aware verify costs the drafters' length policies read (serve/batch/costs.py; None: measured on
+    the target, per power-of-two batch size, on first use; False: the policies keep the costs they were built with)."""
+
+    def __init__(self, target, drafter: Drafter | None = None, *, slots: int, k: int | None = None,
+                 tree: TreeSpec | None = None, costs: BatchCosts | None | bool = None):
+        if slots < 1:
+            raise DraftsmithError(f"the batch needs at least one slot, got {slots}")
+        self.target, self.model = target, target.model
+        self.template = drafter
+        self.k = resolve_k([drafter], k) if drafter is not None else 0
+        self.tree = tree
+        self.slots = slots
+        self.layers = tuple(drafter.target_layers) if drafter is not None else ()
+        auto = drafter is not None and any(hasattr(p, "use_costs") for p in drafter.policies())
+        self.costs = (BatchCosts(self.model) if costs is None else costs or None) if auto else None
+        pad = target.tokenizer.pad_token_id  # what padding holds does not matter (masked); it must embed
+        self.pad = pad if pad is not None and pad < self.model.get_input_embeddings().num_embeddings else 0
+        self.device = next(self.model.parameters()).device
+        self.dtype = next(self.model.parameters()).dtype
+        self.max_positions = int(getattr(text_config(self.model.config), "max_position_embeddings", 0) or 1 << 30)
+        self.queue: deque[Job] = deque()
+        self.rows: list[_Row] = []  # running rows, in cache rows 0..len-1
+        self.cache: SlotCache | None = None
+        self._spare: list[Drafter] = []  # forks of finished rows, reused (their policies keep what they learned)
+        self.forwards = 0  # target forwards run (prefills included)
+        self.cycle_sizes: list[int] = []  # rows per verify forward
+
+    # ---- the queue ----------------------------------------------------------------------------------------
+    def add(self, job: Job, *, first: bool = False) -> None:
+        if not job.prompt:
+            raise DraftsmithError(f"request {job.key!r} has an empty prompt")
+        if len(job.prompt) >= self.max_positions:
+            raise DraftsmithError(f"request {job.key!r} has a {len(job.prompt)}-token prompt; the target holds "
+                                  f"{self.max_positions} positions: shorten it")
+        if job.max_new_tokens < 1:
+            raise DraftsmithError(f"request {job.key!r}: max_new_tokens must be >= 1, got {job.max_new_tokens}")
+        (self.queue.appendleft if first else self.queue.append)(job)
+
+    def cancel(self, key: Hashable) -> bool:
+        """Drop a queued job, or end a running one at the next step (its slot is freed, the others go on)."""
+        for job in list(self.queue):
+            if job.key == key:
+                self.queue.remove(job)
+                return True
+        for row in self.rows:
+            if row.job.key == key:
+                row.cancelled = True
+                return True
+        return False
+
+    @property
+    def running(self) -> int:
+        return len(self.rows)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue) or bool(self.rows)
+
+    # ---- one step -----------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[Finished]:
+        """Retire cancelled rows, then prefill queued jobs into free slots, or else run one cycle for every row;
+        returns the jobs that ended."""
+        done = self._retire(lambda row: row.cancelled, "cancelled")
+        free = self.slots - len(self.rows)
+        if self.queue and free > 0:
+            self._admit([self.queue.popleft() for _ in range(min(free, len(self.queue)))])
+        elif self.rows:
+            self._cycle()
+        return done + self._retire_finished()
+
+    def run(self) -> list[Finished]:
+        """Step until every job ended; the results in the order the jobs were added."""
+        order = {id(job): i for i, job in enumerate(self.queue)}
+        done: list[Finished] = []
+        while self.busy:
+            done += self.step()
+        return sorted(done, key=lambda f: order.get(id(f.job), len(order)))
+
+    # ---- prefill ------------------------------------------------------------------------------------------
+    def _room(self, job: Job) -> int:
+        return len(job.prompt) + job.max_new_tokens + max(self.k, 1) + 2
+
+    def _ensure_capacity(self, needed: int) -> None:
+        needed = min(needed, self.max_positions + max(self.k, 1) + 2)
+        if self.cache is None:
+            check_fits(self.model.config, self.dtype, self.device, slots=self.slots, capacity=needed)
+            self.cache = SlotCache(self.slots, needed)
+        elif needed > self.cache.capacity:
+            grown = max(needed, 2 * self.cache.capacity)
+            check_fits(self.model.config, self.dtype, self.device, slots=self.slots, capacity=grown)
+            self.cache.grow(grown)
+
+    def _new_drafter(self) -> Drafter | None:
+        if self.template is None:
+            return None
+        return self._spare.pop() if self._spare else self.template.fork()
+
+    def _admit(self, jobs: list[Job]) -> None:
+        started = time.perf_counter()
+        lengths = [len(job.prompt) for job in jobs]
+        width = max(lengths)
+        self._ensure_capacity(max(self._room(job) for job in jobs))
+        first = len(self.rows)
+        input_ids = torch.full((len(jobs), width), self.pad, dtype=torch.long)
+        real = torch.zeros((len(jobs), width), dtype=torch.bool)  # (N, W) the prompts' own tokens
+        for n, job in enumerate(jobs):
+            input_ids[n, width - lengths[n]:] = torch.as_tensor(list(job.prompt), dtype=torch.long)
+            real[n, width - lengths[n]:] = True
+        position_ids = (real.long().cumsum(-1) - 1).clamp_min(0)  # (N, W), as generate() numbers left-padded rows
+        index = torch.arange(width)
+        causal = index[:, None] >= index[None, :]  # (W, W)
+        allowed = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool)[None]  # (N, W, W)
+        masks = attention_masks(self.model.config, allowed[:, None], position_ids[:, None, :, None],
+                                position_ids[:, None, None, :])
+        self.cache.plan_prefill(range(first, first + len(jobs)), lengths)
+        out = self._forward(input_ids, position_ids, masks, logits_to_keep=1)
+        hidden = pick_hidden_states(out.hidden_states, self.layers) if self.layers else {}
+        for n, job in enumerate(jobs):
+            row = _Row(job=job, drafter=self._new_drafter(), generator=new_generator(job.seed),
+                       stopper=stopper_for(self.target, job.eos_token_ids, job.stop_strings), started=started,
+                       length=lengths[n])
+            row.pending = next_token(out.logits[n, -1], row.generator, **job.probs)
+            row.output.append(row.pending)
+            row.stats.target_forwards = 1
+            if row.drafter is not None:
+                prompt = torch.as_tensor(list(job.prompt), dtype=torch.long)
+                own = {layer: h[n, width - lengths[n]:] for layer, h in hidden.items()}  # (T, h)
+                row.drafter.begin(prompt, torch.cat([prompt[1:], torch.tensor([row.pending])]), own)
+            row.stats.prefill_seconds = time.perf_counter() - started
+            if job.on_tokens:
+                job.on_tokens([row.pending])
+            row.stop = row.stopper.first_stop(row.output, 0)
+            self.rows.append(row)
+
+    # ---- one speculative cycle ----------------------------------------------------------------------------
+    def _budget(self, row: _Row, cap: int) -> int:
+        left = row.job.max_new_tokens - len(row.output) - 1
+        room = self.max_positions - row.length - 2  # the pending token and the drafts must fit the positions
+        return max(0, min(cap, left, room))
+
+    def _cycle(self) -> None:
+        rows = self.rows
+        if self.template is not None and self.costs is not None:
+            self.costs.apply(rows=len(rows), drafters=[row.drafter for row in rows])
+        cap = self.template.draft_cap(self.k) if self.template is not None else 0
+        drafts = []
+        for row in rows:
+            t0 = time.perf_counter()
+            budget = self._budget(row, row.drafter.draft_cap(self.k) if row.drafter is not None else cap)
+            draft = Draft.empty()
+            if row.drafter is not None and budget > 0:
+                draft = row.drafter.propose(budget, temperature=row.job.temperature, generator=row.generator,
+                                            tree=self.tree)
+            row.draft = draft
+            drafts.append(draft)
+            row.stats.draft_seconds += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        lengths = torch.tensor([row.length for row in rows])  # (A,)
+        input_ids, positions, key_positions, allowed = verify_inputs([row.pending for row in rows], drafts,
+                                                                     lengths, pad_id=self.pad)
+        width = input_ids.shape[1]
+        window = int(lengths.max()) + width
+        self._ensure_capacity(window)
+        masks = attention_masks(self.model.config, allowed, positions[:, None, :, None], key_positions[:, None, None, :])
+        self.cache.plan_write(len(rows), lengths.to(self.device), window)
+        out = self._forward(input_ids, positions, masks)
+        self.cycle_sizes.append(len(rows))
+        hidden = pick_hidden_states(out.hidden_states, self.layers) if self.layers else {}
+        seconds = time.perf_counter() - t1
+        for r, row in enumerate(rows):
+            self._settle(r, row, out.logits[r], hidden, seconds)
+
+    def _settle(self, r: int, row: _Row, logits: torch.Tensor, hidden: dict, seconds: float) -> None:
+        """Row r's verdict on its own logits (W, V): keep its accepted drafts and the target's next token."""
+        draft, job = row.draft, row.job
+        verdict = verdict_of(draft, logits[: len(draft) + 1], row.generator, **job.probs)
+        kept = [0] + [i + 1 for i in verdict.accepted]  # verify-input columns the target keeps
+        self.cache.keep(r, row.length, kept)
+        row.length += len(kept)
+        new_tokens = [int(draft.tokens[i]) for i in verdict.accepted] + [verdict.next_token]
+        if row.drafter is not None:
+            index = torch.tensor(kept, device=logits.device)
+            row.drafter.commit(torch.tensor(new_tokens), {layer: h[r].index_select(0, index)
+                                                          for layer, h in hidden.items()})
+        stats = row.stats
+        stats.target_forwards += 1
+        stats.cycles += 1
+        stats.accepted_per_cycle.append(len(verdict.accepted))
+        stats.drafted_per_cycle.append(int(node_depths(draft.parents).max()) if draft.is_tree and len(draft)
+                                       else len(draft))
+        stats.verify_seconds += seconds
+        start = len(row.output)
+        row.output.extend(new_tokens)
+        row.stop = row.stopper.first_stop(row.output, start)
+        keep_to = min(row.stop or len(row.output), job.max_new_tokens)
+        if job.on_tokens and keep_to > start:
+            job.on_tokens(row.output[start:keep_to])
+        row.pending = verdict.next_token
+        row.draft = None
+
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks, **kwargs):
+        device = self.device
+        masks = for_target(self.model, {k: m.to(device) for k, m in masks.items()} if isinstance(masks, dict)
+                           else masks.to(device))
+        self.forwards += 1
+        return self.model(input_ids=input_ids.to(device), position_ids=position_ids.to(device),
+                          attention_mask=masks, output_hidden_states=bool(self.layers),
+                          **cache_kwargs(self.model, self.cache), **kwargs)
+
+    # ---- leaving ------------------------------------------------------------------------------------------
+    def _reason(self, row: _Row) -> str | None:
+        if row.stop is not None:
+            return "stop"
+        if len(row.output) >= row.job.max_new_tokens:
+            return "length"
+        if row.length + 1 >= self.max_positions:
+            return "context"
+        return None
+
+    def _retire_finished(self) -> list[Finished]:
+        reasons = {id(row): self._reason(row) for row in self.rows}
+        return self._retire(lambda row: reasons[id(row)] is not None, None, reasons)
+
+    def _retire(self, ends: Callable[[_Row], bool], reason: str | None, reasons: dict | None = None
+                ) -> list[Finished]:
+        done = []
+        r = 0
+        while r < len(self.rows):
+            row = self.rows[r]
+            if not ends(row):
+                r += 1
+                continue
+            del row.output[min(row.stop or len(row.output), row.job.max_new_tokens):]
+            row.stats.new_tokens = len(row.output)
+            row.stats.seconds = time.perf_counter() - row.started
+            done.append(Finished(row.job, GenerationResult(row.output, row.stats),
+                                 reason or reasons[id(row)]))
+            if row.drafter is not None:
+                self._spare.append(row.drafter)
+            last = len(self.rows) - 1
+            if r != last:  # the last running row moves into the freed cache row: rows [0, running) all run
+                self.cache.move_row(last, r, self.rows[last].length)
+                self.rows[r] = self.rows[last]
+            self.rows.pop()
+        return done

@@ -1,0 +1,149 @@
+"""A KV cache of fixed rows ("slots") that each hold one sequence, left-aligned, for batched decoding.
+
+Row r holds its sequence at columns [0, length_r). A forward writes each row's new tokens at that row's own
+columns and attends over the columns up to the longest row, under a per-row mask, so rows of different lengths
+and different accepted counts never shift one another: positions are passed explicitly and a row's stale
+columns (rejected drafts, another request's leftovers) are masked, then overwritten. The buffers are filled
+through the `update` call every attention layer makes (transformers' Cache API): `plan_prefill` /
+`plan_write` say what the next forward writes.
+
+Used by self-distillation (data/generate.py, one new token per row) and by the batched speculative decoder
+(serve/batch/decoder.py, a pending token and its drafts per row).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from serve.core.errors import DraftsmithError
+from serve.core.target_config import text_config
+
+
+def attention_masks(config: Any, allowed: torch.Tensor, query_positions: torch.Tensor,
+                    key_positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+    """(B, 1, Q, K) bool mask -> what the model's forward takes: the mask itself, or one per layer type.
+
+    Sliding-window layers (Gemma 2/3, Qwen2/3 with use_sliding_window, Mistral) also drop keys more than
+    `sliding_window` positions back; positions broadcast against `allowed`. A prepared 4D mask is used as is
+    by transformers, so the window must be applied here.
+    """
+    config = text_config(config)
+    window = getattr(config, "sliding_window", None)
+    sliding = allowed & (key_positions > query_positions - window) if window else allowed
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is None:
+        return sliding  # Mistral / Phi-3 apply config.sliding_window to every layer (None: none)
+    unknown = set(layer_types) - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise NotImplementedError(f"attention layer types {sorted(unknown)} are not supported by batched decoding")
+    return {"full_attention": allowed, "sliding_attention": sliding}
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+    """Bytes of keys and values one token takes in a full cache of every layer."""
+    config = text_config(config)
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory free for new buffers on `device` now (None: unknown)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def check_fits(config: Any, dtype: torch.dtype, device: torch.device, *, slots: int, capacity: int,
+               headroom: float = 0.8) -> None:
+    """Refuse, before any work, a cache of `slots` rows x `capacity` tokens that the device's free memory cannot
+    hold (with `headroom` of it left for activations and logits)."""
+    need = kv_bytes_per_token(config, dtype) * slots * capacity
+    free = available_bytes(device)
+    if free is None or need <= headroom * free:
+        return
+    fit = int(headroom * free // max(1, kv_bytes_per_token(config, dtype) * capacity))
+    raise DraftsmithError(f"a batch of {slots} rows x {capacity} tokens needs {need / 2**30:.1f} GiB of KV cache on "
+                          f"{device}, but only {free / 2**30:.1f} GiB is free: use a batch of at most {fit} rows, or "
+                          f"fewer new tokens per request")
+
+
+class SlotCache:
+    """The KV buffers: (slots, kv_heads, capacity, head_dim) per layer, allocated on first use."""
+
+    def __init__(self, slots: int, capacity: int):
+        self.slots = slots
+        self.capacity = capacity
+        self.keys: dict[int, torch.Tensor] = {}  # layer -> (slots, kv_heads, capacity, head_dim)
+        self.values: dict[int, torch.Tensor] = {}
+        self._plan: tuple = ()
+
+    def plan_prefill(self, rows: Sequence[int], lengths: Sequence[int]) -> None:
+        """Next forward: newcomers left-padded to max(lengths); newcomer n goes to row rows[n], columns [0, len)."""
+        self._plan = ("prefill", list(rows), list(lengths))
+
+    def plan_write(self, active: int, columns: torch.Tensor, window: int) -> None:
+        """Next forward: W tokens for each of rows [0, active), row r's j-th written at columns[r] + j
+        (columns: (active,) long); every row attends to columns [0, window)."""
+        self._plan = ("write", active, columns, window)
+
+    def plan_decode(self, active: int, columns: torch.Tensor, window: int) -> None:
+        """Next forward: one token for each of rows [0, active), written at columns[r]; attend to [0, window)."""
+        self.plan_write(active, columns, window)
+
+    def grow(self, capacity: int) -> None:
+        if capacity <= self.capacity:
+            return
+        for store in (self.keys, self.values):
+            for layer, old in store.items():
+                new = old.new_zeros(old.shape[0], old.shape[1], capacity, old.shape[3])
+                new[:, :, : self.capacity] = old
+                store[layer] = new
+        self.capacity = capacity
+
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        for store in (self.keys, self.values):
+            for buffer in store.values():
+                buffer[dst, :, :length] = buffer[src, :, :length]
+
+    def keep(self, row: int, start: int, offsets: Sequence[int]) -> None:
+        """After a write at columns start.. of `row`, keep the written offsets (ascending) at start, start+1, ...
+        (a tree's accepted path); a prefix needs no copy (the rest is masked, then overwritten)."""
+        if list(offsets) == list(range(len(offsets))):
+            return
+        src = torch.tensor([start + o for o in offsets])
+        for store in (self.keys, self.values):
+            for buffer in store.values():
+                index = src.to(buffer.device)
+                buffer[row, :, start: start + len(offsets)] = buffer[row].index_select(1, index)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if layer_idx not in self.keys:
+            shape = (self.slots, key_states.shape[1], self.capacity, key_states.shape[3])
+            self.keys[layer_idx] = key_states.new_zeros(shape)
+            self.values[layer_idx] = value_states.new_zeros(shape)
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if self._plan[0] == "prefill":
+            _, rows, lengths = self._plan
+            width = key_states.shape[2]
+            for n, (row, length) in enumerate(zip(rows, lengths)):  # key_states: (N, kv_heads, width, head_dim)
+                keys[row, :, :length] = key_states[n, :, width - length:]
+                values[row, :, :length] = value_states[n, :, width - length:]
+            return key_states, value_states  # the prefill attends within its own (padded) batch
+        _, active, columns, window = self._plan
+        width = key_states.shape[2]
+        rows = torch.arange(active, device=columns.device)[:, None]  # (A, 1)
+        where = columns[:, None] + torch.arange(width, device=columns.device)[None, :]  # (A, W)
+        keys[rows, :, where] = key_states.transpose(1, 2)  # indexed: (A, W, kv_heads, head_dim)
+        values[rows, :, where] = value_states.transpose(1, 2)
+        return keys[:active, :, :window], values[:active, :, :window]  # (A, kv_heads, window, head_dim)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0  # positions are always passed explicitly
