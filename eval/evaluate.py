@@ -20,7 +20,7 @@ from eval.prompts import EvalPrompt, group_by_domain, prepare_prompts
 from eval.runner import (Decoding, baseline_block, cost_model_block, exactness_block, mark_exactness, peers_block,
                          run_methods, summarize_methods)
 from eval.sweep_axes import parse_sweeps
-from eval.sweeps import run_sweeps
+from eval.sweeps import batch_crossover, run_sweeps
 from eval.winners import winners
 from serve.drafters.settings import resolve_k
 from serve.core.errors import DraftsmithError
@@ -136,5 +136,6 @@ def evaluate(target: Any, drafters: Mapping[str, Any], prompts: Any, config: Eva
     result["winners"] = winners(result)
     if config.sweep:
         result["sweeps"] = run_sweeps(target, entries, eval_prompts, config, base=result)
+        result["batch_crossover"] = batch_crossover(target, result)
     result["settings"]["wall_seconds"] = time.perf_counter() - started
     return result

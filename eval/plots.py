@@ -148,12 +148,37 @@ def predicted_vs_measured(result: dict, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def speedup_vs_batch(result: dict, path: Path) -> Path | None:
+    """Measured speedup per batch size (each against the faster plain decoder at that batch), with the cost model's
+    predicted curve dashed."""
+    sweep = _sweep(result, "batch_size")
+    if not sweep:
+        return None
+    crossover = result.get("batch_crossover") or {}
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    for name in _names(result):
+        sizes = [p["value"] for p in sweep]
+        line, = ax.plot(sizes, [p["overall"][name]["speedup"] for p in sweep], marker="o", label=f"{name} measured")
+        predicted = (crossover.get(name) or {}).get("predicted_speedup") or {}
+        if predicted:
+            ax.plot(sizes, [predicted.get(str(b), predicted.get(b, float("nan"))) for b in sizes], ls="--",
+                    color=line.get_color(), label=f"{name} predicted")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size (rows decoded together)")
+    ax.set_ylabel("speedup over batched plain decoding")
+    ax.set_title("Speedup vs batch size")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 PLOTS = {
     "mu_per_domain.png": mu_per_domain,
     "acceptance_by_position.png": acceptance_by_position,
     "speedup_vs_k.png": speedup_vs_k,
     "mu_vs_temperature.png": mu_vs_temperature,
     "predicted_vs_measured.png": predicted_vs_measured,
+    "speedup_vs_batch.png": speedup_vs_batch,
 }
 
 

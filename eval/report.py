@@ -189,11 +189,30 @@ def markdown(result: dict, plots: list[Path]) -> str:
                   else "–")]
                 for p in points for n in names]
         lines += _table([axis, "drafter", "μ", "speedup", "tok/s", "plain tok/s", "identical"], rows) + [""]
+        if axis == "batch_size":
+            lines += batch_lines(result, points)
 
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
     lines += ["## Context", "", ANCHORS, ""]
     return "\n".join(lines)
+
+
+def batch_lines(result: dict, points: list[dict]) -> list[str]:
+    """Which plain decoder each batch size was measured against, and where speculation stops paying."""
+    lines = ["Plain decoding at each batch size, ours against transformers' batched `generate` (the faster is the "
+             "baseline above): " + "; ".join(
+                 f"B={p['value']}: {_f(p['plain']['ours_tokens_per_second'], 1)} vs "
+                 f"{_f(p['plain']['hf_generate_tokens_per_second'], 1)} tok/s ({p['plain']['baseline']})"
+                 for p in points if p.get("plain")), ""]
+    crossover = result.get("batch_crossover") or {}
+    if crossover:
+        rows = [[name, str(c["predicted_crossover"] or "none swept"), str(c["measured_crossover"] or "none swept"),
+                 ", ".join(f"B={b}: {_f(v)}×" for b, v in c["predicted_speedup"].items())]
+                for name, c in crossover.items()]
+        lines += ["Crossover: the smallest swept batch size where the drafter's speedup falls below 1.", ""]
+        lines += _table(["drafter", "predicted crossover", "measured crossover", "predicted speedup"], rows) + [""]
+    return lines
 
 
 def engine_lines(result: dict) -> list[str]:

@@ -23,9 +23,8 @@ def parse_sweep(text: str) -> tuple[str, list]:
         raise DraftsmithError(f"sweep {text!r}: values must be {AXES[axis].__name__}s, comma separated") from None
     if not values:
         raise DraftsmithError(f"sweep {text!r} has no values")
-    if axis == "batch_size" and any(v != 1 for v in values):
-        raise DraftsmithError("batch_size sweep: serve.decoding runs one sequence at a time (batch 1); "
-                              "batch sizes above 1 are not supported by the decoder yet")
+    if axis == "batch_size" and any(v < 1 for v in values):
+        raise DraftsmithError(f"sweep {text!r}: batch sizes must be >= 1")
     return axis, values
 
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from eval import runner
+from eval.batch_sweep import batch_point, crossovers
 from eval.config import EvalConfig
 from eval.sweep_axes import parse_sweeps
 
@@ -26,7 +27,9 @@ def run_sweeps(target: Any, entries: Sequence[Any], prompts: Sequence[Any], conf
                base: dict | None = None) -> dict[str, list[dict]]:
     """axis -> one point per value: per drafter overall and per-domain μ and speedup.
 
-    The point equal to the main run's settings is taken from `base` instead of being re-run.
+    The point equal to the main run's settings is taken from `base` instead of being re-run. A batch_size point
+    above 1 runs the batched decoders (eval/batch_sweep.py) and also says which plain decoder it was measured
+    against.
     """
     names = [e.name for e in entries]
     main = runner.Decoding.from_config(config)
@@ -34,11 +37,12 @@ def run_sweeps(target: Any, entries: Sequence[Any], prompts: Sequence[Any], conf
     for axis, values in parse_sweeps(config.sweep):
         points = []
         for value in values:
-            if axis == "batch_size":  # batch 1 is the main run (parse_sweep refuses larger batches)
-                decoding = main
-            else:
-                decoding = replace(main, **{axis: value})
-            if decoding == main and base is not None:
+            decoding = main if axis == "batch_size" else replace(main, **{axis: value})
+            if axis == "batch_size" and value > 1:
+                domains, overall, names, exactness, plain = batch_point(target, entries, prompts, main, config,
+                                                                        value)
+                point = {**_point(domains, overall, names, exactness), "plain": plain}
+            elif decoding == main and base is not None:
                 point = _point(base["domains"], base["overall"], names, base["exactness"])
             else:
                 records = runner.run_methods(target, entries, [], prompts, decoding, warmup=False,
@@ -51,3 +55,14 @@ def run_sweeps(target: Any, entries: Sequence[Any], prompts: Sequence[Any], conf
             points.append({"value": value, **point})
         out[axis] = points
     return out
+
+
+def batch_crossover(target: Any, result: dict) -> dict[str, dict] | None:
+    """Per drafter, the predicted and measured crossover batch of the result's batch_size sweep (None: none)."""
+    from serve.core.costs import verify_costs_for
+
+    points = (result.get("sweeps") or {}).get("batch_size")
+    if not points:
+        return None
+    names = list(points[0]["overall"])
+    return crossovers(points, names, result["overall"], lambda b: verify_costs_for(target.model, b))

@@ -29,6 +29,10 @@ class SpecStats:
     verify_seconds: float = 0.0
     prefill_seconds: float = 0.0  # the prompt's forward and the first token (plain decoding too)
     seconds: float = 0.0
+    # batched decoding (serve/batch): the row's share of the batch's wall time, each prefill and cycle split evenly
+    # among the rows in it (the rows' shares add up to the batch's time; `seconds` is the row's latency)
+    share_seconds: float = 0.0
+    share_prefill_seconds: float = 0.0  # the part of it that was the prefill's
 
     @property
     def decode_seconds(self) -> float:

@@ -72,9 +72,9 @@ def test_follow_up_requests_go_first_and_grow_the_cache(tiny_target_dir):
             break
     batcher.add(Request(key="follow-up", prompt=longer), first=True)
     batcher.step()
-    assert "follow-up" in [row.request.key for row in batcher.rows if row is not None]
+    assert "follow-up" in [row.job.key.key for row in batcher.decoder.rows]
     assert [request.key for request in batcher.queue] == [1, 2]
-    assert batcher.cache.capacity >= len(longer) + MAX_NEW
+    assert batcher.decoder.cache.capacity >= len(longer) + MAX_NEW
     answers = run(batcher)
     assert answers["follow-up"] == plain(target, longer)
 

@@ -48,7 +48,7 @@ def small_lm(tiny_target_factory):
 @pytest.fixture(scope="module")
 def result(target, prompt_file, small_lm):
     return evaluate(target, {"ngram": "ngram", "oracle": "oracle", "small": f"model:{small_lm}"},
-                    [str(prompt_file)], EvalConfig(**FAST, sweep=["k=1,3", "temperature=0,1.0"]))
+                    [str(prompt_file)], EvalConfig(**FAST, sweep=["k=1,3", "temperature=0,1.0", "batch_size=1,2"]))
 
 
 def test_schema(result):
@@ -149,14 +149,28 @@ def test_sweep_points(result):
     assert hot["value"] == 1.0 and not hot["exactness"]["checked"] and hot["overall"]["small"]["mu"] >= 1.0
 
 
+def test_batch_size_sweep(result):
+    one, two = result["sweeps"]["batch_size"]
+    assert one["value"] == 1 and one["overall"]["ngram"]["mu"] == result["overall"]["ngram"]["mu"]  # the main run
+    assert two["value"] == 2 and two["exactness"]["identical"] == two["exactness"]["total"] == 9
+    assert two["plain"]["baseline"] in ("ours", "hf_generate")
+    assert two["plain"]["ours_tokens_per_second"] > 0 and two["plain"]["hf_generate_identical"] == "3/3"
+    assert two["overall"]["oracle"]["mu"] > 1.5  # rows keep their own accepted drafts in a batch
+    crossover = result["batch_crossover"]
+    assert set(crossover) == {"ngram", "oracle", "small"}
+    assert set(crossover["oracle"]["predicted_speedup"]) == {1, 2}
+    assert crossover["oracle"]["measured_crossover"] in (None, 1, 2)
+
+
 def test_report_and_plots_written(result, tmp_path):
     paths = write_report(result, tmp_path / "report")
     names = {p.name for p in paths["plots"]}
     assert names == {"mu_per_domain.png", "acceptance_by_position.png", "speedup_vs_k.png",
-                     "predicted_vs_measured.png", "mu_vs_temperature.png"}
+                     "predicted_vs_measured.png", "mu_vs_temperature.png", "speedup_vs_batch.png"}
     assert all(p.stat().st_size > 5000 and p.read_bytes()[:4] == b"\x89PNG" for p in paths["plots"])
     md = paths["markdown"].read_text()
     assert "## μ and speed per domain" in md and "## Sweep: temperature" in md and "hf_prompt_lookup" in md and "9/9" in md
+    assert "## Sweep: batch_size" in md and "Crossover" in md
     per_domain = md[md.index("Speedup over our plain decoding per domain"):]  # prompt lookup beside our n-gram
     assert "| domain | ngram | hf_prompt_lookup |" in per_domain and "| repeat | " in per_domain
     assert {w["drafter"] for w in result["winners"].values()} <= {"ngram", "small"}  # the oracle is a ceiling

@@ -27,8 +27,9 @@ def imports_of(path: Path) -> set[str]:
 
 
 def test_the_decoder_imports_no_drafter():
-    from_drafters = {m for m in imports_of(ROOT / "serve" / "decoding.py") if m.startswith("serve.drafters")}
-    assert from_drafters <= DECODER_MAY_IMPORT, sorted(from_drafters - DECODER_MAY_IMPORT)
+    for path in [ROOT / "serve" / "decoding.py", *sorted((ROOT / "serve" / "batch").glob("*.py"))]:  # batch 1, batched
+        from_drafters = {m for m in imports_of(path) if m.startswith("serve.drafters")}
+        assert from_drafters <= DECODER_MAY_IMPORT, (path.name, sorted(from_drafters - DECODER_MAY_IMPORT))
 
 
 def test_no_drafter_imports_the_decoder():
@@ -133,8 +134,9 @@ def test_cli_and_benchmarks_live_apart():
 
 def test_data_train_and_eval_take_shared_concepts_from_the_core():
     """data/, train/ and eval/ take what every package shares from serve/core; of the rest of serve/ only the
-    drafters (which training trains and evaluation measures) and the decoder (which evaluation measures)."""
-    allowed = ("serve.core", "serve.drafters", "serve.decoding")
+    drafters (which training trains and evaluation measures) and the decoders, batch 1 and batched (which evaluation
+    measures and self-distillation generates with)."""
+    allowed = ("serve.core", "serve.drafters", "serve.decoding", "serve.batch")
     wrong = []
     for package in ("data", "train", "eval"):
         for path in sorted((ROOT / package).rglob("*.py")):

@@ -33,7 +33,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="at most N prompts per domain (= per_domain_limit)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--sweep", action="append", default=[], metavar="AXIS=V1,V2,...",
-                        help="re-run varying one setting: k, temperature, max_new_tokens, top_p, top_k; repeatable")
+                        help="re-run varying one setting: k, temperature, max_new_tokens, top_p, top_k, batch_size "
+                             "(batched decoding against batched plain decoding); repeatable")
     parser.add_argument("--repeats", type=int, default=None,
                         help="time every method N times per prompt, interleaved, and keep the fastest run (default 1; "
                              "2-3 on a shared or noisy machine)")

@@ -215,6 +215,10 @@ class BatchDecoder:
                 job.on_tokens([row.pending])
             row.stop = row.stopper.first_stop(row.output, 0)
             self.rows.append(row)
+        share = (time.perf_counter() - started) / len(jobs)
+        for row in self.rows[first:]:
+            row.stats.share_seconds += share
+            row.stats.share_prefill_seconds = share
 
     # ---- one speculative cycle ----------------------------------------------------------------------------
     def _budget(self, row: _Row, cap: int) -> int:
@@ -223,6 +227,7 @@ class BatchDecoder:
         return max(0, min(cap, left, room))
 
     def _cycle(self) -> None:
+        started = time.perf_counter()
         rows = self.rows
         if self.template is not None and self.costs is not None:
             self.costs.apply(rows=len(rows), drafters=[row.drafter for row in rows])
@@ -253,6 +258,9 @@ class BatchDecoder:
         seconds = time.perf_counter() - t1
         for r, row in enumerate(rows):
             self._settle(r, row, out.logits[r], hidden, seconds)
+        share = (time.perf_counter() - started) / len(rows)
+        for row in rows:
+            row.stats.share_seconds += share
 
     def _settle(self, r: int, row: _Row, logits: torch.Tensor, hidden: dict, seconds: float) -> None:
         """Row r's verdict on its own logits (W, V): keep its accepted drafts and the target's next token."""

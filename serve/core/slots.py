@@ -7,8 +7,8 @@ columns (rejected drafts, another request's leftovers) are masked, then overwrit
 through the `update` call every attention layer makes (transformers' Cache API): `plan_prefill` /
 `plan_write` say what the next forward writes.
 
-Used by self-distillation (data/generate.py, one new token per row) and by the batched speculative decoder
-(serve/batch/decoder.py, a pending token and its drafts per row).
+Used by the batched decoder (serve/batch/decoder.py: a pending token and its drafts per row), which also runs
+self-distillation (data/generate.py, one new token per row).
 """
 from __future__ import annotations
 
@@ -93,10 +93,6 @@ class SlotCache:
         """Next forward: W tokens for each of rows [0, active), row r's j-th written at columns[r] + j
         (columns: (active,) long); every row attends to columns [0, window)."""
         self._plan = ("write", active, columns, window)
-
-    def plan_decode(self, active: int, columns: torch.Tensor, window: int) -> None:
-        """Next forward: one token for each of rows [0, active), written at columns[r]; attend to [0, window)."""
-        self.plan_write(active, columns, window)
 
     def grow(self, capacity: int) -> None:
         if capacity <= self.capacity:
