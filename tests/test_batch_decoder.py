@@ -275,3 +275,37 @@ def test_fork_shares_weights_not_state(target):
     assert twin.head is drafter.head and twin.target is drafter.target and twin.embed is drafter.embed
     assert twin.policy is not drafter.policy and twin._cache is not drafter._cache
     assert [type(p) for p in twin.policies()] == [ExpectedGain]
+
+
+def test_batch_width_keeps_the_best_expected_tokens_per_cost():
+    from serve.batch.width import batch_width, cut
+
+    cheap = lambda n: 1.0 + 0.1 * n  # noqa: E731  (a tenth of a step per draft, for the whole batch)
+    steep = lambda n: 1.0 + 0.5 * n  # noqa: E731
+    # one confident long chain, three rows with nothing: worth its width where drafts are cheap, not where steep
+    assert batch_width([6, 0, 0, 0], [[0.95] * 6, [], [], []], cheap) == 6
+    assert batch_width([6, 0, 0, 0], [[0.95] * 6, [], [], []], steep) == 0
+    # one doubtful long chain among rows with nothing: not worth making every row pay for it
+    assert batch_width([6, 0, 0, 0], [[0.3] * 6, [], [], []], cheap) == 0
+    # a row that cannot be cut sets the least width; the others may use it for free
+    assert batch_width([3, 8], [None, [0.2] * 8], steep) == 3
+    draft = Draft(torch.tensor([1, 2, 3, 9]), parents=torch.tensor([-1, 0, 1, 0]))  # a chain of 3 and a leaf
+    assert cut(draft, 3, 2).tokens.tolist() == [1, 2] and not cut(draft, 3, 2).is_tree
+    assert cut(draft, 3, 4) is draft
+
+
+def test_drafts_cut_to_the_batch_width_stay_exact(target, tiny_target_factory, monkeypatch):
+    import serve.batch.decoder as decoder_module
+
+    cuts = []
+    real_cut = decoder_module.cut
+    monkeypatch.setattr(decoder_module, "cut", lambda *a: cuts.append(a[2]) or real_cut(*a))
+    costs = BatchCosts(measure=lambda b: VerifyCosts(ratios={0: 1.0, 1: 1.6, 16: 10.0}, step_seconds=float("nan")))
+    prompts = random_prompts(8, seed=9)
+    start = [5, 6, 7, 8]
+    prompts[::2] = [start + plain(target, [start], max_new=40)[0]] * 4  # rows where the n-gram drafts far
+    expected = plain(target, prompts)
+    for spec in ("ngram", "hybrid", "eagle3-auto"):
+        done = batched(target, drafter_for(spec, target, tiny_target_factory), prompts, slots=8, costs=costs)
+        assert [f.result.output_ids for f in done] == expected, spec
+    assert cuts  # some chains were cut back to the batch's width

@@ -17,11 +17,10 @@ import torch
 
 from serve.decoding import speculative_generate
 from serve.drafters import build_drafter
-from serve.drafters.ngram import NgramDrafter
 from serve.server.app import create_app
 from serve.server.engine import Engine
 from serve.core.target import load_target
-from tests.server_fixtures import running_server
+from tests.server_fixtures import SlowNgram, eventually, running_server
 from tests.tiny_models import save_tiny_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,26 +28,10 @@ MODEL = "tiny"
 K = 4
 
 
-def eventually(condition, timeout: float = 5.0, every: float = 0.02) -> bool:
-    """Poll `condition` until it holds or `timeout` seconds pass; its last value."""
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(every)
-    return bool(condition())
-
-
 # K every cycle: these tests compare the server's answers, μ and seeded samples with the decoder's and across
 # requests; a per-step length learns from every request (and times the drafter), so those would depend on the
 # order requests came in
 DRAFTER = "ngram:length=fixed"
-
-
-class SlowNgram(NgramDrafter):
-    """The n-gram drafter with a fixed delay per cycle: long generations take a predictable time."""
-
-    def propose(self, k, **kwargs):
-        time.sleep(0.05)
-        return super().propose(k, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -264,22 +247,33 @@ def test_disconnect_frees_the_slot(target):
         assert time.monotonic() - t0 < 2.0
         # The worker clears its slot and the abandoned requests' coroutines count themselves just after the
         # response goes out: wait for that (bounded) rather than race it.
-        assert eventually(lambda: engine.cancelled == 2 and engine.running is None)
+        assert eventually(lambda: engine.cancelled == 2 and engine.running == 0)
         cancelled = 'draftsmith_requests_total{drafter="ngram",endpoint="completions",status="cancelled"} 2.0'
         assert eventually(lambda: cancelled in httpx.get(f"{base}/metrics").text)
 
 
-def test_loadtest_client_counts_tokens_and_latencies(url):
-    from scripts.bench.loadtest import builtin_prompts, percentile, run_load
+def test_loadtest_client_counts_tokens_and_latencies(url, tmp_path):
+    from scripts.bench.loadtest import builtin_prompts, int_list, main, percentile, run_load
 
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([1.0, 2.0], 99) == pytest.approx(1.99)
     (server,) = run_load({"tiny": url}, builtin_prompts(), clients=2, requests=4, max_tokens=8, temperature=0.0,
                          timeout=30, deadline=60, warmup=1)
     result, outcomes = server.summary(4, 60), server.outcomes
-    assert result.failed == 0 and len(outcomes) == 4
+    assert result.failed == 0 and len(outcomes) == 4 and result.clients == 2
     assert result.completion_tokens == sum(o.completion_tokens for o in outcomes) > 0
     assert all(o.ttft is not None and o.ttft > 0 for o in outcomes)
+    assert 0 < result.ttft_p50 <= result.latency_p50 <= result.latency_p99
     assert result.rss_mib_before > 0 and result.rss_mib_after > 0
+
+    assert int_list("1,4,16") == [1, 4, 16] and int_list("8") == [8]
+    report = tmp_path / "sweep.json"
+    assert main(["--url", url, "--clients", "1,2", "--requests", "2", "--max-tokens", "4", "--json",
+                 str(report)]) == 0
+    runs = json.loads(report.read_text())["runs"]
+    assert [run["clients"] for run in runs] == [1, 2]
+    assert all(r["failed"] == 0 and r["latency_p99"] > 0 for run in runs for r in run["results"])
+    with pytest.raises(SystemExit):
+        main(["--url", url, "--clients", "1,x"])
     with pytest.raises(SystemExit, match="loopback"):
         run_load({"x": "http://example.com:80"}, builtin_prompts(), clients=1, requests=1, max_tokens=1,
                  temperature=0.0, timeout=1, deadline=1)
@@ -314,10 +308,12 @@ def test_build_app_from_config(tiny_target_dir):
     from serve.server import ServeConfig, build_app
 
     config = load_config(ServeConfig, overrides=[f"target={tiny_target_dir}", "drafter=ngram:max_n=2", "k=3",
-                                                 "served_model_name=cfg", "tree.enabled=true", "context_length=64"])
+                                                 "served_model_name=cfg", "tree.enabled=true", "context_length=64",
+                                                 "max_batch=3"])
     with running_server(build_app(config)) as base:
         card = httpx.get(f"{base}/v1/models").json()["data"][0]
         assert (card["id"], card["max_model_len"], card["num_speculative_tokens"]) == ("cfg", 64, 3)
+        assert httpx.get(f"{base}/health").json()["max_batch"] == 3
         out = httpx.post(f"{base}/v1/completions", json={"model": "cfg", "prompt": "abcabc", "max_tokens": 8},
                          timeout=30).json()
         assert out["usage"]["completion_tokens"] >= 1 and out["usage"]["k"] == 3

@@ -2,13 +2,16 @@
 
     python -m scripts.bench.loadtest --url http://127.0.0.1:8000 --clients 4 --requests 40 --max-tokens 64
     python -m scripts.bench.loadtest --compare --target demo --drafter ngram --k 5 --json loadtest.json
+    python -m scripts.bench.loadtest --compare --clients 1,4,16 --max-batch 1,8 --requests 48 --json sweep.json
 
-`--compare` starts two servers in this run, one with speculation and one without (plain decoding),
-and sends both the same requests, alternating between them in blocks (`--rounds`): throughput,
-p50/p99 time to first token and per-token latency (client-side, from streamed chunks), μ, failed
-requests, and each server's resident memory (from its /metrics) after a warm-up and after the
-load. At temperature 0 the two servers must return identical text (the decoder is lossless);
-mismatches are counted.
+`--compare` starts two servers per `--max-batch` value in this run, one with speculation and one without (plain
+decoding), and sends them all the same requests, alternating between them in blocks (`--rounds`): throughput,
+p50/p99 request latency, time to first token and per-token latency (client-side, from streamed chunks), μ,
+failed requests, and each server's resident memory (from its /metrics) after a warm-up and after the load.
+`--max-batch 1` is a server that decodes one request at a time (the baseline continuous batching is measured
+against). `--clients 1,4,16` repeats the load at each number of concurrent clients and ends with a table of
+throughput and latency per client count, speculation on against off. At temperature 0 every server must return
+the first one's text (the decoder is lossless, batched or not); mismatches are counted.
 
 The built-in prompts are code edits and repetitions (where prompt lookup helps) plus a few free
 questions. Stdlib only: the client is http.client with server-sent events read line by line.
@@ -196,12 +199,15 @@ def percentile(values: list[float], q: float) -> float | None:
 @dataclass
 class PhaseResult:
     label: str
+    clients: int
     requests: int
     failed: int
     seconds: float
     completion_tokens: int
     tokens_per_second: float
     requests_per_second: float
+    latency_p50: float | None  # seconds, send -> end of the stream
+    latency_p99: float | None
     ttft_p50: float | None
     ttft_p99: float | None
     tpot_p50: float | None
@@ -220,9 +226,10 @@ def _body(name: str, prompts: list[dict], i: int, max_tokens: int, temperature: 
 class ServerUnderTest:
     """A server under test: where it is, what it calls its model, what its load produced so far."""
 
-    def __init__(self, url: str, label: str):
+    def __init__(self, url: str, label: str, *, clients: int = 1):
         self.host, self.port = _loopback(url)
         self.label = label
+        self.clients = clients
         self.name = model_name(self.host, self.port)
         self.outcomes: list[Outcome] = []
         self.seconds = 0.0
@@ -269,6 +276,7 @@ class ServerUnderTest:
         not_sent = requests - len(outcomes)
         ok = [o for o in outcomes if o.ok]
         tokens = sum(o.completion_tokens for o in ok)
+        latencies = [o.seconds for o in ok]
         ttfts = [o.ttft for o in ok if o.ttft is not None]
         tpots = [o.tpot for o in ok if o.tpot is not None]
         mus = [o.mu for o in ok if o.mu is not None]
@@ -276,9 +284,10 @@ class ServerUnderTest:
             [f"{not_sent} requests not sent before the {deadline:.0f} s deadline"] if not_sent else [])
         seconds = max(self.seconds, 1e-9)
         return PhaseResult(
-            label=self.label, requests=requests, failed=requests - len(ok), seconds=round(seconds, 3),
-            completion_tokens=tokens, tokens_per_second=round(tokens / seconds, 3),
+            label=self.label, clients=self.clients, requests=requests, failed=requests - len(ok),
+            seconds=round(seconds, 3), completion_tokens=tokens, tokens_per_second=round(tokens / seconds, 3),
             requests_per_second=round(len(ok) / seconds, 4),
+            latency_p50=percentile(latencies, 50), latency_p99=percentile(latencies, 99),
             ttft_p50=percentile(ttfts, 50), ttft_p99=percentile(ttfts, 99),
             tpot_p50=percentile(tpots, 50), tpot_p99=percentile(tpots, 99),
             mean_mu=round(statistics.fmean(mus), 4) if mus else None,
@@ -294,7 +303,7 @@ def run_load(urls: dict[str, str], prompts: list[dict], *, clients: int, request
     """The same `requests` against every server in `urls` (label -> url), split into `rounds` blocks
     that alternate between servers (order flipped each round), so slow drifts of a shared machine
     hit all of them alike. Each server's time is the sum of its blocks."""
-    targets = [ServerUnderTest(url, label) for label, url in urls.items()]
+    targets = [ServerUnderTest(url, label, clients=clients) for label, url in urls.items()]
     for t in targets:
         t.warm_up(prompts, warmup, timeout=timeout)
     blocks = [list(range(requests))[r::rounds] for r in range(rounds)]
@@ -360,10 +369,12 @@ def _fmt(value: float | None, scale: float = 1000, unit: str = "ms") -> str:
 
 
 def print_table(results: list[PhaseResult]) -> None:
-    rows = [("phase", lambda r: r.label), ("requests (failed)", lambda r: f"{r.requests} ({r.failed})"),
+    rows = [("phase", lambda r: r.label), ("clients", lambda r: str(r.clients)),
+            ("requests (failed)", lambda r: f"{r.requests} ({r.failed})"),
             ("wall time", lambda r: f"{r.seconds:.1f} s"),
             ("throughput", lambda r: f"{r.tokens_per_second:.2f} tok/s, {r.requests_per_second:.3f} req/s"),
             ("completion tokens", lambda r: str(r.completion_tokens)),
+            ("latency p50 / p99", lambda r: f"{_fmt(r.latency_p50)} / {_fmt(r.latency_p99)}"),
             ("TTFT p50 / p99", lambda r: f"{_fmt(r.ttft_p50)} / {_fmt(r.ttft_p99)}"),
             ("per-token p50 / p99", lambda r: f"{_fmt(r.tpot_p50)} / {_fmt(r.tpot_p99)}"),
             ("mean mu", lambda r: "-" if r.mean_mu is None else f"{r.mean_mu:.2f}"),
@@ -377,21 +388,53 @@ def print_table(results: list[PhaseResult]) -> None:
             print(f"[{r.label}] {err}")
 
 
+def int_list(text: str) -> list[int]:
+    """`4` or `1,4,16` -> [1, 4, 16] (an argparse type)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas (1,4,16), got {text!r}")
+    return values
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def print_sweep(sweep: list[dict], labels: list[str]) -> None:
+    """One row per client count: each server's throughput and request latency p50 / p99."""
+    print("\nthroughput, request latency p50 / p99 (s), per number of concurrent clients")
+    cells = [[f"{r['tokens_per_second']:.2f} tok/s, {_seconds(r['latency_p50'])} / {_seconds(r['latency_p99'])}"
+              for r in entry["results"]] for entry in sweep]
+    width = max(34, *(len(label) for label in labels))
+    print(f"{'clients':<8}" + "  |  ".join(f"{label:<{width}}" for label in labels))
+    for entry, row in zip(sweep, cells):
+        print(f"{entry['clients']:<8}" + "  |  ".join(f"{cell:<{width}}" for cell in row))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="a running server (loopback only)")
-    parser.add_argument("--compare", action="store_true", help="start a server with and one without speculation")
+    parser.add_argument("--compare", action="store_true",
+                        help="start a server with and one without speculation (per --max-batch value)")
     parser.add_argument("--target", default="demo")
     parser.add_argument("--drafter", default="ngram")
     parser.add_argument("--k", type=int, default=5)
-    parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--max-batch", type=int_list, default=[8],
+                        help="--compare: the servers' --max-batch, or a list (1,8): a pair of servers each; 1 decodes "
+                             "one request at a time (default: 8)")
+    parser.add_argument("--clients", type=int_list, default=[4],
+                        help="concurrent clients, or a list (1,4,16): the load is repeated at each (default: 4)")
+    parser.add_argument("--requests", type=int, default=40, help="requests per server at each client count")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--prompts", default=None, help="JSONL with `messages` or `prompt` (default: built-in)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per request")
     parser.add_argument("--deadline", type=float, default=1800,
-                        help="seconds of load per server; requests not started by then count as failed")
+                        help="seconds of load per server and client count; requests not started by then count as "
+                             "failed")
     parser.add_argument("--server-threads", type=int, default=None,
                         help="--compare: torch threads per server (1 is fastest on a busy shared CPU)")
     parser.add_argument("--rounds", type=int, default=4,
@@ -399,49 +442,78 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup-timeout", type=float, default=600)
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
-    if not (1 <= args.requests <= MAX_REQUESTS and 1 <= args.clients <= 64 and 1 <= args.rounds <= args.requests):
+    if not (1 <= args.requests <= MAX_REQUESTS and all(1 <= c <= 64 for c in args.clients)
+            and (args.url or 1 <= args.rounds <= args.requests)):
         parser.error(f"--requests must be in 1..{MAX_REQUESTS}, --clients in 1..64, --rounds in 1..requests")
     if bool(args.url) == args.compare:
         parser.error("give either --url or --compare")
+    if min(args.max_batch) < 1:
+        parser.error("--max-batch must be >= 1")
     prompts = load_prompts(args.prompts)
-    load = dict(clients=args.clients, requests=args.requests, max_tokens=args.max_tokens,
-                temperature=args.temperature, timeout=args.timeout, deadline=args.deadline)
-    report: dict = {"settings": {**load, "rounds": args.rounds if args.compare else 1, "target": args.target,
-                                 "drafter": args.drafter, "k": args.k, "server_threads": args.server_threads,
-                                 "prompts": args.prompts or "built-in", "cpu_count": os.cpu_count()}}
+    load = dict(requests=args.requests, max_tokens=args.max_tokens, temperature=args.temperature,
+                timeout=args.timeout, deadline=args.deadline)
+    report: dict = {"settings": {**load, "clients": args.clients, "rounds": args.rounds if args.compare else 1,
+                                 "target": args.target, "drafter": args.drafter, "k": args.k,
+                                 "max_batch": args.max_batch if args.compare else None,
+                                 "server_threads": args.server_threads, "prompts": args.prompts or "built-in",
+                                 "cpu_count": os.cpu_count()}}
+    servers: dict[str, ServerProcess] = {}
+    pairs: dict[int, tuple[str, str]] = {}  # max batch -> (speculative label, plain label)
     if args.url:
-        targets = run_load({args.url: args.url}, prompts, rounds=1, **load)
-        results = [targets[0].summary(args.requests, args.deadline)]
+        urls, rounds = {args.url: args.url}, 1
     else:
         log_dir = Path(tempfile.mkdtemp(prefix="draftsmith-loadtest-"))
+        report["server_logs"] = str(log_dir)
         flags = ["--target", args.target, "--drafter", args.drafter, "--k", str(args.k)]
         overrides = [f"threads={args.server_threads}"] if args.server_threads else []
-        servers = {f"speculative ({args.drafter}, k={args.k})":
-                   ServerProcess(flags, overrides, log_dir / "speculative.log"),
-                   "plain (no speculation)": ServerProcess([*flags, "--no-speculation"], overrides, log_dir / "plain.log")}
-        try:
-            for server in servers.values():
-                server.wait_ready(args.startup_timeout)
-            targets = run_load({label: s.url for label, s in servers.items()}, prompts, rounds=args.rounds, **load)
+        for batch in args.max_batch:
+            spec = f"speculative ({args.drafter}, k={args.k}), max batch {batch}"
+            plain = f"plain (no speculation), max batch {batch}"
+            pairs[batch] = (spec, plain)
+            servers[spec] = ServerProcess([*flags, "--max-batch", str(batch)], overrides,
+                                          log_dir / f"speculative-b{batch}.log")
+            servers[plain] = ServerProcess([*flags, "--max-batch", str(batch), "--no-speculation"], overrides,
+                                           log_dir / f"plain-b{batch}.log")
+        urls, rounds = {label: s.url for label, s in servers.items()}, args.rounds
+    sweep: list[dict] = []
+    try:
+        for server in servers.values():
+            server.wait_ready(args.startup_timeout)
+        for i, clients in enumerate(args.clients):
+            print(f"== {clients} concurrent client(s) ==", file=sys.stderr, flush=True)
+            targets = run_load(urls, prompts, clients=clients, rounds=rounds, warmup=2 if i == 0 else 0, **load)
             results = [t.summary(args.requests, args.deadline) for t in targets]
-        finally:
-            for server in servers.values():
-                server.stop()
-        spec, plain = targets[0].texts(), targets[1].texts()
-        both = set(spec) & set(plain)
-        report["text_mismatches"] = sum(spec[i] != plain[i] for i in both)
-        report["compared_outputs"] = len(both)
-        report["speedup_tokens_per_second"] = round(results[0].tokens_per_second / results[1].tokens_per_second, 3)
-        report["server_logs"] = str(log_dir)
-    report["results"] = [asdict(r) for r in results]
-    print_table(results)
-    if "speedup_tokens_per_second" in report:
-        print(f"throughput speedup: {report['speedup_tokens_per_second']:.2f}x; identical outputs "
-              f"{report['compared_outputs'] - report['text_mismatches']}/{report['compared_outputs']}"
-              + (" (temperature 0)" if args.temperature == 0 else ""))
+            entry: dict = {"clients": clients, "results": [asdict(r) for r in results]}
+            if pairs:
+                tps = {r.label: r.tokens_per_second for r in results}
+                entry["speedup_tokens_per_second"] = {
+                    batch: round(tps[spec] / tps[plain], 3) if tps[plain] else None
+                    for batch, (spec, plain) in pairs.items()}
+                texts = {t.label: t.texts() for t in targets}
+                reference = texts[targets[0].label]  # every server must return the first one's text (temperature 0)
+                entry["text_mismatches"] = {label: sum(reference[j] != got[j] for j in set(reference) & set(got))
+                                            for label, got in texts.items() if label != targets[0].label}
+                entry["compared_outputs"] = {label: len(set(reference) & set(got))
+                                             for label, got in texts.items() if label != targets[0].label}
+            sweep.append(entry)
+            print(f"\n{clients} concurrent client(s)")
+            print_table(results)
+            for batch, speedup in entry.get("speedup_tokens_per_second", {}).items():
+                print(f"max batch {batch}: throughput speedup of speculation "
+                      + ("-" if speedup is None else f"{speedup:.2f}x"))
+            for label, mismatches in entry.get("text_mismatches", {}).items():
+                compared = entry["compared_outputs"][label]
+                print(f"identical to {targets[0].label}: {label} {compared - mismatches}/{compared}"
+                      + (" (temperature 0)" if args.temperature == 0 else ""))
+    finally:
+        for server in servers.values():
+            server.stop()
+    report["runs"] = sweep
+    if len(sweep) > 1:
+        print_sweep(sweep, list(urls))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
-    return 1 if any(r.failed for r in results) else 0
+    return 1 if any(r["failed"] for entry in sweep for r in entry["results"]) else 0
 
 
 if __name__ == "__main__":

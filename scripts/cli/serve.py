@@ -19,6 +19,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--host", default=None, help="bind address (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None,
                         help="port (default: 8000; 0 picks a free one); a busy port is reported before the model loads")
+    parser.add_argument("--max-batch", type=int, default=None,
+                        help="requests decoding together; more wait in the queue (default: 8; 1: one at a time)")
     parser.add_argument("--no-speculation", dest="speculation", action="store_false", default=None,
                         help="plain decoding, for comparison")
     parser.add_argument("--served-model-name", default=None,
@@ -35,7 +37,7 @@ def run(args) -> int:
     from serve.server import ServeConfig, serve_forever
 
     flags = {"target.spec": args.target, "target.threads": args.threads, **{name: getattr(args, name) for name in (
-        "drafter", "k", "host", "port", "speculation", "served_model_name", "record")}}
+        "drafter", "k", "host", "port", "speculation", "served_model_name", "record", "max_batch")}}
     config = load_config(ServeConfig, config_file=args.config, section="serve", overrides=args.overrides,
                          flags=flags)
     logging.basicConfig(level=getattr(logging, config.log_level.upper(), logging.INFO),

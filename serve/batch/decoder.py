@@ -1,10 +1,11 @@
 """The batched speculative decoder: rows advance together, each with its own drafter, accepted count, sampling
 settings and stop; requests join at the next cycle and leave when done (continuous batching).
 
-Each cycle drafts for every running row (its own drafter: `Drafter.fork` of the one given), verifies all rows in
-one target forward over the slot cache (serve/core/slots.py, inputs from serve/batch/masks.py) and keeps, per
-row, the accepted prefix and the target's next token (ragged acceptance: no row is cut back to another's
-count). Verification is the batch-1 decoder's (serve/decoding.py), row by row, on the row's own logits and
+Each cycle drafts for every running row (its own drafter: `Drafter.fork` of the one given; its length policy weighs
+drafts at the batch's verify costs, serve/batch/costs.py), cuts the drafts to the batch's best common width
+(serve/batch/width.py: every row pays for the widest), verifies all rows in one target forward over the slot
+cache (serve/core/slots.py, inputs from serve/batch/masks.py) and keeps, per row, the accepted prefix and the
+target's next token (ragged acceptance: no row is cut back to another's count). Verification is the batch-1 decoder's (serve/decoding.py), row by row, on the row's own logits and
 generator, so a row's output does not depend on the rows beside it: at temperature 0 it is the plain batched
 decoder's, and sampled rows keep the target's distribution. Without a drafter every cycle is a plain step: the
 batched plain decoder, the baseline.
@@ -25,6 +26,7 @@ import torch
 
 from serve.batch.costs import BatchCosts
 from serve.batch.masks import verify_inputs
+from serve.batch.width import batch_width, cut
 from serve.core.errors import DraftsmithError
 from serve.core.kv import cache_kwargs
 from serve.core.layers import pick_hidden_states
@@ -106,7 +108,8 @@ class BatchDecoder:
         self.cache: SlotCache | None = None
         self._spare: list[Drafter] = []  # forks of finished rows, reused (their policies keep what they learned)
         self.forwards = 0  # target forwards run (prefills included)
-        self.cycle_sizes: list[int] = []  # rows per verify forward
+        self.cycles = 0  # verify forwards (one cycle of every running row each)
+        self.cycle_rows = 0  # rows over those cycles: the mean batch is cycle_rows / cycles
 
     # ---- the queue ----------------------------------------------------------------------------------------
     def add(self, job: Job, *, first: bool = False) -> None:
@@ -232,7 +235,6 @@ class BatchDecoder:
         if self.template is not None and self.costs is not None:
             self.costs.apply(rows=len(rows), drafters=[row.drafter for row in rows])
         cap = self.template.draft_cap(self.k) if self.template is not None else 0
-        drafts = []
         for row in rows:
             t0 = time.perf_counter()
             budget = self._budget(row, row.drafter.draft_cap(self.k) if row.drafter is not None else cap)
@@ -241,8 +243,10 @@ class BatchDecoder:
                 draft = row.drafter.propose(budget, temperature=row.job.temperature, generator=row.generator,
                                             tree=self.tree)
             row.draft = draft
-            drafts.append(draft)
             row.stats.draft_seconds += time.perf_counter() - t0
+        if self.costs is not None and self.tree is None and len(rows) > 1:
+            self._fit_width(rows)
+        drafts = [row.draft for row in rows]
         t1 = time.perf_counter()
         lengths = torch.tensor([row.length for row in rows])  # (A,)
         input_ids, positions, key_positions, allowed = verify_inputs([row.pending for row in rows], drafts,
@@ -253,7 +257,8 @@ class BatchDecoder:
         masks = attention_masks(self.model.config, allowed, positions[:, None, :, None], key_positions[:, None, None, :])
         self.cache.plan_write(len(rows), lengths.to(self.device), window)
         out = self._forward(input_ids, positions, masks)
-        self.cycle_sizes.append(len(rows))
+        self.cycles += 1
+        self.cycle_rows += len(rows)
         hidden = pick_hidden_states(out.hidden_states, self.layers) if self.layers else {}
         seconds = time.perf_counter() - t1
         for r, row in enumerate(rows):
@@ -261,6 +266,15 @@ class BatchDecoder:
         share = (time.perf_counter() - started) / len(rows)
         for row in rows:
             row.stats.share_seconds += share
+
+    def _fit_width(self, rows: list[_Row]) -> None:
+        """Cut the rows' chains to the batch's best verify width (serve/batch/width.py)."""
+        chains = [row.drafter.chain_acceptance(row.draft) if len(row.draft) else [] for row in rows]
+        costs = self.costs(len(rows))
+        width = batch_width([len(row.draft) for row in rows], chains, costs.ratio)
+        for row, chain in zip(rows, chains):
+            if chain is not None and len(row.draft) > width:
+                row.draft = cut(row.draft, len(chain), width)
 
     def _settle(self, r: int, row: _Row, logits: torch.Tensor, hidden: dict, seconds: float) -> None:
         """Row r's verdict on its own logits (W, V): keep its accepted drafts and the target's next token."""

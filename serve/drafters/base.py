@@ -84,6 +84,20 @@ class Drafter:
     def check_target(self, target) -> None:
         """Raise serve.core.errors.DraftsmithError if this drafter cannot serve `target` (tokenizer, config)."""
 
+    def chain_acceptance(self, draft: Draft) -> list[float] | None:
+        """P(accepted) of each chain token of `draft`, this drafter's last proposal, as its length policy estimated
+        them; None when unknown (a fixed length, a tree). A greedy chain carrying leaves lists the chain first
+        (serve/drafters/leaves.py): the estimates cover those first nodes."""
+        kept = getattr(getattr(self, "policy", None), "kept", None)
+        if kept is None:
+            return None
+        n = len(kept)
+        if n > len(draft) or (n < len(draft) and not draft.is_tree):
+            return None
+        if draft.is_tree and draft.parents[:n].tolist() != list(range(-1, n - 1)):
+            return None
+        return list(kept)
+
     def fork(self) -> "Drafter":
         """A drafter for another sequence of a batch: the same weights, target and settings, its own state (its
         length policy starts from what this one has learned). begin() then starts its sequence."""

@@ -63,6 +63,7 @@ class HybridDrafter(Drafter):
         # hybrid on the modelled clock")
         self.doubt_after = 3
         self._head_k: int | None = None  # the decoder's K: the head drafts at most that, the n-gram side its own cap
+        self._source: Drafter | None = None  # the side whose chain the last proposal is (None: a joined tree)
 
     def check_target(self, target) -> None:
         self.head.check_target(target)
@@ -126,12 +127,17 @@ class HybridDrafter(Drafter):
         gains[1].probe()
         return True
 
+    def chain_acceptance(self, draft: Draft) -> list[float] | None:
+        return self._source.chain_acceptance(draft) if self._source is not None else None
+
     def propose(self, k, *, temperature=0.0, generator=None, tree=None) -> Draft:
+        self._source = None
         ngram = self.ngram.propose(k, temperature=temperature, generator=generator)
         doubted = self.ngram.misses >= self.doubt_after
         if not doubted and self._ngram_wins(ngram) and not self._probe_head():
             self._ngram_run += 1
             self.choices["ngram"] += 1
+            self._source = self.ngram
             return ngram
         self._ngram_run = 0
         self.ngram.last.verified = False  # learn how it would have fared, but it is not this cycle's draft
@@ -151,6 +157,7 @@ class HybridDrafter(Drafter):
                 self.head.last.verified = False
             return Draft(tokens=tokens, parents=parents)
         self.choices["head" if len(draft) else "none"] += 1
+        self._source = self.head
         return draft
 
 

@@ -31,7 +31,8 @@ def build_app(config: ServeConfig, *, log=None) -> Any:
     settings = draft_settings(drafter, k=config.k, tree=config.tree.enabled, shape=shape)
     if log and drafter is not None:
         log(f"drafting {settings.describe()}")
-    engine = Engine(target, drafter, k=settings.k, tree=settings.tree, max_queue=config.max_queue)
+    engine = Engine(target, drafter, k=settings.k, tree=settings.tree, max_queue=config.max_queue,
+                    max_batch=config.max_batch)
     recorder = None
     if config.record:
         from serve.core.traffic import TrafficRecorder

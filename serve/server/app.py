@@ -1,5 +1,6 @@
 """The HTTP routes: OpenAI chat and legacy completions (whole or streamed as server-sent events),
-model list, health and Prometheus metrics, on top of one `Engine`.
+model list, health and Prometheus metrics, on top of one `Engine` (which decodes concurrent requests together,
+up to `max_batch` of them; serve/server/engine.py).
 
 Every error leaves as an OpenAI-style body `{"error": {"message", "type", "param", "code"}}`.
 Streams end with `data: [DONE]`. A client that disconnects cancels its generation: streamed
@@ -110,6 +111,12 @@ def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {message}" if param else message), param
 
 
+def failure_message(event: Failed) -> str:
+    if event.bad_request:
+        return str(event.error)
+    return f"generation failed: {type(event.error).__name__}: {event.error}"
+
+
 def short_model_name(target_name: str) -> str:
     """The id a server lists by default: the folder or hub repository name (`HuggingFaceTB/SmolLM2-135M-Instruct`
     -> `SmolLM2-135M-Instruct`, `/models/mine/` -> `mine`)."""
@@ -147,7 +154,7 @@ class Server:
             self.max_prompt_chars = max_prompt_chars
             self.prompt_chars_why = "serve.max_prompt_chars"
         self.eos_token_ids = set(target.eos_token_ids)
-        self.metrics = ServerMetrics(engine.drafter_name)
+        self.metrics = ServerMetrics(engine.drafter_name, batch=engine.batch_stats)
         self.created = int(time.time())
 
     # ---- request handling -------------------------------------------------------------------------
@@ -305,9 +312,10 @@ class Server:
                     return JSONResponse(self.whole_body(call, event.result, usage))
                 if isinstance(event, Failed):
                     done = True
+                    if event.bad_request:
+                        raise APIError(400, failure_message(event))  # the handler counts it as rejected
                     self.metrics.request(call.endpoint, "error")
-                    raise APIError(500, f"generation failed: {type(event.error).__name__}: {event.error}",
-                                   type="server_error")
+                    raise APIError(500, failure_message(event), type="server_error")
                 if isinstance(event, Cancelled):
                     done = True
                     self.metrics.request(call.endpoint, "cancelled")
@@ -350,10 +358,11 @@ class Server:
                 if isinstance(event, (Failed, Cancelled)):
                     done = True
                     failed = isinstance(event, Failed)
-                    self.metrics.request(call.endpoint, "error" if failed else "cancelled")
-                    message = (f"generation failed: {type(event.error).__name__}: {event.error}" if failed
-                               else "the request was cancelled (server shutting down)")
-                    yield f"data: {json.dumps(error_body(message, type='server_error'))}\n\n"
+                    bad = failed and event.bad_request
+                    self.metrics.request(call.endpoint, "rejected" if bad else "error" if failed else "cancelled")
+                    message = failure_message(event) if failed else "the request was cancelled (server shutting down)"
+                    kind = "invalid_request_error" if bad else "server_error"
+                    yield f"data: {json.dumps(error_body(message, type=kind))}\n\n"
                     yield "data: [DONE]\n\n"
                     return
         finally:
@@ -448,12 +457,13 @@ def create_app(engine: Engine, *, model_name: str | None = None, context_length:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": server.model_name, "drafter": engine.drafter_name,
-                "speculation": engine.speculation, "running": int(engine.running is not None),
-                "waiting": engine.waiting, "completed": engine.completed, "cancelled": engine.cancelled}
+                "speculation": engine.speculation, "running": engine.running, "max_batch": engine.max_batch,
+                "waiting": engine.waiting, "completed": engine.completed, "cancelled": engine.cancelled,
+                "failed": engine.failed}
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        payload = server.metrics.render(running=int(engine.running is not None), waiting=engine.waiting)
+        payload = server.metrics.render(running=engine.running, waiting=engine.waiting)
         return Response(payload, media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -25,8 +25,8 @@ class ServeConfig:
     ALIASES: ClassVar[dict[str, str]] = {"dtype": "target.dtype", "device": "target.device",
                                          "threads": "target.threads", "target": "target.spec"}
     RANGES: ClassVar[dict[str, str]] = {"k": ">= 1", "port": "[0, 65535]", "context_length": ">= 2",
-                                        "max_queue": ">= 1", "max_body_mb": "> 0", "max_prompt_chars": ">= 1",
-                                        "record_segment_mb": "> 0"}
+                                        "max_queue": ">= 1", "max_batch": ">= 1", "max_body_mb": "> 0",
+                                        "max_prompt_chars": ">= 1", "record_segment_mb": "> 0"}
     target: TargetConfig = field(default_factory=TargetConfig)  # `--target` sets target.spec
     drafter: str = "ngram"  # ngram[:max_n=8], model:PATH, oracle, a trained drafter folder, or hybrid:DIR
     # draft tokens per cycle (at most: the length is chosen per step unless SPEC:length=fixed); default: the K
@@ -40,7 +40,10 @@ class ServeConfig:
     # repository name). Requests may also name the target as given (its path or hub id).
     served_model_name: Optional[str] = None
     context_length: Optional[int] = None  # default: the target's max_position_embeddings
-    max_queue: int = 64  # requests waiting beyond this get a 503
+    # requests decoding together (continuous batching: a request joins at the next step, leaves when it ends);
+    # 1: one request at a time
+    max_batch: int = 8
+    max_queue: int = 64  # requests waiting for a slot beyond this get a 503
     # a larger request body gets a 413 while it arrives (serve.server.limits); a full 128k-token context of English
     # text is about 0.5 MB of JSON
     max_body_mb: float = 4.0

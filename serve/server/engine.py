@@ -1,15 +1,23 @@
-"""One worker thread owns the model; requests wait in a FIFO queue and run one at a time.
+"""One worker thread owns the model and a BatchDecoder (serve/batch/decoder.py) with `max_batch` slots: concurrent
+requests decode together (continuous batching).
 
-Each generation builds its own KV cache inside the decoder and drops it when it ends, so requests
-never share or interleave caches. The drafter instance is reused across requests, which is safe
-because they never overlap and `Drafter.begin` resets its state. Results travel back to the
-asyncio side as events through `loop.call_soon_threadsafe`. A request is cancelled by setting its
-`cancel` flag: a queued one is skipped, a running one stops at its next streamed token (the
-`on_tokens` callback raises), which frees the worker for the next request.
+Requests wait in a bounded FIFO queue (beyond `max_queue`, `QueueFull`: a 503). Before each decoder step the worker
+moves as many waiting requests into the decoder as it has free slots, then steps it: a step either prefills the
+newcomers (one forward) or runs one speculative cycle for every running row. A request joins at the next step and
+leaves when it ends, its slot going to the next one. Each row drafts with its own fork of the drafter and samples
+with its own generator, so its tokens do not depend on the rows beside it: at temperature 0 they are plain
+decoding's. Only the requests beyond the free slots stay in the queue, so the queue's bound keeps its meaning.
+
+Results travel back to the asyncio side as events through `loop.call_soon_threadsafe`. A request is cancelled by
+setting its `cancel` flag: a queued one is dropped, a running one leaves the batch at the next step and frees its
+slot while the others go on. A step that raises fails every request in the batch (a 500) and the decoder starts
+afresh, so the server keeps serving; a request the decoder refuses (a DraftsmithError from `add`) fails alone, as a
+bad request (a 400).
 """
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import queue
 import threading
@@ -17,7 +25,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-import torch
+from serve.batch import decoder as batch
+from serve.batch.costs import batch_bucket
+from serve.core.errors import DraftsmithError
 
 log = logging.getLogger("draftsmith.serve")
 
@@ -35,7 +45,7 @@ class GenerationParams:
 
 @dataclass(frozen=True)
 class Started:
-    time: float  # perf_counter when the worker took the job
+    time: float  # perf_counter at the start of the step that prefilled the request
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,7 @@ class Finished:
 @dataclass(frozen=True)
 class Failed:
     error: BaseException
+    bad_request: bool = False  # the decoder refused the request itself (a 400), not a failed step (a 500)
 
 
 @dataclass(frozen=True)
@@ -63,22 +74,20 @@ class Cancelled:
 Event = Union[Started, Tokens, Finished, Failed, Cancelled]
 
 
-class GenerationCancelled(Exception):
-    """Raised inside `on_tokens` to abort a generation whose client went away."""
-
-
 class QueueFull(Exception):
     pass
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     input_ids: list[int]
     params: GenerationParams
     loop: asyncio.AbstractEventLoop
+    id: int = 0  # the decoder's key for it
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    started: float | None = None  # set by the worker when the request's prefill ran
 
     def post(self, event: Event) -> None:
         """Hand an event to the request's coroutine (called from the worker thread)."""
@@ -88,104 +97,227 @@ class Job:
             self.cancel.set()
 
 
-class Engine:
-    """Serialises generations on one worker thread. `drafter=None` means plain decoding."""
+@dataclass(frozen=True)
+class BatchStats:
+    """What /metrics reports of the batch: its rows now, its slots, and totals since the engine started."""
+    running: int  # rows decoding now (the queue's length is Engine.waiting)
+    max_batch: int
+    forwards: int  # target forwards, prefills included
+    cycles: int  # verify forwards (one speculative cycle of every running row each)
+    cycle_rows: int  # rows summed over those cycles
 
-    def __init__(self, target: Any, drafter: Any | None, *, k: int = 5, tree: Any = None, max_queue: int = 64):
+    @property
+    def mean_batch(self) -> float:
+        """Mean rows per verify forward (0 before the first)."""
+        return self.cycle_rows / self.cycles if self.cycles else 0.0
+
+
+def warm_sizes(max_batch: int) -> list[int]:
+    """The power-of-two batch sizes whose verify costs a batch of up to `max_batch` rows reads
+    (serve/batch/costs.py)."""
+    return [1 << i for i in range(batch_bucket(max_batch).bit_length())]
+
+
+class Engine:
+    """Decodes up to `max_batch` requests together on one worker thread. `drafter=None` means plain decoding."""
+
+    def __init__(self, target: Any, drafter: Any | None, *, k: int = 5, tree: Any = None, max_queue: int = 64,
+                 max_batch: int = 8):
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.target = target
         self.drafter = drafter
         self.k = k
         self.tree = tree
+        self.max_batch = max_batch
         self.drafter_name = drafter.kind if drafter is not None else "none"
+        self.decoder = self._new_decoder(costs=None)
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._ids = itertools.count(1)
+        self._active: dict[int, Job] = {}  # id -> request in the decoder (its queue or a row); the worker's alone
+        self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self.running: Job | None = None
+        self._step_started = 0.0
+        self._lock = threading.Lock()  # the totals below, read from the event loop
+        self.running = 0  # rows decoding now
         self.completed = 0
         self.cancelled = 0
+        self.failed = 0
+        self.forwards = 0
+        self.cycles = 0
+        self.cycle_rows = 0
+
+    def _new_decoder(self, costs: Any) -> batch.BatchDecoder:
+        self._seen = (0, 0, 0)  # the new decoder's forwards, cycles and rows already added to the totals
+        return batch.BatchDecoder(self.target, self.drafter, slots=self.max_batch, k=self.k, tree=self.tree,
+                                  costs=costs)
 
     @property
     def waiting(self) -> int:
-        return self._queue.qsize()
+        """Requests queued, not yet in the batch."""
+        return self._queue.qsize() + len(self.decoder.queue)
 
     @property
     def speculation(self) -> bool:
         return self.drafter is not None
 
+    def batch_stats(self) -> BatchStats:
+        with self._lock:
+            return BatchStats(running=self.running, max_batch=self.max_batch, forwards=self.forwards,
+                              cycles=self.cycles, cycle_rows=self.cycle_rows)
+
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="draftsmith-engine", daemon=True)
-            self._thread.start()
+        """Measure the batch sizes' verify costs (when the drafter's length policy reads them), then start the
+        worker."""
+        if self._thread is not None:
+            return
+        costs = self.decoder.costs
+        if costs is not None:
+            sizes = warm_sizes(self.max_batch)
+            log.info("measuring verify costs at batch sizes %s for the draft-length policy", sizes)
+            t0 = time.perf_counter()
+            costs.warm(sizes)
+            log.info("verify costs measured in %.1f s", time.perf_counter() - t0)
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._work, name="draftsmith-engine", daemon=True)
+        self._thread.start()
 
     def close(self, timeout: float = 10.0) -> None:
-        """Cancel what is running and stop the worker once it is free."""
+        """Cancel what is running and queued, and stop the worker after its current step."""
         if self._thread is None:
             return
-        running = self.running
-        if running is not None:
-            running.cancel.set()
-        while True:  # drop queued jobs; their coroutines see Cancelled
+        self._stopping.set()
+        self._drop_queued()
+        try:
+            self._queue.put_nowait(None)  # wakes a worker waiting for work
+        except queue.Full:  # a request came in meanwhile: the worker is not waiting, it sees the flag
+            pass
+        self._thread.join(timeout)
+        self._thread = None
+        self._drop_queued()
+
+    def _drop_queued(self) -> None:
+        while True:  # their coroutines see Cancelled
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:
-                break
+                return
             if job is not None:
+                self._count("cancelled")
                 job.post(Cancelled())
-        self._queue.put(None)
-        self._thread.join(timeout)
-        self._thread = None
 
     def submit(self, input_ids: list[int], params: GenerationParams, loop: asyncio.AbstractEventLoop) -> Job:
         if self._thread is None:
             raise RuntimeError("engine not started")
-        job = Job(input_ids=list(input_ids), params=params, loop=loop)
+        job = Job(input_ids=list(input_ids), params=params, loop=loop, id=next(self._ids))
         try:
             self._queue.put_nowait(job)
         except queue.Full:
             raise QueueFull(f"{self._queue.maxsize} requests are already waiting") from None
         return job
 
+    # ---- the worker thread ------------------------------------------------------------------------
     def _work(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            if job.cancel.is_set():
-                self.cancelled += 1
-                job.post(Cancelled())
-                continue
-            self.running = job
-            job.post(Started(time.perf_counter()))
+        while self._take():
+            self._cancel_flagged()
+            if self.decoder.busy:
+                self._step()
+        for job in list(self._active.values()):
+            self._end(job, Cancelled())
+        self.decoder = self._new_decoder(self.decoder.costs)  # drops the rows' caches
+        self._set_running(0)
+
+    def _take(self) -> bool:
+        """Move queued requests into the decoder's free slots, waiting for one only while it has nothing to do.
+        False: the engine is closing."""
+        while not self._stopping.is_set():
+            if self.max_batch - self.decoder.running - len(self.decoder.queue) <= 0:
+                return True
             try:
-                result = self.generate(job)
-            except GenerationCancelled:
-                self.cancelled += 1
-                job.post(Cancelled())
-            except Exception as err:  # a failed request must not stop the server; the client gets a 500
-                log.exception("generation failed")
-                job.post(Failed(err))
-            else:
-                self.completed += 1
-                job.post(Finished(result, time.perf_counter()))
-            finally:
-                self.running = None
+                job = self._queue.get(block=not self.decoder.busy)
+            except queue.Empty:
+                return True
+            if job is None:
+                return False
+            self._add(job)
+        return False
 
-    def generate(self, job: Job) -> Any:
-        """Run one generation on the calling thread, streaming tokens as events."""
-        from serve.decoding import plain_generate, speculative_generate
-
-        def on_tokens(token_ids: list[int]) -> None:
-            if job.cancel.is_set():
-                raise GenerationCancelled()
-            job.post(Tokens([int(t) for t in token_ids], time.perf_counter()))
-
+    def _add(self, job: Job) -> None:
+        if job.cancel.is_set():
+            self._count("cancelled")
+            job.post(Cancelled())
+            return
         p = job.params
-        device = next(self.target.model.parameters()).device
-        input_ids = torch.tensor([job.input_ids], dtype=torch.long, device=device)  # (1, T)
-        options = dict(max_new_tokens=p.max_new_tokens, temperature=p.temperature, top_k=p.top_k,
-                       top_p=p.top_p, seed=p.seed, stop_strings=p.stop_strings,
-                       eos_token_ids=[] if p.ignore_eos else None, on_tokens=on_tokens)
-        if self.drafter is None:
-            return plain_generate(self.target, input_ids, **options)
-        return speculative_generate(self.target, self.drafter, input_ids, k=self.k, tree=self.tree, **options)
+        try:
+            self.decoder.add(batch.Job(key=job.id, prompt=job.input_ids, max_new_tokens=p.max_new_tokens,
+                                       temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=p.seed,
+                                       stop_strings=p.stop_strings, eos_token_ids=() if p.ignore_eos else None,
+                                       on_tokens=self._streamer(job)))
+        except DraftsmithError as err:
+            self._count("failed")
+            job.post(Failed(err, bad_request=True))
+            return
+        self._active[job.id] = job
+
+    def _streamer(self, job: Job):
+        """The decoder's on_tokens for `job`: Started at its first tokens (its prefill), then Tokens."""
+        def on_tokens(token_ids: list[int]) -> None:
+            if job.started is None:
+                job.started = self._step_started
+                job.post(Started(job.started))
+            job.post(Tokens([int(t) for t in token_ids], time.perf_counter()))
+        return on_tokens
+
+    def _cancel_flagged(self) -> None:
+        """Take the requests whose client went away out of the decoder: a queued one now, a running one at the
+        next step (it comes back as a "cancelled" Finished)."""
+        for job in list(self._active.values()):
+            if not job.cancel.is_set():
+                continue
+            self.decoder.cancel(job.id)
+            if job.started is None:  # still in the decoder's queue: every prefilled request has streamed tokens
+                self._end(job, Cancelled())
+
+    def _step(self) -> None:
+        self._step_started = time.perf_counter()
+        try:
+            done = self.decoder.step()
+        except Exception as err:  # a failed step must not stop the server: its requests get a 500
+            log.exception("decoding step failed; failing the %d requests in the batch", len(self._active))
+            self._collect()
+            for job in list(self._active.values()):
+                self._end(job, Failed(err))
+            self.decoder = self._new_decoder(self.decoder.costs)
+            self._set_running(0)
+            return
+        self._collect()
+        self._set_running(self.decoder.running)
+        now = time.perf_counter()
+        for finished in done:
+            job = self._active[finished.job.key]
+            self._end(job, Cancelled() if finished.reason == "cancelled" else Finished(finished.result, now))
+
+    def _end(self, job: Job, event: Event) -> None:
+        del self._active[job.id]
+        self._count({Cancelled: "cancelled", Failed: "failed", Finished: "completed"}[type(event)])
+        job.post(event)
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + 1)
+
+    def _set_running(self, rows: int) -> None:
+        with self._lock:
+            self.running = rows
+
+    def _collect(self) -> None:
+        """Add the decoder's forwards, cycles and rows since the last call to the engine's totals."""
+        seen = (self.decoder.forwards, self.decoder.cycles, self.decoder.cycle_rows)
+        new = [now - before for now, before in zip(seen, self._seen)]
+        self._seen = seen
+        with self._lock:
+            self.forwards += new[0]
+            self.cycles += new[1]
+            self.cycle_rows += new[2]

@@ -2,22 +2,60 @@
 
 Names follow vLLM's where one exists (time to first token, time per output token), prefixed
 `draftsmith_`. μ over any window is `rate(draftsmith_completion_tokens_total) /
-rate(draftsmith_target_forwards_total)`; the histogram gives its spread across requests.
+rate(draftsmith_target_forwards_total)`; the histogram gives its spread across requests. Each request counts
+the forwards it took part in, so requests decoded together count a shared forward once each;
+`draftsmith_batch_forwards_total` counts the forwards run. The mean batch size over any window is
+`rate(draftsmith_batch_rows_total) / rate(draftsmith_batch_cycles_total)`; the queue's length is
+`draftsmith_requests_waiting`.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable, Iterator
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
+
+if TYPE_CHECKING:
+    from serve.server.engine import BatchStats
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 MU_BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
 
 
-class ServerMetrics:
-    """One registry per app (tests start several servers in one process)."""
+class BatchCollector:
+    """The engine's batch, read when /metrics is scraped: its size now, its slots, and its totals."""
 
-    def __init__(self, drafter: str):
+    def __init__(self, drafter: str, read: Callable[[], "BatchStats"]):
+        self.drafter = drafter
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.read()
+        gauges = [("draftsmith_batch_size", "Requests decoding together now (rows in the batch)", stats.running),
+                  ("draftsmith_batch_size_max", "Rows the batch holds at most (serve.max_batch)", stats.max_batch),
+                  ("draftsmith_batch_size_mean", "Mean rows per verify forward since the server started",
+                   stats.mean_batch)]
+        counters = [("draftsmith_batch_forwards", "Target forwards of the batch, prefills included", stats.forwards),
+                    ("draftsmith_batch_cycles", "Verify forwards of the batch (one cycle of every running row each)",
+                     stats.cycles),
+                    ("draftsmith_batch_rows", "Rows summed over the verify forwards", stats.cycle_rows)]
+        for name, text, value in gauges:
+            metric = GaugeMetricFamily(name, text, labels=["drafter"])
+            metric.add_metric([self.drafter], value)
+            yield metric
+        for name, text, value in counters:
+            metric = CounterMetricFamily(name, text, labels=["drafter"])
+            metric.add_metric([self.drafter], value)
+            yield metric
+
+
+class ServerMetrics:
+    """One registry per app (tests start several servers in one process). batch: reads the engine's batch
+    (Engine.batch_stats) at each scrape."""
+
+    def __init__(self, drafter: str, *, batch: Callable[[], "BatchStats"] | None = None):
         self.drafter = drafter
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)  # resident memory, CPU seconds (Linux)
@@ -43,7 +81,10 @@ class ServerMetrics:
         self.queue_seconds = Histogram("draftsmith_queue_seconds", "Arrival to start of generation",
                                        ["drafter"], buckets=TTFT_BUCKETS, registry=r)
         self.running = Gauge("draftsmith_requests_running", "Requests generating now", ["drafter"], registry=r)
-        self.waiting = Gauge("draftsmith_requests_waiting", "Requests queued", ["drafter"], registry=r)
+        self.waiting = Gauge("draftsmith_requests_waiting", "Requests queued, not yet in the batch", ["drafter"],
+                             registry=r)
+        if batch is not None:
+            r.register(BatchCollector(drafter, batch))
 
     def request(self, endpoint: str, status: str) -> None:
         self.requests.labels(self.drafter, endpoint, status).inc()
