@@ -54,6 +54,18 @@ def _decoder_run(decoder: Any, prompts: Sequence[EvalPrompt], group: Sequence[in
     return [_record(done[i]) for i in group]
 
 
+def left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows -> input_ids (B, W) left-padded with `pad`, attention_mask (B, W): transformers' batched
+    `generate` input."""
+    width = max(map(len, rows))
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, row in enumerate(rows):
+        input_ids[b, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
+        attention_mask[b, width - len(row):] = 1
+    return input_ids, attention_mask
+
+
 @torch.inference_mode()
 def _hf_run(target: Any, prompts: Sequence[EvalPrompt], group: Sequence[int], d: Decoding) -> list[dict[str, Any]]:
     from eval.peers import generation_config
@@ -65,12 +77,8 @@ def _hf_run(target: Any, prompts: Sequence[EvalPrompt], group: Sequence[int], d:
     pad = config.pad_token_id if config.pad_token_id is not None else target.eos_token_ids[0]
     config.pad_token_id = pad
     rows = [prompts[i].input_ids for i in group]
-    width = max(map(len, rows))
-    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for b, row in enumerate(rows):
-        input_ids[b, width - len(row):] = torch.tensor(row)
-        attention_mask[b, width - len(row):] = 1
+    input_ids, attention_mask = left_pad(rows, pad)
+    width = input_ids.shape[1]
     device = next(model.parameters()).device
     torch.manual_seed(d.seed + group[0])
     start = time.perf_counter()

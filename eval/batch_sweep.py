@@ -2,14 +2,16 @@
 cost model predicts.
 
 At each batch size B the drafters are compared with the faster plain decoder at B (ours or transformers' batched
-`generate`). The prediction takes each drafter's batch-1 run (μ, drafts per cycle, drafting seconds per cycle) and
-the target's verify costs measured at B (serve/core/costs.py): a cycle of B rows costs V(d, B) / V(0, B) plain
-steps for the verify forward plus B rows' drafting, and yields μ tokens per row, so
-    predicted speedup(B) = μ / (V(d, B) / V(0, B) + B * draft seconds per cycle / step seconds at B).
+`generate`). The prediction takes each drafter's batch-1 run (μ, the drafts of each cycle, drafting seconds per
+cycle) and the target's verify costs measured at B (serve/core/costs.py). A cycle of B rows drafting as at batch 1
+verifies as wide as its widest row, d_max = the largest of B draws from the batch-1 draft lengths, costs
+V(d_max, B) / V(0, B) plain steps plus B rows' drafting, and yields μ tokens per row:
+    predicted speedup(B) = μ / (E[V(d_max, B) / V(0, B)] + B * draft seconds per cycle / step seconds at B).
 The crossover is the smallest swept B whose speedup falls below 1.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
 from eval import runner
@@ -39,14 +41,27 @@ def batch_point(target: Any, entries: Sequence[Any], prompts: Sequence[Any], dec
     return domains, overall, names, exactness, plain
 
 
-def predicted_speedup(overall_1: Mapping[str, Any], costs_at: Callable[[int], Any], batch_size: int) -> float:
-    """The cost model's speedup at `batch_size` for a drafter whose batch-1 summary is `overall_1`."""
+def expected_widest(ratio: Callable[[int], float], drafted: Sequence[int], rows: int) -> float:
+    """E[ratio(the largest of `rows` independent draws from `drafted`)]: P(max <= w) = F(w) ** rows."""
+    if not drafted:
+        return ratio(0)
+    counts = Counter(drafted)
+    total, below, expected = len(drafted), 0, 0.0
+    for w in sorted(counts):
+        before = (below / total) ** rows
+        below += counts[w]
+        expected += ratio(w) * ((below / total) ** rows - before)
+    return expected
+
+
+def predicted_speedup(overall_1: Mapping[str, Any], drafted: Sequence[int], costs_at: Callable[[int], Any],
+                      batch_size: int) -> float:
+    """The cost model's speedup at `batch_size` for a drafter whose batch-1 summary is `overall_1` and whose batch-1
+    cycles drafted `drafted` tokens each."""
     costs = costs_at(batch_size)
     cycles = max(1, int(overall_1.get("cycles") or 0))
-    drafted = overall_1.get("drafted_per_cycle")
-    drafted = float(drafted) if drafted == drafted and drafted is not None else 0.0  # NaN: no cycles
     draft_steps = batch_size * float(overall_1.get("draft_seconds") or 0.0) / cycles / costs.step_seconds
-    return float(overall_1["mu"]) / (costs.ratio(drafted) + draft_steps)
+    return float(overall_1["mu"]) / (expected_widest(costs.ratio, drafted, batch_size) + draft_steps)
 
 
 def crossover(points: Sequence[Mapping[str, Any]], speedup_of: Callable[[Mapping[str, Any]], float]) -> int | None:
@@ -58,11 +73,12 @@ def crossover(points: Sequence[Mapping[str, Any]], speedup_of: Callable[[Mapping
 
 
 def crossovers(points: Sequence[Mapping[str, Any]], names: Sequence[str], base_overall: Mapping[str, Any],
-               costs_at: Callable[[int], Any]) -> dict[str, dict[str, Any]]:
+               base_records: Sequence[Mapping[str, Any]], costs_at: Callable[[int], Any]) -> dict[str, dict[str, Any]]:
     """Per drafter: predicted speedup per batch size, and the predicted and measured crossover batch."""
     out = {}
     for name in names:
-        predicted = {int(p["value"]): predicted_speedup(base_overall[name], costs_at, int(p["value"]))
+        drafted = [int(d) for r in base_records if r.get("drafter") == name for d in r.get("drafted_per_cycle") or []]
+        predicted = {int(p["value"]): predicted_speedup(base_overall[name], drafted, costs_at, int(p["value"]))
                      for p in points}
         out[name] = {"predicted_speedup": predicted,
                      "predicted_crossover": crossover(points, lambda p: predicted[int(p["value"])]),

@@ -65,4 +65,4 @@ def batch_crossover(target: Any, result: dict) -> dict[str, dict] | None:
     if not points:
         return None
     names = list(points[0]["overall"])
-    return crossovers(points, names, result["overall"], lambda b: verify_costs_for(target.model, b))
+    return crossovers(points, names, result["overall"], result["records"], lambda b: verify_costs_for(target.model, b))

@@ -85,3 +85,21 @@ def stream_completion(base: str, body: dict, *, timeout: float = 60) -> tuple[st
             text += [c["text"] for c in chunk["choices"]]
             usage = chunk["usage"] or usage
     return "".join(text), usage, error
+
+
+def run_threads(work, items) -> list[BaseException]:
+    """work(item) on one thread per item; the errors they raised."""
+    errors: list[BaseException] = []
+
+    def guarded(item) -> None:
+        try:
+            work(item)
+        except BaseException as err:  # reported in the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=guarded, args=(item,)) for item in items]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return errors

@@ -15,7 +15,8 @@ from serve.decoding import plain_generate
 from serve.drafters import build_drafter
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.length import ExpectedGain
-from serve.tree import TreeSpec, static_tree_parents
+from serve.tree import TreeSpec
+from tests.decoder_fixtures import AnswerTrees
 
 MAX_NEW = 24
 FLAT = VerifyCosts(ratios={0: 1.0, 8: 1.2})  # drafting nearly free: the auto policies draft (no timing involved)
@@ -42,33 +43,6 @@ def batched(target, drafter, prompts, *, slots, k=4, tree=None, max_new=MAX_NEW,
     for i, prompt in enumerate(prompts):
         decoder.add(Job(i, prompt, max_new_tokens=max_new, eos_token_ids=(), **job))
     return decoder.run()
-
-
-class AnswerTrees(Drafter):
-    """Trees whose first branch is the row's reference answer and whose other branch is random: accepted nodes sit
-    off the first column (a kept path that must be moved in the cache), and a mask that lets them see their random
-    siblings, or another row's columns, changes the output."""
-    kind = "answer-trees"
-    SHAPE = ((0,), (1,), (0, 0), (1, 0), (0, 0, 0), (0, 0, 1))
-
-    def __init__(self, answers: dict[tuple, list[int]], *, rank0_first: bool = False):
-        self.answers, self.rng, self.done = answers, torch.Generator().manual_seed(0), 0
-        self.rank0_first = rank0_first
-
-    def begin(self, prompt_ids, next_tokens, hidden_states):
-        self.answer, self.done = self.answers[tuple(prompt_ids.tolist())], 1
-
-    def commit(self, next_tokens, hidden_states):
-        self.done += len(next_tokens)
-
-    def propose(self, k, *, temperature=0.0, generator=None, tree=None):
-        parents, _ = static_tree_parents(self.SHAPE)
-        tokens = torch.randint(0, 256, (len(parents),), generator=self.rng)
-        truth = self.answer[self.done: self.done + 3]
-        path = (0, 2, 4) if self.rank0_first else (1, 3)  # (1, 3): the random branch comes first
-        for node, token in zip(path, truth):
-            tokens[node] = token
-        return Draft(tokens, parents=torch.tensor(parents))
 
 
 def head_drafter(target, method: str, *, auto: bool = False):
@@ -181,13 +155,12 @@ def test_sampled_rows_do_not_depend_on_their_neighbours(target):
 
 @pytest.mark.parametrize("drafter_kind", ["model-sampled", "tree"])
 def test_batched_sampling_matches_target_distribution(drafter_kind):
-    from tests.test_decoder_sampling import (PROMPT, SAMPLES, SETTINGS, STEPS, VOCAB, GreedyTreeDrafter,
-                                             chi_square_p, exact_joint)
-    from tests.test_decoder_sampling import target as sampling_target
     from serve.drafters.model import ModelDrafter
+    from tests.decoder_fixtures import (PROMPT, SAMPLES, SETTINGS, STEPS, VOCAB, GreedyTreeDrafter, chi_square_p,
+                                        exact_joint, sampling_target)
     from tests.tiny_models import tiny_model
 
-    tgt = sampling_target.__wrapped__()
+    tgt = sampling_target()
     other = tiny_model("llama", vocab_size=VOCAB, seed=11, eos_token_id=None, pad_token_id=None)
     drafter = ModelDrafter(other, tgt.tokenizer, target_vocab_size=VOCAB) if drafter_kind == "model-sampled" \
         else GreedyTreeDrafter(other, tree=True)
@@ -309,3 +282,30 @@ def test_drafts_cut_to_the_batch_width_stay_exact(target, tiny_target_factory, m
         done = batched(target, drafter_for(spec, target, tiny_target_factory), prompts, slots=8, costs=costs)
         assert [f.result.output_ids for f in done] == expected, spec
     assert cuts  # some chains were cut back to the batch's width
+
+
+def test_a_batch_whose_drafting_does_not_pay_stops_drafting(target):
+    """Drafts that are never accepted and cost a forward's time each: the batch's gate pauses drafting."""
+    import time as clock
+
+    class Costly(Drafter):
+        kind = "costly"
+
+        def propose(self, k, *, temperature=0.0, generator=None, tree=None):
+            clock.sleep(0.01)
+            return Draft(torch.full((k,), 258, dtype=torch.long))
+
+    costs = BatchCosts(measure=lambda b: VerifyCosts(ratios={0: 1.0, 16: 1.1}, step_seconds=0.002))
+    done = batched(target, Costly(), random_prompts(4, seed=10), slots=4, costs=costs, max_new=60)
+    drafted = [sum(1 for d in f.result.stats.drafted_per_cycle if d) for f in done]
+    assert max(drafted) < 0.5 * len(done[0].result.stats.drafted_per_cycle)  # most cycles plain
+    assert [f.result.output_ids for f in done] == plain(target, random_prompts(4, seed=10), max_new=60)
+
+
+def test_expected_widest_row():
+    from eval.batch_sweep import expected_widest
+
+    ratio = lambda n: 1.0 + n  # noqa: E731
+    assert expected_widest(ratio, [0, 0, 4, 4], 1) == 3.0  # the mean of 1 and 5
+    assert expected_widest(ratio, [0, 0, 4, 4], 2) == 1 * 0.25 + 5 * 0.75  # the wider of two draws
+    assert expected_widest(ratio, [], 8) == 1.0

@@ -9,6 +9,7 @@ from serve.drafters import build_drafter
 from serve.drafters.base import Draft, Drafter
 from serve.core.target import load_target
 from serve.tree import TreeSpec, static_tree_parents
+from tests.decoder_fixtures import AnswerTrees
 
 PROMPTS = ["hello hello hello world", "abcabcabcabc", "def f(x):\n    return x", "The quick brown fox"]
 
@@ -75,30 +76,6 @@ def test_greedy_identity_random_trees(target, k, use_tree):
         assert got.stats.mu > 1.2
 
 
-class AnswerTreeDrafter(Drafter):
-    """Trees whose first branch is the reference answer and whose other branch is random: the answer's nodes are
-    accepted, so a verify mask that lets them see their random siblings changes the output."""
-    kind = "answer-tree"
-    SHAPE = ((0,), (1,), (0, 0), (1, 0), (0, 0, 0), (0, 0, 1))
-
-    def __init__(self, answer):
-        self.answer, self.rng, self.done = answer, torch.Generator().manual_seed(0), 0
-
-    def begin(self, prompt_ids, next_tokens, hidden_states):
-        self.done = 1
-
-    def commit(self, next_tokens, hidden_states):
-        self.done += len(next_tokens)
-
-    def propose(self, k, *, temperature=0.0, generator=None, tree=None):
-        parents, _ = static_tree_parents(self.SHAPE)
-        tokens = torch.randint(0, 256, (len(parents),), generator=self.rng)
-        truth = self.answer[self.done: self.done + 3]
-        for node, token in zip((0, 2, 4), truth):  # the rank-0 path
-            tokens[node] = token
-        return Draft(tokens, parents=torch.tensor(parents))
-
-
 def test_greedy_identity_every_family(tiny_target_factory, family):
     fam_target = load_target(tiny_target_factory(family))
     for spec in ("ngram", "oracle"):
@@ -110,8 +87,8 @@ def test_greedy_identity_every_family(tiny_target_factory, family):
     drafter = RandomTreeDrafter(fam_target)
     got = speculative_generate(fam_target, drafter, ids, max_new_tokens=24, k=3, eos_token_ids=(), tree=TreeSpec())
     assert got.output_ids == ref.output_ids
-    got = speculative_generate(fam_target, AnswerTreeDrafter(ref.output_ids), ids, max_new_tokens=24, k=3,
-                               eos_token_ids=(), tree=TreeSpec())
+    answers = AnswerTrees({tuple(ids[0].tolist()): ref.output_ids}, rank0_first=True)
+    got = speculative_generate(fam_target, answers, ids, max_new_tokens=24, k=3, eos_token_ids=(), tree=TreeSpec())
     assert got.output_ids == ref.output_ids and got.stats.mu > 2.5
 
 

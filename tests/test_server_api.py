@@ -6,7 +6,6 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from serve.drafters import build_drafter
 from serve.server.app import create_app
 from serve.server.engine import Engine
 from serve.core.target import load_target
-from tests.server_fixtures import SlowNgram, eventually, running_server
+from tests.server_fixtures import SlowNgram, eventually, run_threads, running_server
 from tests.tiny_models import save_tiny_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,25 +137,17 @@ def test_concurrent_clients_get_their_own_outputs(target, url):
     prompts = [f"{w} {w} {w}" for w in ("alpha", "beta", "gamma", "delta")]
     expected = {p: direct(target, chat_ids(target, p), 24)[0] for p in prompts}
     results: dict[str, str] = {}
-    errors: list[BaseException] = []
 
     def ask(prompt: str) -> None:
-        try:
-            c = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
-            for _ in range(2):  # several rounds so requests overlap in the queue
-                out = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
-                                                max_tokens=24, temperature=0, stream=prompt.startswith("b"))
-                text = ("".join(ch.choices[0].delta.content or "" for ch in out if ch.choices)
-                        if prompt.startswith("b") else out.choices[0].message.content)
-                assert results.setdefault(prompt, text) == text
-        except BaseException as err:  # reported in the main thread
-            errors.append(err)
+        c = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        for _ in range(2):  # several rounds so requests overlap in the queue
+            out = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                            max_tokens=24, temperature=0, stream=prompt.startswith("b"))
+            text = ("".join(ch.choices[0].delta.content or "" for ch in out if ch.choices)
+                    if prompt.startswith("b") else out.choices[0].message.content)
+            assert results.setdefault(prompt, text) == text
 
-    threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    errors = run_threads(ask, prompts)
     assert not errors, errors
     assert results == expected
     assert len(set(results.values())) > 1

@@ -16,7 +16,7 @@ from serve.core.target import load_target
 from serve.decoding import plain_generate
 from serve.server.app import create_app
 from serve.server.engine import Engine, warm_sizes
-from tests.server_fixtures import POISON, SlowNgram, eventually, running_server, stream_completion
+from tests.server_fixtures import POISON, SlowNgram, eventually, run_threads, running_server, stream_completion
 
 MODEL = "tiny"
 K = 4
@@ -46,24 +46,6 @@ def metric(text: str, name: str) -> float:
     found = re.search(rf"^{name}{{[^}}]*}} (\S+)$", text, re.MULTILINE)
     assert found, f"{name} not in /metrics"
     return float(found.group(1))
-
-
-def run_threads(work, items) -> list[BaseException]:
-    """work(item) on one thread per item; the errors they raised."""
-    errors: list[BaseException] = []
-
-    def guarded(item) -> None:
-        try:
-            work(item)
-        except BaseException as err:  # reported in the main thread
-            errors.append(err)
-
-    threads = [threading.Thread(target=guarded, args=(item,)) for item in items]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return errors
 
 
 def open_when(gate: threading.Event, condition) -> threading.Thread:
@@ -234,16 +216,17 @@ def test_a_prompt_the_decoder_refuses_fails_alone_with_a_400(target):
 
 
 def test_the_engine_measures_the_batch_sizes_verify_costs_at_start(target, caplog):
-    """With a per-step draft length (the n-gram drafter's default) the costs of every power-of-two batch up to
-    max_batch are measured before the worker starts."""
+    """With a drafter, the costs of every power-of-two batch up to max_batch are measured by the worker before it
+    takes a request."""
     from serve.drafters import build_drafter
 
     assert [warm_sizes(n) for n in (1, 2, 3, 8, 9)] == [[1], [1, 2], [1, 2, 4], [1, 2, 4, 8], [1, 2, 4, 8, 16]]
     engine = Engine(target, build_drafter("ngram", target), k=K, max_batch=3)
     with caplog.at_level(logging.INFO, logger="draftsmith.serve"):
         engine.start()
+        assert eventually(lambda: sorted(engine.decoder.costs.measured) == [1, 2, 4])
+        assert eventually(lambda: "verify costs measured" in caplog.text)
     try:
-        assert sorted(engine.decoder.costs.measured) == [1, 2, 4]
         assert "measuring verify costs at batch sizes [1, 2, 4]" in caplog.text
     finally:
         engine.close()

@@ -30,18 +30,15 @@ def former_generate(target, prompts, *, batch_size: int, max_new_tokens: int) ->
     import torch
     from transformers import GenerationConfig
 
+    from eval.batch_runner import left_pad
+
     eos = target.eos_token_ids
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else eos[0]
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=pad)
     answers = []
     for start in range(0, len(prompts), batch_size):
-        batch = prompts[start:start + batch_size]
-        width = max(map(len, batch))
-        input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for b, prompt in enumerate(batch):
-            input_ids[b, width - len(prompt):] = torch.tensor(prompt)
-            attention_mask[b, width - len(prompt):] = 1
+        input_ids, attention_mask = left_pad(prompts[start:start + batch_size], pad)
+        width = input_ids.shape[1]
         with torch.inference_mode():
             out = target.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
         for row in out[:, width:].tolist():

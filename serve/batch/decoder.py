@@ -24,7 +24,8 @@ from typing import Callable, Hashable, Sequence
 
 import torch
 
-from serve.batch.costs import BatchCosts
+from serve.batch.costs import BatchCosts, batch_bucket
+from serve.batch.gate import BatchGate
 from serve.batch.masks import verify_inputs
 from serve.batch.width import batch_width, cut
 from serve.core.errors import DraftsmithError
@@ -83,8 +84,9 @@ class _Row:
 
 class BatchDecoder:
     """Runs Jobs `slots` at a time. drafter None: plain batched decoding. k: None = the drafter's recorded K.
-    costs: the batch-aware verify costs the drafters' length policies read (serve/batch/costs.py; None: measured on
-    the target, per power-of-two batch size, on first use; False: the policies keep the costs they were built with)."""
+    costs: the batch-aware verify costs (serve/batch/costs.py) that the drafters' length policies, the batch's draft
+    width and its drafting gate read (None: measured on the target, per power-of-two batch size, on first use;
+    False: none of the three, every row drafts as its drafter alone decides)."""
 
     def __init__(self, target, drafter: Drafter | None = None, *, slots: int, k: int | None = None,
                  tree: TreeSpec | None = None, costs: BatchCosts | None | bool = None):
@@ -96,8 +98,7 @@ class BatchDecoder:
         self.tree = tree
         self.slots = slots
         self.layers = tuple(drafter.target_layers) if drafter is not None else ()
-        auto = drafter is not None and any(hasattr(p, "use_costs") for p in drafter.policies())
-        self.costs = (BatchCosts(self.model) if costs is None else costs or None) if auto else None
+        self.costs = (BatchCosts(self.model) if costs is None else costs or None) if drafter is not None else None
         pad = target.tokenizer.pad_token_id  # what padding holds does not matter (masked); it must embed
         self.pad = pad if pad is not None and pad < self.model.get_input_embeddings().num_embeddings else 0
         self.device = next(self.model.parameters()).device
@@ -107,6 +108,7 @@ class BatchDecoder:
         self.rows: list[_Row] = []  # running rows, in cache rows 0..len-1
         self.cache: SlotCache | None = None
         self._spare: list[Drafter] = []  # forks of finished rows, reused (their policies keep what they learned)
+        self._gates: dict[int, BatchGate] = {}  # per power-of-two batch size: whether drafting pays at all
         self.forwards = 0  # target forwards run (prefills included)
         self.cycles = 0  # verify forwards (one cycle of every running row each)
         self.cycle_rows = 0  # rows over those cycles: the mean batch is cycle_rows / cycles
@@ -226,7 +228,7 @@ class BatchDecoder:
     # ---- one speculative cycle ----------------------------------------------------------------------------
     def _budget(self, row: _Row, cap: int) -> int:
         left = row.job.max_new_tokens - len(row.output) - 1
-        room = self.max_positions - row.length - 2  # the pending token and the drafts must fit the positions
+        room = self.max_positions - row.length - 1  # the drafts follow the pending token, all within the positions
         return max(0, min(cap, left, room))
 
     def _cycle(self) -> None:
@@ -234,12 +236,13 @@ class BatchDecoder:
         rows = self.rows
         if self.template is not None and self.costs is not None:
             self.costs.apply(rows=len(rows), drafters=[row.drafter for row in rows])
-        cap = self.template.draft_cap(self.k) if self.template is not None else 0
+        gate = self._gate(len(rows))
+        drafting = gate.should_draft() if gate is not None else self.template is not None
         for row in rows:
             t0 = time.perf_counter()
-            budget = self._budget(row, row.drafter.draft_cap(self.k) if row.drafter is not None else cap)
+            budget = self._budget(row, row.drafter.draft_cap(self.k)) if drafting else 0
             draft = Draft.empty()
-            if row.drafter is not None and budget > 0:
+            if budget > 0:
                 draft = row.drafter.propose(budget, temperature=row.job.temperature, generator=row.generator,
                                             tree=self.tree)
             row.draft = draft
@@ -263,9 +266,22 @@ class BatchDecoder:
         seconds = time.perf_counter() - t1
         for r, row in enumerate(rows):
             self._settle(r, row, out.logits[r], hidden, seconds)
-        share = (time.perf_counter() - started) / len(rows)
+        seconds = time.perf_counter() - started
         for row in rows:
-            row.stats.share_seconds += share
+            row.stats.share_seconds += seconds / len(rows)
+        if gate is not None:
+            tokens = sum(1 + row.stats.accepted_per_cycle[-1] for row in rows)  # this cycle's, bonus included
+            gate.record_cycle(seconds, tokens / len(rows), worked=drafting)
+
+    def _gate(self, rows: int) -> BatchGate | None:
+        """The drafting gate of this batch size (serve/batch/gate.py): none for one row (its drafter's own pause rule
+        decides) or without batch costs."""
+        if self.template is None or self.costs is None or rows < 2:
+            return None
+        bucket = batch_bucket(rows)
+        if bucket not in self._gates:
+            self._gates[bucket] = BatchGate(self.costs(rows).step_seconds)
+        return self._gates[bucket]
 
     def _fit_width(self, rows: list[_Row]) -> None:
         """Cut the rows' chains to the batch's best verify width (serve/batch/width.py)."""
@@ -319,7 +335,7 @@ class BatchDecoder:
             return "stop"
         if len(row.output) >= row.job.max_new_tokens:
             return "length"
-        if row.length + 1 >= self.max_positions:
+        if row.length >= self.max_positions:  # no position left for the pending token
             return "context"
         return None
 

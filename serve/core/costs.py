@@ -22,7 +22,7 @@ from serve.core.kv import cache_kwargs, new_cache, rollback
 # carrying leaves (serve/drafters/leaves.py), where the curve bends on a CPU.
 DEFAULT_SIZES = (1, 2, 3, 4, 6, 9, 13, 17)
 # At batch > 1 (serve/batch/costs.py) every row's forward grows together: fewer sizes, fewer rounds.
-BATCH_SIZES = (1, 2, 3, 5, 9, 17)
+BATCH_SIZES = (1, 2, 3, 5, 9)
 
 def verify_ratio_at(ratios: Mapping[int, float], k: int) -> float:
     """verify_ratio(K) from measured points: piecewise linear, linear extrapolation past the last two."""

@@ -169,20 +169,24 @@ class Engine:
                               cycles=self.cycles, cycle_rows=self.cycle_rows)
 
     def start(self) -> None:
-        """Measure the batch sizes' verify costs (when the drafter's length policy reads them), then start the
-        worker."""
+        """Start the worker. Its first work, before any request, is measuring the batch sizes' verify costs (what the
+        draft-length policies, the batch's draft width and its drafting gate read): requests wait for it, the server
+        answers /health meanwhile."""
         if self._thread is not None:
             return
-        costs = self.decoder.costs
-        if costs is not None:
-            sizes = warm_sizes(self.max_batch)
-            log.info("measuring verify costs at batch sizes %s for the draft-length policy", sizes)
-            t0 = time.perf_counter()
-            costs.warm(sizes)
-            log.info("verify costs measured in %.1f s", time.perf_counter() - t0)
         self._stopping.clear()
         self._thread = threading.Thread(target=self._work, name="draftsmith-engine", daemon=True)
         self._thread.start()
+
+    def _warm(self) -> None:
+        costs = self.decoder.costs
+        if costs is None:
+            return
+        sizes = warm_sizes(self.max_batch)
+        log.info("measuring verify costs at batch sizes %s for batched drafting", sizes)
+        t0 = time.perf_counter()
+        costs.warm(sizes)
+        log.info("verify costs measured in %.1f s", time.perf_counter() - t0)
 
     def close(self, timeout: float = 10.0) -> None:
         """Cancel what is running and queued, and stop the worker after its current step."""
@@ -220,6 +224,7 @@ class Engine:
 
     # ---- the worker thread ------------------------------------------------------------------------
     def _work(self) -> None:
+        self._warm()
         while self._take():
             self._cancel_flagged()
             if self.decoder.busy:
