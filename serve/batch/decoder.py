@@ -37,6 +37,7 @@ from serve.core.target_masks import for_target
 from serve.decoding import GenerationResult, SpecStats, new_generator, next_token, stopper_for, verdict_of
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.settings import resolve_k
+from serve.stopping import StopChecker
 from serve.tree import TreeSpec, node_depths
 
 
@@ -71,7 +72,7 @@ class _Row:
     job: Job
     drafter: Drafter | None
     generator: torch.Generator
-    stopper: object
+    stopper: StopChecker
     started: float
     length: int = 0  # tokens in the cache (the pending one is not)
     pending: int = -1

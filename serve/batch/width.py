@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-import torch
-
 from serve.drafters.base import Draft
 from serve.drafters.length_model import expected_tokens
 
