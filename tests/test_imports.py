@@ -8,9 +8,10 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# what the decoders may take from serve/drafters/: the protocol, the K / tree settings and the length model's maths
-# (the batch's draft width), never a drafter
-DECODER_MAY_IMPORT = {"serve.drafters.base", "serve.drafters.settings", "serve.drafters.length_model"}
+# what the decoders may take from serve/drafters/: the protocol, the K / tree settings, the length model's maths (the
+# batch's draft width) and the pause rule (the batch's drafting gate), never a drafter
+DECODER_MAY_IMPORT = {"serve.drafters.base", "serve.drafters.settings", "serve.drafters.length_model",
+                      "serve.drafters.pause"}
 # package -> packages it must never import
 NEVER = {"serve": {"data", "train", "eval", "scripts"}, "data": {"train", "eval", "scripts"},
          "train": {"eval", "scripts"}, "eval": {"train", "scripts"}}
