@@ -12,7 +12,8 @@ import hashlib
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +33,7 @@ __all__ = ["CacheReader", "CaptureResult", "capture_hidden_states", "check_cache
            "forward_hidden_states", "plan_batches", "right_pad"]
 
 GIB = 1 << 30
+PLANNED_ROW_TOKENS = 2048  # a row's length in a memory plan without capture.max_length: data build's default cap
 
 
 @dataclass
@@ -118,6 +120,30 @@ def forward_hidden_states(target: Any, sequences: list[list[int]], layer_ids: tu
     return [{i: h[b, : len(seq)] for i, h in picked.items()} for b, seq in enumerate(sequences)]
 
 
+def forward_sharded(target: Any, sequences: list[list[int]],
+                    layer_ids: tuple[int, ...]) -> list[tuple[dict[int, torch.Tensor], torch.Tensor]]:
+    """forward_hidden_states of a target split over the launch (one lock-step forward, serve/core/sharded_target.py),
+    with the target's argmax: per sequence ({layer id: (T, h)}, (T,))."""
+    input_ids, attention_mask = right_pad(sequences, target.tokenizer.pad_token_id or 0)
+    picked, top1 = target.sharded.forward(input_ids, attention_mask, layer_ids)  # {id: (B, T, h)}, (B, T)
+    return [({i: h[b, : len(seq)] for i, h in picked.items()}, top1[b, : len(seq)]) for b, seq in enumerate(sequences)]
+
+
+def capture_workload(config: CaptureConfig, hf_config: Any):
+    """What a capture asks of each device (serve/core/memory_plan.py), from the target's config alone."""
+    from serve.core.memory_plan import Workload
+    from serve.core.target import text_config
+
+    text = text_config(hf_config)
+    layers = resolve_layers(config.layers, text.num_hidden_layers)
+    context = getattr(text, "max_position_embeddings", None) or 1 << 30
+    max_length = min(config.max_length or PLANNED_ROW_TOKENS, context)  # rows are as long as `data build` made them
+    compute = "float32" if config.target_dtype == "auto" else config.target_dtype
+    return Workload(task="capture", dtype=compute, tokens=config.batch_tokens, stored_layers=len(layers.stored),
+                    cache_dtype=storage_dtype(config.dtype)[0], shard_tokens=config.rows_per_shard * max_length,
+                    split_over_tp=True)
+
+
 def _identity(target: Any, layers: LayerSpec, dtype: str, digest: str, config: CaptureConfig,
               max_length: int) -> dict:
     return {"target_config_hash": target.config_hash, "tokenizer_hash": target.tokenizer_hash,
@@ -184,9 +210,14 @@ def capture_hidden_states(target: Any, dataset_dir: str | Path, out_dir: str | P
     import datasets
 
     from data import dist as dist_mod
-    from serve.core.target import load_target, text_config
+    from serve.core.launch_target import check_launch_inputs, load_launch_target
+    from serve.core.process_group import start as start_process_group
+    from serve.core.target import text_config
 
     validate(config)
+    on_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
+    spec = str(target) if isinstance(target, (str, Path)) else target.name
+    start_process_group(device_type="cpu" if on_cpu else "cuda", command=f"data capture --target {spec} ...")
     dist = dist_mod.current(cpu=True if config.device == "cpu" else None)
     dtype_name, torch_dtype = storage_dtype(config.dtype)
     dataset_path = Path(dataset_dir)
@@ -197,9 +228,12 @@ def capture_hidden_states(target: Any, dataset_dir: str | Path, out_dir: str | P
     missing = {"id", "domain", "input_ids", "loss_mask"} - set(dataset.column_names)
     if missing:
         raise DraftsmithError(f"{dataset_path} lacks columns {sorted(missing)}: build it with `draftsmith data build`")
+    digest = dataset_digest(dataset)
     if isinstance(target, (str, Path)):
+        check_launch_inputs(recipe=asdict(config), spec=str(target), extra={"dataset": digest})
         device = str(dist.device) if config.device == "auto" else config.device
-        target = load_target(target, dtype=config.target_dtype, device=device)
+        target = load_launch_target(replace(config.target, spec=str(target)), dtype=config.target_dtype,
+                                    device=device, workload=partial(capture_workload, config), top1=True, log=log)
     if dist.world > 1 and next(target.model.parameters()).device.type == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads() // dist.world))  # ranks share the cores
     _check_built_for(dataset_path, target)
@@ -208,7 +242,7 @@ def capture_hidden_states(target: Any, dataset_dir: str | Path, out_dir: str | P
     context = getattr(text, "max_position_embeddings", None) or 1 << 30
     max_length = min(config.max_length or context, context)
     out = Path(out_dir)
-    identity = _identity(target, layers, dtype_name, dataset_digest(dataset), config, max_length)
+    identity = _identity(target, layers, dtype_name, digest, config, max_length)
     _check_existing(out, identity)
 
     rows = len(dataset)
@@ -252,6 +286,8 @@ def capture_hidden_states(target: Any, dataset_dir: str | Path, out_dir: str | P
         if on_shard is not None:
             on_shard(index)
     bar.close()
+    if getattr(target, "sharded", None) is not None:
+        target.sharded.drain()  # the processes still capturing forward in lock-step with this one
     dist.barrier()
     if dist.is_main:
         manifest = _merge_manifest(out, shards, target, layers, dtype_name, identity, config, dataset_path,
@@ -285,6 +321,13 @@ def _capture_shard(target: Any, block: Any, layer_ids: tuple[int, ...], max_leng
     masks = [list(x)[:max_length] for x in block["loss_mask"]]
     shard = PackedShard.allocate(block["id"], block["domain"], [len(x) for x in ids], layer_ids,
                                  text_config(target.config).hidden_size, dtype)
+    if getattr(target, "sharded", None) is not None:
+        # a TP group forwards its processes' batches together: each plans 1/tp of the budget
+        budget = max(batch_tokens // target.sharded.layout.tp, 1)
+        for batch in plan_batches([len(x) for x in ids], budget):
+            for i, (hidden, top1) in zip(batch, forward_sharded(target, [ids[i] for i in batch], layer_ids)):
+                shard.put(i, ids[i], masks[i], hidden, target_top1=top1)
+        return shard
     head = target.model.get_output_embeddings()
     for batch in plan_batches([len(x) for x in ids], batch_tokens):
         states = forward_hidden_states(target, [ids[i] for i in batch], layer_ids)

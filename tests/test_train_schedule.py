@@ -58,9 +58,9 @@ def test_metric_window_means_over_the_steps_since_the_last_record():
     for _ in range(2):
         window.add(StepStats(tokens=10, seconds=2.0, cpu_seconds=1.0, target_seconds=0.5,
                              term_sums={"ce": 3.0, "feature": 1.0}, term_counts={"ce": 6.0, "feature": 4.0}))
-    record = window.record(step=5, lr=0.1)
-    assert record["loss/ce"] == 6.0 / 6.0 and record["loss/feature"] == 2.0 / 4.0
-    assert record["loss"] == 1.0 + 0.5 * 0.5
+    record = window.record(step=5, lr=0.1)  # sums and counts are both over every process already
+    assert record["loss/ce"] == 6.0 / 12.0 and record["loss/feature"] == 2.0 / 8.0
+    assert record["loss"] == 0.5 + 0.5 * 0.25
     assert record["tokens"] == 40 and record["tokens_per_s"] == 10.0 and record["step_seconds"] == 2.0
     assert record["tokens_per_cpu_s"] == 10.0 and record["target_share"] == 0.25 and record["epoch"] == 1
     assert window.tokens == 0 and window.term_sums == {} and window.steps_done == 2

@@ -37,13 +37,13 @@ EAGLE3_LAYERS = 4
 
 
 def sharp_target(folder: str | Path, *, family: str = "llama", scale: float = 6.0, seed: int = 0,
-                 num_hidden_layers: int = 2) -> Path:
+                 num_hidden_layers: int = 2, **config_kwargs) -> Path:
     """A tiny target whose next-token distributions are peaked (lm_head scaled up), so its greedy text has
     structure a drafter can learn in a few hundred steps; still a valid random LM."""
     from tests.tiny_models import save_tiny_target
     from transformers import AutoModelForCausalLM
 
-    folder = save_tiny_target(folder, family, seed=seed, num_hidden_layers=num_hidden_layers)
+    folder = save_tiny_target(folder, family, seed=seed, num_hidden_layers=num_hidden_layers, **config_kwargs)
     model = AutoModelForCausalLM.from_pretrained(folder)
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(scale)

@@ -220,6 +220,7 @@ class Evaluator:
     train_probe: list[int]
     make_batch: Callable[[list[dict]], tuple[FeatureBatch, float]]
     positions: int
+    drain: Callable[[], None] | None = None  # a target split over the processes: keep its forwards in step
 
     def __call__(self) -> dict:
         accelerator, model = self.accelerator, self.model
@@ -230,6 +231,8 @@ class Evaluator:
             held = agreement_over(objective, self.held_out_rows, self.eval_idx[rank::world], self.make_batch,
                                   self.positions)
             seen = agreement_over(objective, self.rows, self.train_probe[rank::world], self.make_batch, self.positions)
+        if self.drain is not None:  # the processes rate unequal shares: the last forwards run in lock-step
+            self.drain()
         model.train()
         record = _reduced(accelerator, held).summary()
         if self.train_probe:
@@ -274,6 +277,10 @@ def train_step(accelerator, model, optimizer, scheduler, micro: list[list[tuple[
             optimizer.zero_grad(set_to_none=True)
         for name, value in sums.items():
             term_sums[name] = term_sums.get(name, 0.0) + float(value.detach())
+    if world > 1:  # the logged losses are those of the global batch, as one process over it would log them
+        summed = accelerator.reduce(torch.tensor([term_sums[n] for n in sorted(term_sums)], dtype=torch.float64,
+                                                 device=accelerator.device), reduction="sum")
+        term_sums = dict(zip(sorted(term_sums), summed.tolist()))
     scheduler.step()
     return StepStats(tokens=tokens, seconds=time.time() - t0, cpu_seconds=time.process_time() - cpu0,
                      target_seconds=target_seconds, term_sums=term_sums, term_counts=global_counts)
@@ -281,8 +288,12 @@ def train_step(accelerator, model, optimizer, scheduler, micro: list[list[tuple[
 
 def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: list[int], eval_idx: list[int],
                make_batch: Callable[[list[dict]], tuple[FeatureBatch, float]], out_dir: Path,
-               tracker_factory: Callable[..., object], eval_positions: int, eval_rows=None) -> LoopResult:
+               tracker_factory: Callable[..., object], eval_positions: int, eval_rows=None,
+               drain: Callable[[], None] | None = None) -> LoopResult:
     """Train `objective.head`. make_batch(rows) -> (FeatureBatch on the device, seconds spent in the target).
+
+    drain: when make_batch forwards a target split over the processes (collectives), called after every stretch
+    where processes make unequal numbers of batches (the evaluation), so that their forwards stay in step.
 
     eval_rows: where `eval_idx` points (a held-out dataset or cache of its own); default the training rows.
     With log.eval_every, every evaluation logs held-out and train agreement; optim.keep_best returns the head of
@@ -327,7 +338,7 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
                          held_out_rows=rows if eval_rows is None else eval_rows, eval_idx=eval_idx,
                          train_probe=sample_rows(train_idx, min(len(eval_idx), config.log.train_eval_rows),
                                                  seed=config.seed),
-                         make_batch=make_batch, positions=eval_positions)
+                         make_batch=make_batch, positions=eval_positions, drain=drain)
     if start_step == 0 and eval_idx:
         tracker.log({"event": "eval", **evaluate(), "trained": False}, step=0)
 

@@ -39,7 +39,7 @@ class MetricWindow:
     cpu_seconds: float = 0.0
     steps: int = 0
     term_sums: dict[str, float] = field(default_factory=dict)
-    term_counts: dict[str, float] = field(default_factory=dict)  # this process's share of the global counts
+    term_counts: dict[str, float] = field(default_factory=dict)  # over all processes, as term_sums
 
     def add(self, stats: StepStats) -> None:
         self.steps_done += 1
@@ -51,13 +51,13 @@ class MetricWindow:
         for name, value in stats.term_sums.items():
             self.term_sums[name] = self.term_sums.get(name, 0.0) + value
         for name, value in stats.term_counts.items():
-            self.term_counts[name] = self.term_counts.get(name, 0.0) + value / self.world
+            self.term_counts[name] = self.term_counts.get(name, 0.0) + value
 
     def record(self, *, step: int, lr: float) -> dict:
         """The log record after 0-based step `step`; resets the window."""
         done = step + 1
         names = sorted(self.term_counts)
-        # local sums over local share of counts: per-token means, approximately global on N processes
+        # sums and counts over every process (train_step reduces both): the global batch's per-token means
         terms = {n: self.term_sums.get(n, 0.0) / max(self.term_counts[n], 1.0) for n in names}
         per_step = (time.time() - self.run_start) / self.steps_done
         record = {"loss": sum(self.weights[n] * terms[n] for n in names), **{f"loss/{n}": v for n, v in terms.items()},

@@ -49,8 +49,19 @@ class TargetParts:
 
     @classmethod
     def of(cls, target) -> "TargetParts":
-        return cls(embed=shared_embedding(target),
-                   lm_head_weight=target.model.get_output_embeddings().weight)
+        """The target's own tensors; whole copies of them when the target is split over processes (gathered
+        once, on every process in the same order: serve/core/sharded_target.full_tensor)."""
+        if getattr(target, "sharded", None) is None:
+            return cls(embed=shared_embedding(target), lm_head_weight=target.model.get_output_embeddings().weight)
+        from types import SimpleNamespace
+
+        from serve.core.sharded_target import full_tensor
+
+        embed = target.model.get_input_embeddings().weight
+        head = target.model.get_output_embeddings().weight
+        embed_full = full_tensor(embed)
+        head_full = embed_full if head is embed else full_tensor(head)
+        return cls(embed=SharedEmbedding(SimpleNamespace(weight=embed_full)), lm_head_weight=head_full)
 
     def logits(self, final: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """final: (B, T, h) -> target logits (B, T, V), or (B, T, len(rows)) over the given vocabulary rows."""

@@ -16,51 +16,16 @@ from pathlib import Path
 import torch
 
 from serve.core.config import save_config, to_dict
-from serve.drafters.folder import build_head, load_head, read_config, save_drafter
+from serve.drafters.folder import build_head, load_head, save_drafter
 from serve.drafters.head_config import HeadConfig
-from serve.drafters.identity import check_target_identity
 from serve.core.errors import DraftsmithError
 from serve.core.files import write_text_atomic
-from serve.core.layers import FINAL, check_eagle3_layers
 from train.config import TrainConfig, check
 from train.features import collate, open_rows, split_rows, target_features
+from train.heads import continued_config, head_config, needed_layers
 from train.objectives import TargetParts, build_objective
 
 DRAFTER_DIR = "drafter"
-
-
-def head_config(config: TrainConfig, target) -> HeadConfig:
-    m = config.model
-    if m.method == "eagle1":
-        from serve.drafters.eagle1 import eagle1_config
-        return eagle1_config(target, fc_bias=m.fc_bias, num_speculative_tokens=m.num_speculative_tokens,
-                             attn_implementation=m.attn_implementation)
-    if m.method == "eagle3":
-        from serve.drafters.eagle3 import eagle3_config
-        cfg = eagle3_config(target, draft_vocab_size=m.draft_vocab_size or None, aux_layer_ids=m.aux_layer_ids or None,
-                            num_speculative_tokens=m.num_speculative_tokens, ttt_steps=m.ttt_steps,
-                            fc_norm=m.fc_norm, norm_before_fc=m.norm_before_fc,
-                            attn_implementation=m.attn_implementation)
-        check_eagle3_layers(cfg.aux_layer_ids, target.num_layers)  # refused now rather than at export
-        return cfg
-    from serve.drafters.medusa import medusa_config
-    return medusa_config(target, num_heads=m.num_speculative_tokens, num_layers=m.medusa_num_layers,
-                         draft_vocab_size=m.draft_vocab_size or None)
-
-
-def continued_config(config: TrainConfig, target) -> HeadConfig:
-    """The HeadConfig of model.init_from, a drafter of `target` trained with the same method."""
-    cfg = read_config(config.model.init_from)
-    check_target_identity(cfg, target)
-    if cfg.method != config.model.method:
-        raise DraftsmithError(f"model.init_from={config.model.init_from} is an {cfg.method} drafter but "
-                              f"model.method={config.model.method}; set model.method={cfg.method}")
-    return cfg
-
-
-def needed_layers(cfg: HeadConfig) -> tuple[int, ...]:
-    """Target layers the training step reads: the head's inputs plus FINAL (the target's distribution)."""
-    return tuple(dict.fromkeys([*cfg.aux_layer_ids, FINAL]))
 
 
 def init_head(cfg: HeadConfig, target, rows, train_idx: list[int], *, vocab_rows: int, seed: int):
@@ -81,7 +46,9 @@ def init_head(cfg: HeadConfig, target, rows, train_idx: list[int], *, vocab_rows
             head.d2t.copy_(d2t)
             head.t2d.copy_(t2d)
     if cfg.method == "medusa":
-        head.init_from_target(target.model.get_output_embeddings().weight.detach().float().cpu())
+        from serve.core.sharded_target import full_tensor
+
+        head.init_from_target(full_tensor(target.model.get_output_embeddings().weight).float().cpu())
     return head, coverage
 
 
@@ -94,7 +61,10 @@ def _batch_maker(config: TrainConfig, target, layers, device, *, online: bool, t
         seconds = 0.0
         if online:
             t0 = time.time()
-            batch.hidden_states = target_features(target.model, batch.input_ids, batch.attention_mask, layers)
+            if target.sharded is not None:  # a lock-step forward of the split target (serve/core/sharded_target.py)
+                batch.hidden_states = target.sharded.forward(batch.input_ids, batch.attention_mask, layers)[0]
+            else:
+                batch.hidden_states = target_features(target.model, batch.input_ids, batch.attention_mask, layers)
             seconds = time.time() - t0
         if top1_from is not None and batch.target_top1 is None:
             batch.target_top1 = top1_from.top1(batch)
@@ -104,19 +74,25 @@ def _batch_maker(config: TrainConfig, target, layers, device, *, online: bool, t
 
 def train_drafter(config: TrainConfig) -> Path:
     """Train the drafter `config` describes; returns the native drafter folder (written by the main process)."""
-    from serve.core.target import load_target
+    from serve.core.launch_target import check_launch_inputs, load_launch_target
+    from serve.core.process_group import start
     from train.loop import deepspeed_config, resolve_device, resolve_precision, train_loop
+    from train.plan import train_workload
     from train.tracking import Tracker
 
     check(config)
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = resolve_device(config)
+    backend = config.distributed.backend
+    start(device_type=device, command="train --config RECIPE.yaml", backend=backend)
+    check_launch_inputs(recipe=to_dict(config), spec=config.target.spec)
     if device == "cuda":
         import os
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     dtype = "bfloat16" if resolve_precision(config) == "bf16" else "float32"
-    target = load_target(config.target.spec, dtype=dtype, device=device)
+    target = load_launch_target(config.target, dtype=dtype, device=device,
+                                workload=partial(train_workload, config, precision=resolve_precision(config)))
     cfg = continued_config(config, target) if config.model.init_from else head_config(config, target)
     layers = needed_layers(cfg)
     online = config.data.mode == "online"
@@ -150,7 +126,7 @@ def train_drafter(config: TrainConfig) -> Path:
                         make_batch=_batch_maker(config, target, layers, device, online=online,
                                                 top1_from=parts if objective.needs_top1 else None),
                         out_dir=out_dir, tracker_factory=tracker_factory, eval_positions=eval_positions,
-                        eval_rows=eval_rows)
+                        eval_rows=eval_rows, drain=target.sharded.drain if target.sharded is not None else None)
     drafter_dir = out_dir / DRAFTER_DIR
     if result.is_main:
         final = build_head(cfg)

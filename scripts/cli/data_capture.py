@@ -6,14 +6,15 @@ from __future__ import annotations
 import os
 import sys
 
+from scripts.cli.plan_flags import add_plan_arguments
 from serve.core.threads import THREADS_HELP
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--target", required=True,
+    parser.add_argument("--target", default=None,
                         help="the target the dataset was built with (folder, .gguf, `demo`; = capture.target.spec)")
-    parser.add_argument("--dataset", required=True, help="folder written by `draftsmith data build`")
-    parser.add_argument("--out", required=True, help="cache folder; a capture interrupted there resumes")
+    parser.add_argument("--dataset", default=None, help="folder written by `draftsmith data build`")
+    parser.add_argument("--out", default=None, help="cache folder; a capture interrupted there resumes")
     parser.add_argument("--layers", default=None,
                         help="eagle3 | eagle1 | medusa | comma-separated layer ids, -1 = final normed state "
                              "(default: capture.layers = eagle3)")
@@ -22,18 +23,31 @@ def add_arguments(parser) -> None:
                              "--dtype is its earlier name)")
     parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_plan_arguments(parser)
 
 
 def run(args) -> int:
     from data.capture import capture_hidden_states
     from data.config import CaptureConfig
     from serve.core.config import load_config
+    from serve.core.errors import ConfigError
     from serve.core.files import check_output_path
 
     flags = {"target.spec": args.target, "target.threads": args.threads, "layers": args.layers,
              "storage_dtype": args.storage_dtype}
     config = load_config(CaptureConfig, config_file=args.config, section="capture", overrides=args.overrides,
                          flags=flags)
+    if args.plan:
+        from data.capture_plan import capture_plan
+        from scripts.cli.plan_flags import plan_setting, report
+
+        devices, per_node, memory = plan_setting(args)
+        _, table, error = capture_plan(config, devices=devices, per_node=per_node, device_gib=memory)
+        return report(table, error)
+    missing = [flag for flag, value in (("--target", args.target), ("--dataset", args.dataset), ("--out", args.out))
+               if not value]
+    if missing:
+        raise ConfigError(f"data capture needs {', '.join(missing)} (only --plan runs without them)")
     check_output_path(args.out, what="cache folder", folder=True)
     config.target.apply_threads()  # each process of a multi-process capture then takes its share
     result = capture_hidden_states(config.target.spec, args.dataset, args.out, config, progress=not args.no_progress,

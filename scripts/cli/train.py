@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 
+from scripts.cli.plan_flags import add_plan_arguments
 from serve.core.threads import THREADS_HELP
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    add_plan_arguments(parser)
 
 
 def run(args) -> int:
@@ -22,8 +24,16 @@ def run(args) -> int:
     from train.config import TrainConfig, check
     from train.run import train_drafter
 
-    config = check(load_config(TrainConfig, config_file=args.config, overrides=args.overrides,
-                               flags={"target.threads": args.threads}))
+    config = load_config(TrainConfig, config_file=args.config, overrides=args.overrides,
+                         flags={"target.threads": args.threads})
+    if args.plan:
+        from scripts.cli.plan_flags import plan_setting, report
+        from train.plan import train_plan
+
+        devices, per_node, memory = plan_setting(args)
+        _, table, error = train_plan(check(config, data=False), devices=devices, per_node=per_node, device_gib=memory)
+        return report(table, error)
+    config = check(config)
     if args.print_config:
         print(OmegaConf.to_yaml(OmegaConf.structured(config)), end="")
         return 0

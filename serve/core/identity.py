@@ -9,7 +9,8 @@ from typing import Any
 # Config fields that do not change what the model computes: left out of the hash.
 _VOLATILE = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "architectures",
              "use_cache", "_attn_implementation", "_attn_implementation_autoset", "quantization_config",
-             "output_hidden_states", "output_attentions", "return_dict", "_commit_hash", "name_or_path"}
+             "output_hidden_states", "output_attentions", "return_dict", "_commit_hash", "name_or_path",
+             "distributed_config"}
 
 
 def config_hash(config: Any) -> str:
@@ -35,3 +36,24 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: fh.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".json")
+SAMPLE = 1 << 20  # bytes read at the start, middle and end of each weight file
+
+
+def files_fingerprint(folder: str | Path, *, sample: int = SAMPLE) -> str:
+    """sha256 (16 hex) of a model folder's weight and config files: names, sizes, and the bytes at the start (the
+    safetensors header), middle and end of each. Reads ~3 MiB a file, so launches of a 70B target can compare
+    copies on every node before loading; two copies that differ only elsewhere compare equal (sha256_file reads
+    all of it)."""
+    digest = hashlib.sha256()
+    root = Path(folder)
+    for path in sorted(p for p in root.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES):
+        size = path.stat().st_size
+        digest.update(f"{path.name}\0{size}\0".encode())
+        with open(path, "rb") as fh:
+            for offset in sorted({0, max(size // 2 - sample // 2, 0), max(size - sample, 0)}):
+                fh.seek(offset)
+                digest.update(fh.read(sample))
+    return digest.hexdigest()[:16]

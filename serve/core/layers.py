@@ -11,7 +11,7 @@ The decoder, training (online features) and the capture of offline features all 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from serve.core.errors import DraftsmithError
 
@@ -72,3 +72,29 @@ def check_eagle3_layers(layer_ids: Sequence[int], num_layers: int | None = None,
                                   f"target (ids are outputs of decoder layers; engines cannot capture the output "
                                   f"of the last one, {num_layers - 1})")
     return ids
+
+
+def hidden_states_at(decoder: Any, layers: Sequence[int], **inputs: Any) -> dict:
+    """The decoder's hidden states at `layers` (same ids and values as pick_hidden_states on HF's tuple), keeping
+    only those: forward hooks on the named decoder layers instead of `output_hidden_states`, which holds all n + 1
+    states of the batch at once (81 x tokens x hidden for a 70B target). {layer id: (B, T, h)}."""
+    blocks = getattr(decoder, "layers", None)
+    if blocks is None:  # a decoder without a `layers` list: HF's tuple
+        out = decoder(**inputs, output_hidden_states=True, use_cache=False)
+        return pick_hidden_states(out.hidden_states, layers)
+    last = len(blocks) - 1
+    hooked = sorted({i for i in layers if i != FINAL and i < last})  # id n-1 reads the normed state, as HF's tuple
+    kept: dict = {}
+
+    def keeper(layer: int):
+        def keep(module, args, output):
+            kept[layer] = output[0] if isinstance(output, tuple) else output
+        return keep
+
+    handles = [blocks[i].register_forward_hook(keeper(i)) for i in hooked]
+    try:
+        out = decoder(**inputs, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {layer: kept[layer] if layer in kept else out.last_hidden_state for layer in layers}

@@ -30,6 +30,7 @@ class Target:
     tokenizer: Any
     name: str  # what the user passed (or the hub name of the demo target)
     path: str  # where the weights were read from
+    sharded: Any = None  # serve.core.sharded_target.ShardedForward when the model is split over processes
 
     @property
     def config(self):
@@ -109,14 +110,16 @@ def _transformers_version() -> str:
 
 def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", device: str = "cpu",
                 require_chat_template: bool = False, cache_dir: str | None = None, weights: bool = True,
-                packed_weights: str = "auto") -> Target:
+                packed_weights: str = "auto", layout: Any = None, top1: bool = False) -> Target:
     """Load a frozen target and its tokenizer from `spec`.
 
     `spec` is `demo` / `demo:<name>` (the embedded default targets, built on first use), a folder
     written by `save_pretrained`, a `.gguf` file, or a hub id (needs the network). `weights=False` loads
     the config, generation config and tokenizer only (a server generates; the identity hashes still work).
     `packed_weights` (auto | on | off): CPU forwards over several tokens through oneDNN's packed linear
-    (serve/core/packed.py).
+    (serve/core/packed.py). `layout` (a sharded serve.core.parallel_layout.Layout, inside a started process
+    group): every process loads only its shards, and the target forwards through `Target.sharded`
+    (serve/core/sharded_target.py; `top1`: its lock-step forwards also return the lm_head's argmax).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -167,6 +170,8 @@ def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", devic
         tokenizer.pad_token = tokenizer.eos_token
     if not weights:
         return Target(model=WeightlessModel(config, path, kwargs), tokenizer=tokenizer, name=display, path=path)
+    if layout is not None and layout.sharded:
+        return _load_sharded(path, display, tokenizer, config, torch_dtype, device, layout, top1, kwargs)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, **kwargs)
     if getattr(model, "hf_quantizer", None) is not None and "gguf_file" in kwargs:
         model.hf_quantizer.remove_quantization_config(model)
@@ -178,10 +183,31 @@ def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", devic
     return Target(model=model, tokenizer=tokenizer, name=display, path=path)
 
 
+def _load_sharded(path: str, display: str, tokenizer: Any, config: Any, dtype: torch.dtype, device: str, layout: Any,
+                  top1: bool, kwargs: dict[str, Any]) -> Target:
+    from serve.core.process_group import launch
+    from serve.core.sharded_target import ShardedForward, load_sharded_model
+
+    if "gguf_file" in kwargs:
+        raise TargetError("a GGUF target cannot be loaded sharded (target.parallel): convert it to a safetensors "
+                          "folder (save_pretrained) first")
+    here = launch()
+    model = load_sharded_model(path, dtype=dtype, layout=layout, config=config, **kwargs)
+    model.eval().requires_grad_(False)
+    on_gpu = torch.device(device).type == "cuda"
+    compute = torch.device("cuda", here.local_rank) if on_gpu else torch.device("cpu")
+    forward = ShardedForward(model, layout, rank=here.rank, device=compute, comm_device=compute, top1=top1)
+    return Target(model=model, tokenizer=tokenizer, name=display, path=path, sharded=forward)
+
+
 def load_configured(config: TargetConfig, **kwargs: Any) -> Target:
     """The target a `target` config section names: load_target(spec) in its dtype (auto: float32) on its device;
     `kwargs` go to load_target."""
     config.validate()
+    if config.parallel not in ("none", "auto"):
+        raise TargetError(f"target.parallel={config.parallel} splits the target for `data capture` and `train` "
+                          f"only; this command runs it whole on one device (for self-distillation of a large "
+                          f"target use `data build --server URL` with your serving engine)")
     dtype = "float32" if config.dtype == "auto" else config.dtype
     kwargs.setdefault("packed_weights", config.packed_weights)
     return load_target(config.spec, dtype=dtype, device=config.resolved_device(), **kwargs)

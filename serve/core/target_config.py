@@ -13,12 +13,13 @@ from serve.core.ranges import check_ranges
 
 DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 PACKED_SETTINGS = ("auto", "on", "off")  # target.packed_weights (serve/core/packed.py)
+PARALLEL_KINDS = ("none", "tp", "fsdp", "auto")  # target.parallel (serve/core/parallel_layout.py)
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 
 
 @dataclass
 class TargetConfig:
-    RANGES: ClassVar[dict[str, str]] = {"threads": ">= 1"}
+    RANGES: ClassVar[dict[str, str]] = {"threads": ">= 1", "tp_size": ">= 0", "fsdp_size": ">= 0"}
     spec: str = "demo"  # HF folder, .gguf file, hub id, or `demo` / `demo:<name>` (the embedded defaults)
     dtype: str = "float32"  # compute dtype: float32 | bfloat16 | float16 (or fp32 | bf16 | fp16); training: auto
     device: str = "auto"  # auto = cuda when available, else cpu; or cpu | cuda | cuda:N
@@ -26,11 +27,17 @@ class TargetConfig:
                                    # (serve/core/threads.py)
     packed_weights: str = "auto"  # CPU forwards over 4+ tokens through oneDNN's packed linear (serve/core/packed.py):
                                   # auto (float32 on the CPU, when a second copy of the weights fits) | on | off
+    parallel: str = "none"  # data capture / train under a launch of several processes: none (the whole target on
+                            # each) | tp (transformers' TP plan) | fsdp (FSDP2) | auto (the memory plan's choice)
+    tp_size: int = 0  # parallel=tp: processes of a TP group; 0 = the processes of a node
+    fsdp_size: int = 0  # processes one copy is FSDP-sharded over; 0 = all (fsdp) or 1 (tp: the groups replicate)
 
     def validate(self, *, key: str = "target") -> None:
         check_ranges(self, prefix=f"{key}.")
         if self.dtype not in DTYPE_NAMES and self.dtype != "auto":
             raise TargetError(f"{key}.dtype={self.dtype!r}: choose one of {', '.join(DTYPE_NAMES)}")
+        if self.parallel not in PARALLEL_KINDS:
+            raise TargetError(f"{key}.parallel={self.parallel!r}: choose {', '.join(PARALLEL_KINDS)}")
         if self.packed_weights not in PACKED_SETTINGS:
             raise TargetError(f"{key}.packed_weights={self.packed_weights!r}: choose {', '.join(PACKED_SETTINGS)}")
         if not _DEVICE.match(self.device):

@@ -1,0 +1,63 @@
+"""`draftsmith train --plan`: what a training run asks of each device, from the recipe and the target's config alone
+(no weights): the head is built on the meta device to count its parameters, the rest is serve/core/memory_plan.py."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from serve.core.identity import config_hash
+from serve.core.memory_plan import MemoryPlan, Workload, format_plan, plan_layout, refusal
+from serve.core.target_arch import arch_of
+from serve.core.target_config import text_config
+from train.config import TrainConfig
+
+
+def head_size(config: TrainConfig, hf_config: Any) -> tuple[int, Any]:
+    """(trainable parameters, HeadConfig) of the head `config` trains on a target of `hf_config`."""
+    from serve.drafters.folder import build_head
+    from train.heads import head_config
+
+    text = text_config(hf_config)
+    target = SimpleNamespace(config=hf_config, name=config.target.spec, config_hash=config_hash(hf_config),
+                             tokenizer_hash="", num_layers=text.num_hidden_layers)
+    cfg = head_config(config, target)
+    with torch.device("meta"):
+        head = build_head(cfg)
+    return sum(p.numel() for p in head.parameters() if p.requires_grad), cfg
+
+
+def train_workload(config: TrainConfig, hf_config: Any, *, precision: str) -> Workload:
+    """The Workload of `config` (serve/core/memory_plan.py) in `precision` (fp32 | bf16)."""
+    from train.heads import needed_layers
+
+    params, cfg = head_size(config, hf_config)
+    method = config.model.method
+    unroll = config.model.ttt_steps if method == "eagle3" else (cfg.num_speculative_tokens if method == "medusa" else 1)
+    return Workload(task="train", dtype="bfloat16" if precision == "bf16" else "float32",
+                    tokens=config.optim.batch_size * config.data.max_length, stored_layers=len(needed_layers(cfg)),
+                    online=config.data.mode == "online", head_params=params,
+                    head_vocab=cfg.draft_vocab_size or text_config(hf_config).vocab_size,
+                    head_intermediate=int((cfg.layer_config or {}).get("intermediate_size", 0)), unroll=unroll)
+
+
+def train_plan(config: TrainConfig, *, devices: int, per_node: int,
+               device_gib: float) -> tuple[MemoryPlan, str, str | None]:
+    """(the plan, its table, None or the one-line refusal naming the smallest layout that fits) of `config` on
+    `devices` devices of `device_gib` GiB, `per_node` on each node."""
+    from serve.core.launch_target import target_hf_config
+
+    hf_config = target_hf_config(config.target.spec)
+    precision = config.distributed.precision
+    if precision == "auto":
+        precision = "fp32" if config.target.device == "cpu" else "bf16"
+    work = train_workload(config, hf_config, precision=precision)
+    arch = arch_of(hf_config)
+    has_tp_plan = bool(getattr(hf_config, "base_model_tp_plan", None))
+    plan = plan_layout(config.target.parallel, arch, work, world=devices, per_node=per_node, device_gib=device_gib,
+                       has_tp_plan=has_tp_plan, tp_size=config.target.tp_size, fsdp_size=config.target.fsdp_size,
+                       enforce=False)
+    title = (f"train {config.model.method} on {config.target.spec} ({arch.params_b():.1f}B params, {precision}), "
+             f"{config.data.mode}, {config.optim.batch_size} x {config.data.max_length} tokens per process")
+    return plan, format_plan(plan, title=title), refusal(plan, arch, work, per_node=per_node, has_tp_plan=has_tp_plan)
