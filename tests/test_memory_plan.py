@@ -75,6 +75,11 @@ def test_layouts_divide_the_launch_and_the_heads():
         resolve_layout("tp", world=2, per_node=2, arch=arch, has_tp_plan=False)
     with pytest.raises(ConfigError, match="choose one of none, tp, fsdp, auto"):
         resolve_layout("pipeline", world=2, per_node=2, arch=arch)
+    tied = hf_config("llama-3.3-70b")
+    tied.tie_word_embeddings = True  # SmolLM2, Gemma, the small Qwen3: FSDP leaves the shared matrix sharded
+    with pytest.raises(ConfigError, match=r"lm_head shares the embedding .* target.parallel=tp \(sizes \[2, 4, 8\]\)"):
+        resolve_layout("fsdp", world=2, per_node=2, arch=arch_of(tied))
+    assert resolve_layout("tp", world=2, per_node=2, arch=arch_of(tied)).tp == 2
 
 
 def test_sharding_divides_the_weights():

@@ -112,10 +112,23 @@ def resolve_layout(kind: str, *, world: int, per_node: int, arch: TargetArch, ha
         fsdp = fsdp_size or 1
         if (world // tp) % fsdp:
             raise ConfigError(f"target.fsdp_size={fsdp} does not divide the {world // tp} TP groups")
+        if fsdp > 1:
+            tied_problem(arch)
         return Layout("tp", world, tp=tp, fsdp=fsdp, ep=tp if arch.is_moe else 1)
     if tp_size > 1:
         raise ConfigError("target.tp_size is for target.parallel=tp (fsdp shards over target.fsdp_size processes)")
     fsdp = fsdp_size or world
     if world % fsdp:
         raise ConfigError(f"target.fsdp_size={fsdp} does not divide the {world} processes of the launch")
+    tied_problem(arch)
     return Layout("fsdp", world, fsdp=fsdp)
+
+
+def tied_problem(arch: TargetArch) -> None:
+    """FSDP2 over a target whose lm_head is its embedding matrix (tie_word_embeddings) leaves the embedding sharded
+    in the forward (torch: "aten.embedding got mixed torch.Tensor and DTensor"): refused in one line."""
+    if arch.tied_embeddings:
+        raise ConfigError(f"target.parallel=fsdp cannot split this {arch.model_type} target: its lm_head shares the "
+                          f"embedding matrix (tie_word_embeddings), which FSDP leaves sharded in the forward; use "
+                          f"target.parallel=tp (sizes {[d for d in valid_tp_sizes(arch, 8) if d > 1] or 'none'}) "
+                          f"or none")
