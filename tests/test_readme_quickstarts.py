@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIPPED = ("vllm ", "python -m sglang", "curl ", "cat ", "source ", "accelerate ", "scripts/launch", "STRATEGY=",
-           "draftsmith serve ")
+SKIPPED = ("vllm ", "python -m sglang", "curl ", "cat ", "source ", "accelerate ", "torchrun ", "scripts/launch",
+           "STRATEGY=", "draftsmith serve ")
 
 
 def quick_start_commands(readme: str) -> list[str]:
