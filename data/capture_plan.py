@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from data.capture import capture_workload
 from data.config import CaptureConfig
-from serve.core.memory_plan import MemoryPlan, format_plan, plan_layout, refusal
-from serve.core.target_arch import arch_of
+from serve.core.memory_plan import MemoryPlan, plan_report
 
 
 def capture_plan(config: CaptureConfig, *, devices: int, per_node: int,
@@ -16,11 +15,7 @@ def capture_plan(config: CaptureConfig, *, devices: int, per_node: int,
 
     hf_config = target_hf_config(config.target.spec)
     work = capture_workload(config, hf_config)
-    arch = arch_of(hf_config)
-    has_tp_plan = bool(getattr(hf_config, "base_model_tp_plan", None))
-    plan = plan_layout(config.target.parallel, arch, work, world=devices, per_node=per_node, device_gib=device_gib,
-                       has_tp_plan=has_tp_plan, tp_size=config.target.tp_size, fsdp_size=config.target.fsdp_size,
-                       enforce=False)
-    title = (f"data capture of {config.target.spec} ({arch.params_b():.1f}B params, {work.dtype}), layers "
-             f"{config.layers}, {config.batch_tokens} tokens per forward, cache {work.cache_dtype}")
-    return plan, format_plan(plan, title=title), refusal(plan, arch, work, per_node=per_node, has_tp_plan=has_tp_plan)
+    return plan_report(config.target, hf_config, work, devices=devices, per_node=per_node, device_gib=device_gib,
+                       title=lambda arch: f"data capture of {config.target.spec} ({arch.params_b():.1f}B params, "
+                                          f"{work.dtype}), layers {config.layers}, {config.batch_tokens} tokens per "
+                                          f"forward, cache {work.cache_dtype}")

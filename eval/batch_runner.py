@@ -16,7 +16,7 @@ import torch
 
 from eval.drafters import BASELINE, DrafterEntry
 from eval.prompts import EvalPrompt, group_by_domain
-from eval.runner import WARMUP_TOKENS, Decoding, _progress
+from eval.runner import WARMUP_TOKENS, Decoding, _from_result, _progress
 from serve.core.errors import DraftsmithError
 
 HF_BATCHED = "hf_plain"  # transformers' batched generate: the other plain baseline
@@ -34,13 +34,10 @@ def batch_groups(prompts: Sequence[EvalPrompt], batch_size: int) -> list[list[in
 
 
 def _record(result: Any) -> dict[str, Any]:
+    """A batched row's record: the batch-1 record's fields, its seconds its share of the batch's wall time."""
     s = result.stats
-    return {"output_token_ids": [int(t) for t in result.output_ids], "target_forwards": int(s.target_forwards),
-            "accepted_per_cycle": [int(a) for a in s.accepted_per_cycle],
-            "drafted_per_cycle": [int(a) for a in s.drafted_per_cycle], "cycles": int(s.cycles),
-            "draft_seconds": float(s.draft_seconds), "verify_seconds": float(s.verify_seconds),
-            "seconds": float(s.share_seconds), "decode_seconds": float(s.share_seconds - s.share_prefill_seconds),
-            "latency_seconds": float(s.seconds)}
+    return {**_from_result(result), "seconds": float(s.share_seconds),
+            "decode_seconds": float(s.share_seconds - s.share_prefill_seconds), "latency_seconds": float(s.seconds)}
 
 
 def _decoder_run(decoder: Any, prompts: Sequence[EvalPrompt], group: Sequence[int], d: Decoding

@@ -8,8 +8,7 @@ from typing import Any
 import torch
 
 from serve.core.identity import config_hash
-from serve.core.memory_plan import MemoryPlan, Workload, format_plan, plan_layout, refusal
-from serve.core.target_arch import arch_of
+from serve.core.memory_plan import MemoryPlan, Workload, plan_report
 from serve.core.target_config import text_config
 from train.config import TrainConfig
 
@@ -53,11 +52,7 @@ def train_plan(config: TrainConfig, *, devices: int, per_node: int,
     if precision == "auto":
         precision = "fp32" if config.target.device == "cpu" else "bf16"
     work = train_workload(config, hf_config, precision=precision)
-    arch = arch_of(hf_config)
-    has_tp_plan = bool(getattr(hf_config, "base_model_tp_plan", None))
-    plan = plan_layout(config.target.parallel, arch, work, world=devices, per_node=per_node, device_gib=device_gib,
-                       has_tp_plan=has_tp_plan, tp_size=config.target.tp_size, fsdp_size=config.target.fsdp_size,
-                       enforce=False)
-    title = (f"train {config.model.method} on {config.target.spec} ({arch.params_b():.1f}B params, {precision}), "
-             f"{config.data.mode}, {config.optim.batch_size} x {config.data.max_length} tokens per process")
-    return plan, format_plan(plan, title=title), refusal(plan, arch, work, per_node=per_node, has_tp_plan=has_tp_plan)
+    return plan_report(config.target, hf_config, work, devices=devices, per_node=per_node, device_gib=device_gib,
+                       title=lambda arch: f"train {config.model.method} on {config.target.spec} "
+                                          f"({arch.params_b():.1f}B params, {precision}), {config.data.mode}, "
+                                          f"{config.optim.batch_size} x {config.data.max_length} tokens per process")
