@@ -286,10 +286,12 @@ def row_tokens(tokenizer: Any, record: dict, *, chat: bool, eos_token_ids: Seque
 
 def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, progress: bool = True,
                   log: Callable[[str], None] = print,
-                  on_batch: Callable[[int], None] | None = None) -> BuildResult:
+                  on_batch: Callable[[int], None] | None = None, deadline: float | None = None) -> BuildResult:
     """Self-distil `config.prompts` with `target` (a serve.core.target.Target or a spec for load_target) into out_dir.
 
     on_batch(part) runs after each batch is saved as .work/part-<part>.jsonl (tests use it to interrupt a build).
+    deadline: a time.monotonic() value (`demo --budget`): past it no new conversation starts, the ones in flight end
+    their turn, and the dataset holds the rows answered so far (a rerun without it answers the others).
     """
     validate(config)
     rows = gather_prompts(config)  # bad prompt files fail before the model loads
@@ -318,7 +320,7 @@ def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, 
         f"{config.max_new_tokens}, temperature {config.temperature}); skipped {counts.skipped_long_prompts} and "
         f"truncated {counts.truncated_prompts} prompts longer than {max_length - config.max_new_tokens} tokens")
     reused = {"reused_rows": len(records), "reused_batches": len(list(work.glob("part-*.jsonl")))}
-    stats = _run_rows(target, planned, config, max_length, work, records, progress, on_batch, log)
+    stats = _run_rows(target, planned, config, max_length, work, records, progress, on_batch, log, deadline)
     stats.update(reused)
     result = _write_dataset(target, config, rows, records, counts, out, max_length, stats)
     log(f"data build: {result.rows} rows, {result.tokens} tokens ({result.loss_tokens} in the loss), "
@@ -347,7 +349,8 @@ def _batcher(target, config: DataBuildConfig, stats: dict, log: Callable[[str], 
 
 
 def _run_rows(target, planned: list[_Planned], config: DataBuildConfig, max_length: int, work: Path,
-              records: dict[str, dict], progress: bool, on_batch, log: Callable[[str], None]) -> dict:
+              records: dict[str, dict], progress: bool, on_batch, log: Callable[[str], None],
+              deadline: float | None = None) -> dict:
     """Answer every planned row, data.batch_size rows decoding at a time (or data.server.concurrency requests in
     flight); every batch_size finished rows are saved as their own part file at once (the resume point).
     Fills `records`."""
@@ -391,12 +394,23 @@ def _run_rows(target, planned: list[_Planned], config: DataBuildConfig, max_leng
             finish(state)
         else:
             batcher.add(request)
+    late, stepped = False, False
     while batcher.busy:
+        if not late and stepped and deadline is not None and time.monotonic() > deadline:
+            late = True
+            stats["unstarted_rows"] = len(batcher.queue)
+            batcher.queue.clear()
+            log(f"data build: the time given is up: {stats['unstarted_rows']} rows not started, "
+                f"{batcher.running} in flight end their turn")
         start = time.perf_counter()
-        complete = []
+        complete, stepped = [], True
         for request, answer in batcher.step():
             state = states[request.key[0]]
             stats["generated_tokens"] += _answered(target, state, request.key[1], answer)
+            if late:  # a conversation with turns left is not saved: a rerun answers it whole
+                if state.conversation.next_slot() is None:
+                    complete.append(state)
+                continue
             follow_up = _next_request(target, state, config, max_length)
             if follow_up is None:
                 complete.append(state)

@@ -33,8 +33,9 @@ class DemoConfig:
     ALIASES: ClassVar[dict[str, str]] = {"target": "target.spec"}  # `target: demo` (serve.core.config.load_config)
     RANGES: ClassVar[dict[str, str]] = {"eval_prompts_per_domain": ">= 1", "export_check_prompts": ">= 1",
                                         "export_check_tokens": ">= 2", "generate_max_new_tokens": ">= 1"}
-    target: TargetConfig = field(default_factory=TargetConfig)
+    target: TargetConfig = field(default_factory=lambda: TargetConfig(dtype="auto"))  # auto: the probe's choice
     out_dir: str = "runs/demo"
+    budget: str = "off"  # wall-clock budget (`--budget 30m`): every stage sized to it from the measured machine
     domains: list[str] = field(default_factory=list)  # built-in domains; empty = all
     eval_prompts_per_domain: int = 3  # the last N built-in prompts of each domain are held out for eval
     methods: list[str] = field(default_factory=lambda: ["eagle3", "medusa"])
@@ -61,6 +62,7 @@ class Stage:
     name: str
     seconds: float
     note: str = ""
+    planned: float | None = None  # seconds the budget's plan gave it (`--budget`)
 
 
 def split_builtin(domains: list[str], held_out: int, out: Path) -> tuple[Path, Path]:
@@ -85,7 +87,10 @@ def split_builtin(domains: list[str], held_out: int, out: Path) -> tuple[Path, P
 
 
 def _made_by(config: TrainConfig, data_digest: str) -> dict:
-    return {"config": to_dict(config), "data_digest": data_digest}
+    """What a trained head is reused for: its config and data; not its time budget (how long, not what)."""
+    made = to_dict(config)
+    made["optim"] = {k: v for k, v in made["optim"].items() if k != "max_seconds"}
+    return {"config": made, "data_digest": data_digest}
 
 
 def _same_config(folder: Path, config: TrainConfig, data_digest: str) -> bool:
@@ -172,6 +177,32 @@ def mu_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def measure_machine(config: DemoConfig, log: Callable[[str], None]):
+    """The probe of serve/core/machine.py: sets the target's dtype (when auto) and torch's threads (unless set)."""
+    import torch
+
+    from serve.core.machine import MachineReport, probe_hardware
+
+    began = time.perf_counter()
+    hardware = probe_hardware(requested_threads=config.target.threads,
+                              requested_dtype=None if config.target.dtype == "auto" else config.target.dtype)
+    config.target.dtype = hardware.dtype
+    torch.set_num_threads(hardware.threads)
+    report = MachineReport(hardware, seconds=time.perf_counter() - began)
+    for line in report.lines():
+        log(f"[demo] {line}")
+    return report
+
+
+def _trained_note(folder: str | Path) -> str:
+    """How the head's training ended: its steps, and why it stopped when it stopped early."""
+    summary = Path(folder) / "training_summary.json"
+    if not summary.is_file():
+        return ""
+    done = json.loads(summary.read_text())
+    return f"({done.get('steps')} steps, {done.get('epochs', 0):.2f} epochs)"
+
+
 def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     import datasets
     import torch
@@ -188,27 +219,51 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     from serve.export.common import default_prompts
     from serve.core.prompts import encode_prompt
     from serve.core.target import load_configured
+    from serve.core.machine import probe_target
+    from scripts.demo_budget import parse_budget
+    from scripts.demo_pacer import Pacer, rates_of, workload_of
 
     if config.train_mode not in ("offline", "online"):
         raise ConfigError(f"train_mode must be offline or online, got {config.train_mode!r}")
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_config(config, out, "demo_config.resolved.yaml")
+    wall = time.perf_counter()
+    budget = parse_budget(config.budget)
     stages: list[Stage] = []
+    pacer = Pacer.off(log)
 
-    def stage(name: str, t0: float, note: str = "") -> None:
-        stages.append(Stage(name, time.perf_counter() - t0, note))
-        log(f"[demo] {name} done in {stages[-1].seconds:.1f}s {note}")
+    def stage(name: str, t0: float, note: str = "", **facts) -> None:
+        seconds = time.perf_counter() - t0
+        stages.append(Stage(name, seconds, note, planned=pacer.planned_seconds(name)))
+        planned = f" (planned {stages[-1].planned:.0f}s)" if stages[-1].planned is not None else ""
+        log(f"[demo] {name} done in {seconds:.1f}s{planned} {note}")
+        pacer.after(name, seconds, **facts)
 
     t0 = time.perf_counter()
+    machine = measure_machine(config, log)  # picks the compute dtype and threads (unless the config sets them)
+    save_config(config, out, "demo_config.resolved.yaml")
     target = load_configured(config.target)
-    stage("target", t0, f"({target.name}, {target.num_layers} layers)")
+    train_prompts, eval_prompts = split_builtin(config.domains, config.eval_prompts_per_domain, out)
+    if budget is not None:
+        machine.target = probe_target(target, batch=config.data.batch_size, prefill_tokens=1024)
+        log(f"[demo] {machine.lines()[-1]}")
+        machine.seconds = time.perf_counter() - t0
+        pacer = Pacer.start(out, budget, rates_of(machine.target), workload_of(config, target, train_prompts),
+                            log=log)
+        config.data.per_domain_limit = pacer.before("data")["per_domain_limit"]
+        given = pacer.before("eval")
+        config.eval.max_new_tokens, config.eval.repeats = given["max_new_tokens"], given["repeats"]
+        save_config(config, out, "demo_config.resolved.yaml")
+    stage("target", t0, f"({target.name}, {target.num_layers} layers, {config.target.dtype}, "
+                        f"{torch.get_num_threads()} threads)")
 
     t0 = time.perf_counter()
-    train_prompts, eval_prompts = split_builtin(config.domains, config.eval_prompts_per_domain, out)
     config.data.prompts = [str(train_prompts)]
-    built = build_dataset(target, config.data, out_dir=out / "data", log=log)
-    stage("data", t0, f"({built.rows} rows, {built.tokens} tokens, {built.reused_batches} batches reused)")
+    deadline = pacer.deadline_seconds()
+    built = build_dataset(target, config.data, out_dir=out / "data", log=log,
+                          deadline=None if deadline is None else time.monotonic() + deadline)
+    stage("data", t0, f"({built.rows} rows, {built.tokens} tokens, {built.reused_batches} batches reused)",
+          data_tokens=built.tokens)
     digest = dataset_digest(datasets.load_from_disk(str(out / "data")))  # drafters are reused for this data only
 
     offline = config.train_mode == "offline"
@@ -226,9 +281,11 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
         train_config.out_dir = str(out / method)
         train_config.data.mode = config.train_mode
         train_config.data.dataset, train_config.data.cache = str(out / "data"), str(out / "cache") if offline else ""
+        if pacer.active:
+            train_config.optim.max_seconds = pacer.before(f"train {method}")["max_seconds"]
         folder, reused = train_if_needed(train_config, digest, log)
         drafters[method] = str(folder)
-        stage(f"train {method}", t0, "(reused)" if reused else "")
+        stage(f"train {method}", t0, "(reused)" if reused else _trained_note(folder))
 
     t0 = time.perf_counter()
     specs = {**drafters, "ngram": "ngram"}
@@ -246,7 +303,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
         record_finished(out, "eval", eval_inputs)
         stage("eval", t0, f"({paths['markdown']})")
 
-    exports = {}
+    exports, exports_began = {}, time.perf_counter()
     for method, folder in drafters.items():
         for fmt in config.export_formats:
             try:
@@ -271,6 +328,8 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
             stage(f"export {method}/{fmt}", t0, f"({note}mu native {report['mu_native']:.2f} = read back "
                                                 f"{report['mu_readback']:.2f})")
 
+    pacer.after("exports", time.perf_counter() - exports_began)
+
     t0 = time.perf_counter()
     best = max(specs, key=lambda name: result["overall"][name]["speedup"])  # the fastest on the held-out prompts
     drafter = build_drafter(specs[best], target)
@@ -280,7 +339,9 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     text = target.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
     stage("generate", t0, f"({best}: mu {gen.stats.mu:.2f}, {gen.stats.new_tokens / gen.stats.seconds:.1f} tok/s)")
 
-    summary = {"stages": [vars(s) for s in stages], "report": str(paths["markdown"]), "json": str(paths["json"]),
+    summary = {"wall_seconds": round(time.perf_counter() - wall, 1), "machine": machine.to_dict(),
+               "dtype": config.target.dtype, "threads": torch.get_num_threads(), "budget": pacer.finish(),
+               "stages": [vars(s) for s in stages], "report": str(paths["markdown"]), "json": str(paths["json"]),
                "exports": exports, "drafters": drafters, "generation": {"drafter": best, "text": text,
                                                                         **gen.stats.to_dict()}}
     (out / "demo_summary.json").write_text(json.dumps(summary, indent=1))
@@ -294,6 +355,11 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     log(f"exactness at T=0: {result['exactness']['identical']}/{result['exactness']['total']} outputs identical "
         f"to plain greedy decoding")
     log(f"\nlive generation ({best}): {text.strip()[:300]}")
-    log("\nstage times: " + ", ".join(f"{s.name} {s.seconds:.0f}s" for s in stages))
+    log("\nstage times: " + ", ".join(f"{s.name} {s.seconds:.0f}s" + (f" (planned {s.planned:.0f}s)"
+                                                                    if s.planned is not None else "")
+                                      for s in stages))
+    log(f"wall time: {summary['wall_seconds'] / 60:.1f} min" + (
+        f" ({summary['budget']['spent'] / 60:.1f} min of a {budget / 60:.0f} min budget over "
+        f"{summary['budget']['runs']} run{'s' * (summary['budget']['runs'] > 1)})" if budget else ""))
     log(f"report: {paths['markdown']}\nexports: " + ", ".join(exports.values()))
     return summary

@@ -219,3 +219,20 @@ def test_keep_answers_mixes_fixed_text_rows_at_a_ratio(tmp_path, tiny_target):
     assert 0 < result.generated_tokens <= (40 - len(kept)) * 6  # only the regenerated rows were generated
     with pytest.raises(ConfigError, match="keep_answers"):
         load_config(DataBuildConfig, section="data", overrides=["data.keep_answers=1.5"])
+
+
+def test_a_deadline_keeps_the_rows_answered_and_a_rerun_answers_the_rest(tmp_path, tiny_target, prompts):
+    """`demo --budget`: past the deadline no new row starts; the rows in flight end their turn (a conversation
+    with turns left is not saved); a rerun without a deadline answers the others, equal to a build never cut."""
+    import time
+
+    config = config_for(prompts)
+    full = tmp_path / "full"
+    build_dataset(tiny_target, config, out_dir=full, progress=False, log=quiet)
+    out, lines = tmp_path / "cut", []
+    cut = build_dataset(tiny_target, config, out_dir=out, progress=False, log=lines.append,
+                        deadline=time.monotonic() - 1)
+    assert 1 <= cut.rows < 5 and any("rows not started" in line for line in lines)
+    assert set(read(out)["id"]) < set(read(full)["id"])
+    again = build_dataset(tiny_target, config, out_dir=out, progress=False, log=quiet)
+    assert again.reused_rows == cut.rows and read(out) == read(full)

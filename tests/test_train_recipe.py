@@ -221,3 +221,32 @@ def test_prompt_positions_train_with_their_weight(job):
     assert counts[0.5] == pytest.approx(assistant + 0.5 * (everything - assistant))
     with pytest.raises(Exception, match="prompt_weight"):
         train_drafter(_config(target_dir, root, "medusa-prompt", "model.method=medusa", "loss.prompt_weight=0.5"))
+
+
+def test_time_budget_fits_the_run_and_its_schedule(job):
+    """optim.max_seconds (what `demo --budget` gives each head): the loop times its first steps, fits its length
+    into the budget and ends its learning-rate schedule there, instead of running its 100000 planned steps."""
+    import time
+
+    target_dir, root = job
+    began = time.perf_counter()
+    folder = train_drafter(_config(target_dir, root, "budget", "optim.max_steps=100000", "optim.max_seconds=3",
+                                   "log.every=1", "optim.warmup_steps=0"))
+    took = time.perf_counter() - began
+    log = read_log(root / "budget")
+    fitted = [r for r in log if r.get("event") == "time_budget"]
+    steps = json.loads((folder / "training_summary.json").read_text())["steps"]
+    assert fitted and fitted[0]["planned_steps"] == 100000 and 10 <= steps < 100000
+    assert took < 3 + 10  # the run, plus loading and saving around the loop
+    lrs = [r["lr"] for r in log if "lr" in r]
+    assert lrs[0] == pytest.approx(1e-2, rel=0.05) and lrs[-1] < 0.1 * lrs[0]  # the cosine ended at the new end
+
+
+def test_steps_within_leaves_time_for_the_evaluations():
+    from train.schedule import steps_within
+
+    # 10 s left at 0.5 s a step, an evaluation of 1 s every 4 steps and one at the end: (10 - 1) / 0.75 = 12 steps
+    assert steps_within(20, elapsed=10, step_seconds=0.5, eval_seconds=1.0, eval_every=4, done=5,
+                        total_steps=100) == 17
+    assert steps_within(20, elapsed=25, step_seconds=0.5, eval_seconds=0, eval_every=0, done=5, total_steps=100) == 5
+    assert steps_within(1e6, elapsed=0, step_seconds=0.5, eval_seconds=0, eval_every=0, done=5, total_steps=50) == 50

@@ -53,7 +53,8 @@ class DataConfig:
 class OptimConfig:
     RANGES: ClassVar[dict[str, str]] = {"lr": ">= 0", "weight_decay": ">= 0", "beta1": "[0, 1)", "beta2": "[0, 1)",
                                         "max_grad_norm": ">= 0", "batch_size": ">= 1", "grad_accum": ">= 1",
-                                        "epochs": ">= 1", "max_steps": ">= 0", "warmup_steps": ">= 0",
+                                        "epochs": ">= 1", "max_steps": ">= 0", "max_seconds": ">= 0",
+                                        "warmup_steps": ">= 0",
                                         "early_stop_patience": ">= 0"}
     lr: float = 1e-4                       # 0 = the weights stay as they start (a refresh that changes nothing)
     weight_decay: float = 0.0
@@ -64,6 +65,8 @@ class OptimConfig:
     grad_accum: int = 1
     epochs: int = 1
     max_steps: int = 0                     # optimizer steps; 0 = epochs over the training rows
+    max_seconds: float = 0.0               # wall-clock budget: the loop times its first steps and fits its length
+                                           # (and the lr schedule) into it, stopping there at the latest; 0 = off
     warmup_steps: int = 0
     schedule: str = "cosine"               # cosine | linear | constant (after warmup)
     keep_best: bool = True                 # with log.eval_every: save the head of the best held-out evaluation

@@ -23,7 +23,7 @@ from train.config import TrainConfig
 from train.evaluate import BestTracker, agreement_over, sample_rows
 from train.metrics import MetricWindow, StepStats
 from train.objectives import Agreement, FeatureBatch, Objective
-from train.schedule import Cadence, DataOrder, lr_lambda
+from train.schedule import CALIBRATION_STEPS, Cadence, DataOrder, lr_lambda, steps_within
 
 CHECKPOINTS = "checkpoints"
 STATE_NAME = "trainer_state.json"
@@ -195,6 +195,48 @@ def checkpoint(accelerator, out_dir: Path, done: int, *, keep: int, total_steps:
 
 # ------------------------------------------------------------------------------------------------ loop
 
+@dataclass
+class TimeBudget:
+    """optim.max_seconds: after CALIBRATION_STEPS steps the run's length is fitted to the time left (once); after
+    that, a step that ends past the budget is the last (a slower machine than the calibration saw)."""
+    max_seconds: float
+    clock: float  # perf_counter() when the stage began
+    start_step: int
+    eval_seconds: float  # one held-out evaluation (timed at step 0; 0 when resumed or none)
+    eval_every: int
+    step_seconds: float = 0.0
+    _fitted: bool = False
+    _timed_from: float = 0.0
+
+    def fit(self, done: int, total_steps: int) -> int | None:
+        """The run's new last step, or None to go on as planned."""
+        if self.max_seconds <= 0:
+            return None
+        now = time.perf_counter()
+        if done == self.start_step + 1:  # the first step pays for warm-up: time the ones after it
+            self._timed_from = now
+            return None
+        elapsed = now - self.clock
+        if elapsed >= self.max_seconds:
+            return done
+        if self._fitted or done < self.start_step + 1 + CALIBRATION_STEPS:
+            return None
+        self._fitted = True
+        self.step_seconds = (now - self._timed_from) / (done - self.start_step - 1)
+        return steps_within(self.max_seconds, elapsed=elapsed, step_seconds=self.step_seconds,
+                            eval_seconds=self.eval_seconds, eval_every=self.eval_every, done=done,
+                            total_steps=total_steps)
+
+
+def _agreed(accelerator, value: int | None) -> int | None:
+    """The main process's decision on every process (their clocks differ; their steps must not)."""
+    if accelerator.num_processes == 1:
+        return value
+    from accelerate.utils import broadcast_object_list
+
+    return broadcast_object_list([value])[0]
+
+
 def _head_state(accelerator, model) -> dict:
     """The head's tensors (CPU) gathered from every shard; call on every process, use on the main one."""
     state = accelerator.get_state_dict(model)
@@ -301,6 +343,7 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
     """
     from accelerate.utils import set_seed
 
+    clock = time.perf_counter()  # optim.max_seconds counts from here
     accelerator = make_accelerator(config)
     set_seed(config.seed)
     world, rank = accelerator.num_processes, accelerator.process_index
@@ -339,14 +382,21 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
                          train_probe=sample_rows(train_idx, min(len(eval_idx), config.log.train_eval_rows),
                                                  seed=config.seed),
                          make_batch=make_batch, positions=eval_positions, drain=drain)
+    eval_seconds = 0.0
     if start_step == 0 and eval_idx:
+        began = time.perf_counter()
         tracker.log({"event": "eval", **evaluate(), "trained": False}, step=0)
+        eval_seconds = time.perf_counter() - began
 
     model.train()
     window = MetricWindow(world=world, weights=weights, total_steps=total_steps, steps_per_epoch=order.steps_per_epoch)
     last_eval: dict = {}
     stopped_at = total_steps
-    for step in range(start_step, total_steps):
+    budget = TimeBudget(optim.max_seconds, clock=clock, start_step=start_step, eval_seconds=eval_seconds,
+                        eval_every=cadence.eval_every)
+    step = start_step - 1
+    while step + 1 < total_steps:
+        step += 1
         micro = order.micro_batches(step, batch_size=optim.batch_size, grad_accum=optim.grad_accum, world=world,
                                     rank=rank)
         window.add(train_step(accelerator, model, optimizer, scheduler, micro, rows=rows, make_batch=make_batch,
@@ -355,7 +405,8 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
         done = step + 1
         if cadence.logs(done):
             tracker.log(window.record(step=step, lr=scheduler.get_last_lr()[0]), step=done)
-        if cadence.evaluates(done):
+        evaluated = cadence.evaluates(done)
+        if evaluated:
             last_eval = evaluate()
             improved = best.update(last_eval["mu_tf"], done, lambda: _head_state(accelerator, model))
             tracker.log({"event": "eval", **last_eval, "trained": True, "best": improved,
@@ -366,6 +417,21 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
                 break
         if cadence.checkpoints(done):
             checkpoint(accelerator, out_dir, done, keep=config.checkpoint.keep, total_steps=total_steps, best=best)
+        fitted = _agreed(accelerator, budget.fit(done, total_steps))
+        if fitted is not None and fitted != total_steps:
+            tracker.log({"event": "time_budget", "max_seconds": optim.max_seconds, "total_steps": fitted,
+                         "planned_steps": total_steps, "step_seconds": round(budget.step_seconds, 4)}, step=done)
+            total_steps = fitted
+            scheduler.lr_lambdas = [lr_lambda(config, total_steps)]  # the schedule ends where the run now ends
+            cadence = Cadence.of(config, total_steps, periodic_eval=periodic)
+            window.total_steps = total_steps
+            tracker.retotal(total_steps)
+            stopped_at = total_steps
+            if done == total_steps and periodic and not evaluated:  # the budget ran out at this step
+                last_eval = evaluate()
+                improved = best.update(last_eval["mu_tf"], done, lambda: _head_state(accelerator, model))
+                tracker.log({"event": "eval", **last_eval, "trained": True, "best": improved, "final": True},
+                            step=done)
 
     if eval_idx and not periodic:
         last_eval = evaluate()

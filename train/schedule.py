@@ -79,3 +79,16 @@ class Cadence:
 
     def checkpoints(self, done: int) -> bool:
         return bool(self.checkpoint_every) and done % self.checkpoint_every == 0 and done != self.total_steps
+
+
+CALIBRATION_STEPS = 8  # steps timed before a time budget fixes the run's length
+
+
+def steps_within(max_seconds: float, *, elapsed: float, step_seconds: float, eval_seconds: float, eval_every: int,
+                 done: int, total_steps: int) -> int:
+    """The last step a run can reach within `max_seconds` (optim.max_seconds), never past total_steps and never
+    before `done`: the steps left at `step_seconds` each, less the evaluations they bring (one every `eval_every`
+    steps, plus the final one, `eval_seconds` each)."""
+    left = max_seconds - elapsed - eval_seconds  # the final evaluation
+    per_step = step_seconds + (eval_seconds / eval_every if eval_every > 0 else 0.0)
+    return max(done, min(total_steps, done + int(max(left, 0.0) // max(per_step, 1e-9))))

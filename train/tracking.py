@@ -44,6 +44,12 @@ class Tracker:
         if self._bar is not None and "loss" in record:
             self._bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record.get('tokens_per_s', 0):.0f}")
 
+    def retotal(self, total_steps: int) -> None:
+        """The run's length changed (optim.max_seconds fitted it): the bar's end moves with it."""
+        if self._bar is not None:
+            self._bar.total = total_steps
+            self._bar.refresh()
+
     def advance(self, n: int = 1) -> None:
         if self._bar is not None:
             self._bar.update(n)

@@ -14,6 +14,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     parser.add_argument("--out", default=None, help="output folder (default runs/demo, runs/demo-quick or "
                                                     "runs/demo-MODEL)")
+    parser.add_argument("--budget", default=None,
+                        help="wall-clock budget, e.g. 30m or 1h (default: the recipe's, 30m for `make demo`; off = "
+                             "the recipe as written): the machine is measured and every stage sized to it")
     parser.add_argument("--model", default=None, help="an embedded target (`draftsmith target fetch-demo --help`): "
                                                       "runs its recipe configs/demo/MODEL.yaml")
 
@@ -24,7 +27,7 @@ def run(args) -> int:
     from serve.core.files import check_output_path
 
     recipe = args.config or CONFIGS / ("quick.yaml" if args.quick else "full.yaml")
-    flags = {"out_dir": args.out, "target.threads": args.threads}
+    flags = {"out_dir": args.out, "target.threads": args.threads, "budget": args.budget}
     if args.model:
         from serve.core.demo_target import DEFAULT_MODEL, DEMO_MODELS
         from serve.core.errors import DraftsmithError

@@ -1,0 +1,251 @@
+"""The demo's stages sized to a wall-clock budget (`draftsmith demo --budget 30m`), from the machine's measured
+rates (serve/core/machine.py). Pure functions: no clock, no model.
+
+Two stages are elastic, the budget decides their size: self-distillation (how many prompts per domain the target
+answers; the capture of their tokens follows) and training (seconds per head, `optim.max_seconds`: the loop fits its
+steps and learning-rate schedule into them). The others are predicted from the rates: the evaluation (sized first,
+to at most EVAL_SHARE of the budget), the exports and the live generation. After every stage the rest is planned
+again from what is left of the budget and how much slower or faster the finished stages ran than predicted.
+
+    plan = plan_demo(budget_seconds=1800, spent=40, rates=rates, work=workload)
+    print(plan.table())
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field, replace
+
+from serve.core.errors import ConfigError, DraftsmithError
+
+# ---- the cost model's constants (measured on the demo target; docs/results.md "The demo on a budget")
+GENERATION_SLOWDOWN = 1.35  # decode steps over a growing cache (up to max_length) against the probe's 64 tokens
+CAPTURE_OVERHEAD = 1.15  # padding, the argmax over the vocabulary and writing shards, against one prefill
+DRAFTER_PASS = 0.85  # an evaluated drafter's time per prompt against plain decoding's
+EVAL_FIXED_SECONDS = 25.0  # verify-cost measurement and warm-up runs
+EXPORT_FIXED_SECONDS = 4.0  # writing and reading back one export, besides its check's decoding
+TRAIN_SHARE = 0.4  # of the elastic seconds, for training (the rest: self-distillation and capture)
+EVAL_SHARE = 0.25  # the evaluation takes at most this share of the budget
+EVAL_CHOICES = ((96, 2), (64, 2), (96, 1), (64, 1), (48, 1), (32, 1))  # (new tokens, repeats), best first
+MIN_PROMPTS_PER_DOMAIN = 4  # less data than this trains nothing worth measuring
+MIN_TRAIN_SECONDS = 60.0  # per head
+SLOW = 1.2  # a stage this much slower than planned re-plans the rest and says so
+MIN_EVIDENCE_SECONDS = 60.0  # predicted stages shorter than this in all do not move the predictions
+
+
+class BudgetError(DraftsmithError):
+    """A budget that cannot hold the demo: says the least that works on this machine."""
+
+
+def parse_budget(text: str) -> float | None:
+    """'30m', '1h', '90s', '45' (minutes), '1h30m' -> seconds; 'off' / 'none' / '0' -> None (the recipe as written)."""
+    value = str(text).strip().lower()
+    if value in ("off", "none", "0", ""):
+        return None
+    if re.fullmatch(r"\d+(\.\d+)?", value):
+        return float(value) * 60
+    parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?:in)?)?(?:(\d+(?:\.\d+)?)s)?", value)
+    if not parts or not any(parts.groups()):
+        raise ConfigError(f"--budget {text!r}: give a duration like 30m, 1h, 1h30m or 900s (or off)")
+    hours, minutes, seconds = (float(p) if p else 0.0 for p in parts.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What the probe measured (serve.core.machine.TargetRates), in the units the plan needs."""
+    step_seconds: float  # one plain decode step of one row
+    generate_tokens_per_second: float  # batched self-distillation, data.batch_size rows
+    prefill_tokens_per_second: float  # capture
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the recipe asks for, at most (configs/demo/full.yaml)."""
+    prompts_per_domain: tuple[int, ...]  # training prompts each domain has
+    prompt_tokens: float  # mean tokens of a training prompt as the target reads it (chat template included)
+    answer_tokens: float  # expected tokens per answer (max_new_tokens x the share that is written before EOS)
+    methods: tuple[str, ...]  # heads to train
+    method_weights: tuple[float, ...]  # their shares of the training seconds
+    eval_prompts: int
+    eval_drafters: int  # drafters evaluated beside plain decoding
+    exports: int
+    export_tokens: int  # tokens decoded per export check (prompts x tokens, native and read back)
+    generate_tokens: int
+
+    def rows(self, per_domain: int) -> int:
+        return sum(min(n, per_domain) for n in self.prompts_per_domain)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    name: str
+    seconds: float  # planned
+    settings: dict = field(default_factory=dict)  # what the stage is told: per_domain_limit, max_seconds, ...
+    elastic: bool = False  # sized by the budget (True) or predicted from the rates
+
+
+@dataclass(frozen=True)
+class Plan:
+    budget: float
+    spent: float  # seconds already spent (earlier runs of an interrupted demo, the probe, the target load)
+    stages: tuple[StagePlan, ...]
+    notes: tuple[str, ...] = ()
+
+    def stage(self, name: str) -> StagePlan | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+    @property
+    def total(self) -> float:
+        return self.spent + sum(s.seconds for s in self.stages)
+
+    def table(self) -> str:
+        lines = [f"plan for a {minutes(self.budget)} budget ({minutes(self.spent)} spent so far):"]
+        eta = self.spent
+        for s in self.stages:
+            eta += s.seconds
+            what = ", ".join(f"{k} {v}" for k, v in s.settings.items())
+            lines.append(f"  {s.name:<22} {minutes(s.seconds):>9}  (done at {minutes(eta):>8})  {what}")
+        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+
+    def to_dict(self) -> dict:
+        return {"budget": self.budget, "spent": round(self.spent, 1), "notes": list(self.notes),
+                "stages": [{**asdict(s), "seconds": round(s.seconds, 1)} for s in self.stages]}
+
+
+# ----------------------------------------------------------------------------------------------- predictions
+
+def data_seconds(rows: int, work: Workload, rates: Rates) -> float:
+    generate = rows * work.answer_tokens / rates.generate_tokens_per_second * GENERATION_SLOWDOWN
+    return generate + rows * work.prompt_tokens / rates.prefill_tokens_per_second
+
+
+def capture_seconds(tokens: float, rates: Rates) -> float:
+    return tokens / rates.prefill_tokens_per_second * CAPTURE_OVERHEAD
+
+
+def eval_seconds(new_tokens: int, repeats: int, work: Workload, rates: Rates) -> float:
+    passes = 1 + DRAFTER_PASS * work.eval_drafters
+    return work.eval_prompts * new_tokens * rates.step_seconds * passes * repeats + EVAL_FIXED_SECONDS
+
+
+def export_seconds(work: Workload, rates: Rates) -> float:
+    return work.exports * (EXPORT_FIXED_SECONDS + 2 * work.export_tokens * rates.step_seconds)
+
+
+def generate_seconds(work: Workload, rates: Rates) -> float:
+    return 2.0 + work.generate_tokens * rates.step_seconds
+
+
+# ----------------------------------------------------------------------------------------------- the plan
+
+def choose_eval(budget: float, work: Workload, rates: Rates) -> tuple[int, int]:
+    """(new tokens, repeats) of the largest evaluation within EVAL_SHARE of the budget (the smallest otherwise)."""
+    for tokens, repeats in EVAL_CHOICES:
+        if eval_seconds(tokens, repeats, work, rates) <= EVAL_SHARE * budget:
+            return tokens, repeats
+    return EVAL_CHOICES[-1]
+
+
+def least_budget(work: Workload, rates: Rates, *, spent: float = 0.0) -> float:
+    """The smallest budget that trains every head on MIN_PROMPTS_PER_DOMAIN prompts per domain."""
+    rows = work.rows(MIN_PROMPTS_PER_DOMAIN)
+    tokens, repeats = EVAL_CHOICES[-1]
+    floor = (spent + data_seconds(rows, work, rates)
+             + capture_seconds(rows * (work.prompt_tokens + work.answer_tokens), rates)
+             + MIN_TRAIN_SECONDS * len(work.methods) + eval_seconds(tokens, repeats, work, rates)
+             + export_seconds(work, rates) + generate_seconds(work, rates))
+    return 60 * math.ceil(floor / 60)
+
+
+def plan_demo(*, budget: float, spent: float, rates: Rates, work: Workload, data_rows: int | None = None,
+              eval_choice: tuple[int, int] | None = None, slowdown: float = 1.0) -> Plan:
+    """The stages from the data on, sized so that the whole demo ends within `budget` seconds.
+
+    data_rows: fixed by an earlier run (an interrupted demo keeps its data); eval_choice likewise. slowdown scales
+    every prediction (the finished stages ran that much slower than predicted). Raises BudgetError when even the
+    least data and training do not fit, naming the least budget that works.
+    """
+    scaled = replace(rates, step_seconds=rates.step_seconds * slowdown,
+                     generate_tokens_per_second=rates.generate_tokens_per_second / slowdown,
+                     prefill_tokens_per_second=rates.prefill_tokens_per_second / slowdown)
+    tokens, repeats = eval_choice or choose_eval(budget, work, scaled)
+    fixed = [StagePlan("eval", eval_seconds(tokens, repeats, work, scaled),
+                       {"max_new_tokens": tokens, "repeats": repeats}),
+             StagePlan("exports", export_seconds(work, scaled), {"exports": work.exports}),
+             StagePlan("generate", generate_seconds(work, scaled))]
+    elastic = budget - spent - sum(s.seconds for s in fixed)
+    least = least_budget(work, scaled, spent=spent)
+    if budget < least:
+        raise BudgetError(f"a {minutes(budget)} budget is too small for any training on this machine: the least "
+                          f"that works is --budget {least / 60:.0f}m ({MIN_PROMPTS_PER_DOMAIN} prompts per domain, "
+                          f"{MIN_TRAIN_SECONDS:.0f} s per head"
+                          + (f", {minutes(spent)} already spent" if spent else "") + ")")
+
+    def data_cost(rows: int) -> float:
+        return data_seconds(rows, work, scaled) + capture_seconds(rows * (work.prompt_tokens + work.answer_tokens),
+                                                                 scaled)
+
+    if data_rows is None:
+        train_floor = MIN_TRAIN_SECONDS * len(work.methods)
+        room = max(elastic * (1 - TRAIN_SHARE), elastic - max(train_floor, TRAIN_SHARE * elastic))
+        most = max(work.prompts_per_domain)
+        per_domain = max([p for p in range(MIN_PROMPTS_PER_DOMAIN, most + 1) if data_cost(work.rows(p)) <= room],
+                         default=MIN_PROMPTS_PER_DOMAIN)
+        data_rows = work.rows(per_domain)
+    else:
+        per_domain = next((p for p in range(1, max(work.prompts_per_domain) + 1) if work.rows(p) >= data_rows),
+                          max(work.prompts_per_domain))
+    data = StagePlan("data", data_seconds(data_rows, work, scaled), {"per_domain_limit": per_domain,
+                                                                     "rows": data_rows}, elastic=True)
+    capture = StagePlan("capture", capture_seconds(data_rows * (work.prompt_tokens + work.answer_tokens), scaled),
+                        {"tokens": round(data_rows * (work.prompt_tokens + work.answer_tokens))})
+    train_total = max(MIN_TRAIN_SECONDS * len(work.methods), elastic - data.seconds - capture.seconds)
+    weights = sum(work.method_weights)
+    trains = [StagePlan(f"train {m}", max(MIN_TRAIN_SECONDS, train_total * w / weights),
+                        {"max_seconds": round(max(MIN_TRAIN_SECONDS, train_total * w / weights))}, elastic=True)
+              for m, w in zip(work.methods, work.method_weights)]
+    return Plan(budget=budget, spent=spent, stages=(data, capture, *trains, *fixed))
+
+
+def replan(plan: Plan, *, done: dict[str, float], spent: float, rates: Rates, work: Workload,
+           data_tokens: float | None = None) -> tuple[Plan, float, str | None]:
+    """The stages not done yet, sized again to what is left of the budget: predicted stages scaled by how much
+    slower (or faster) the finished predicted stages ran, training given whatever remains (at least
+    MIN_TRAIN_SECONDS a head, even past the budget); data_tokens: what the data holds, once built (the capture's
+    size). Returns (plan, slowdown, a note when it changed course)."""
+    predicted = [s for s in plan.stages if s.name in done and not s.elastic and s.seconds > 0]
+    if "data" in done and plan.stage("data"):
+        predicted.append(plan.stage("data"))
+    planned = sum(s.seconds for s in predicted)
+    # too short a stretch says more about start-up costs than about the machine
+    slowdown = sum(done[s.name] for s in predicted) / planned if planned >= MIN_EVIDENCE_SECONDS else 1.0
+    slowdown = min(max(slowdown, 0.5), 4.0)
+    left = [s for s in plan.stages if s.name not in done]
+    scale = {s.name: slowdown for s in left if not s.elastic}
+    if data_tokens is not None and "capture" in scale:
+        real = capture_seconds(data_tokens, rates) * slowdown
+        left = [replace(s, seconds=real) if s.name == "capture" else s for s in left]
+        scale["capture"] = 1.0
+    fixed = [replace(s, seconds=s.seconds * scale[s.name]) for s in left if not s.elastic]
+    trains = [s for s in left if s.elastic and s.name.startswith("train ")]
+    room = plan.budget - spent - sum(s.seconds for s in fixed)
+    weights = {s.name: s.seconds for s in trains}
+    total_weight = sum(weights.values()) or 1.0
+    resized = {s.name: max(MIN_TRAIN_SECONDS, room * weights[s.name] / total_weight) for s in trains}
+    stages = tuple(replace(s, seconds=resized[s.name], settings={**s.settings, "max_seconds": round(resized[s.name])})
+                   if s.name in resized else next(f for f in fixed if f.name == s.name) for s in left)
+    new = Plan(budget=plan.budget, spent=spent, stages=stages, notes=plan.notes)
+    note = None
+    if slowdown > SLOW and trains:
+        note = (f"the finished stages ran {slowdown:.2f}x their planned time (the machine is slower or busier than "
+                f"when it was measured): training re-planned to "
+                + ", ".join(f"{s.name.split()[1]} {minutes(resized[s.name])}" for s in trains))
+    elif sum(resized.values()) > 1.25 * sum(weights.values()) and trains:
+        note = (f"the finished stages ran {slowdown:.2f}x their planned time: training gets the time they left, "
+                + ", ".join(f"{s.name.split()[1]} {minutes(resized[s.name])}" for s in trains))
+    return new, slowdown, note

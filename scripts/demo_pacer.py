@@ -1,0 +1,135 @@
+"""`demo --budget`: keeps the demo's stages to the plan of scripts/demo_budget.py. Before a stage it says what the
+stage is given (prompts per domain, a head's seconds, the evaluation's size); after it, it records the planned
+and real seconds in the ledger (scripts/demo_ledger.py) and plans the rest again from what is left.
+
+    pacer = Pacer.start(out, budget_seconds, rates, workload, log=print)   # prints the plan with each ETA
+    given = pacer.before("data")       # {"per_domain_limit": 40, "rows": 520, ...}
+    ...
+    pacer.after("data", seconds, data_tokens=built.tokens)
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from scripts.demo_budget import Plan, Rates, Workload, minutes, plan_demo, replan
+from scripts.demo_ledger import BudgetLedger
+
+ANSWER_SHARE = 0.6  # of max_new_tokens, written before EOS on average (the demo target on the built-in prompts)
+DEADLINE_SLACK = (1.1, 20.0)  # self-distillation stops starting rows at 1.1x its planned time + 20 s
+
+
+def workload_of(config: Any, target: Any, train_prompts: Path) -> Workload:
+    """What the demo recipe asks for, with its prompts measured in the target's tokens."""
+    from data.builtin import BUILTIN_DOMAINS
+    from data.masks import render_prompt
+
+    rows = [json.loads(line) for line in train_prompts.read_text().splitlines() if line.strip()]
+    domains = [d for d in (config.domains or BUILTIN_DOMAINS)]
+    limit = config.data.per_domain_limit or len(rows)
+    per_domain = tuple(min(limit, sum(r["domain"] == d for r in rows)) for d in domains)
+    chat = config.data.chat
+    lengths, turns = [], []
+    for row in rows:
+        first = row.get("turns", [row.get("prompt") or ""])[0] if "messages" not in row else None
+        messages = row["messages"][:1] if first is None else [{"role": "user", "content": first}]
+        lengths.append(len(render_prompt(target.tokenizer, messages, chat=chat)))
+        turns.append(len(row.get("turns", [])) or sum(m.get("role") == "user" for m in row.get("messages", [])) or 1)
+    mean_turns = sum(turns) / len(turns)
+    answer = config.data.max_new_tokens * ANSWER_SHARE * mean_turns
+    methods = tuple(config.methods)
+    weights = tuple(0.7 if m.startswith("eagle") else 0.3 for m in methods)
+    drafters = len(methods) + 1 + (1 if methods else 0)  # the heads, n-gram, the hybrid
+    exports = len(methods) * len(config.export_formats)
+    return Workload(prompts_per_domain=per_domain, prompt_tokens=sum(lengths) / len(lengths),
+                    answer_tokens=answer + (mean_turns - 1) * sum(lengths) / len(lengths), methods=methods,
+                    method_weights=weights, eval_prompts=len(domains) * (config.eval.per_domain_limit or 1),
+                    eval_drafters=drafters, exports=exports,
+                    export_tokens=config.export_check_prompts * config.export_check_tokens,
+                    generate_tokens=config.generate_max_new_tokens)
+
+
+def rates_of(measured: Any) -> Rates:
+    return Rates(step_seconds=measured.step_seconds, generate_tokens_per_second=measured.generate_tokens_per_second,
+                 prefill_tokens_per_second=measured.prefill_tokens_per_second)
+
+
+class Pacer:
+    """The plan kept across the stages; `Pacer.off()` when the demo runs its recipe as written."""
+
+    def __init__(self, ledger: BudgetLedger | None, plan: Plan | None, rates: Rates | None, work: Workload | None,
+                 log: Callable[[str], None]):
+        self.ledger, self.plan, self.rates, self.work, self.log = ledger, plan, rates, work, log
+        self.done: dict[str, float] = {}
+        self.planned: dict[str, float] = {s.name: s.seconds for s in plan.stages} if plan else {}
+        self.notes: list[str] = []
+        self.slowdown = 1.0
+
+    @classmethod
+    def off(cls, log: Callable[[str], None] = print) -> "Pacer":
+        return cls(None, None, None, None, log)
+
+    @classmethod
+    def start(cls, folder: Path, budget: float, rates: Rates, work: Workload, *,
+              log: Callable[[str], None] = print) -> "Pacer":
+        """Open the ledger, plan (raising BudgetError when the budget is too small) and print the plan."""
+        ledger = BudgetLedger(folder, budget)
+        data_rows = ledger.decisions.get("data_rows")
+        choice = ledger.decisions.get("eval")
+        plan = plan_demo(budget=budget, spent=ledger.spent, rates=rates, work=work, data_rows=data_rows,
+                         eval_choice=tuple(choice) if choice else None)
+        ledger.start()
+        if ledger.resumed:
+            log(f"[demo] resuming: {minutes(ledger.earlier)} of the {minutes(budget)} budget spent by "
+                f"{ledger.runs - 1} earlier run{'s' * (ledger.runs > 2)}; {minutes(ledger.left)} left")
+        ledger.decide("data_rows", plan.stage("data").settings["rows"])
+        eval_stage = plan.stage("eval").settings
+        ledger.decide("eval", [eval_stage["max_new_tokens"], eval_stage["repeats"]])
+        log("[demo] " + plan.table().replace("\n", "\n[demo] "))
+        return cls(ledger, plan, rates, work, log)
+
+    @property
+    def active(self) -> bool:
+        return self.plan is not None
+
+    def before(self, name: str) -> dict:
+        """What the stage is given by the current plan ({} without a budget or for a stage it does not size)."""
+        stage = self.plan.stage(name) if self.plan else None
+        return dict(stage.settings) if stage else {}
+
+    def planned_seconds(self, name: str) -> float | None:
+        stage = self.plan.stage(name) if self.plan else None
+        return stage.seconds if stage else self.planned.get(name)
+
+    def after(self, name: str, seconds: float, *, data_tokens: float | None = None) -> None:
+        """Record the stage and plan the rest again; says so when the machine turned out slower than measured."""
+        if not self.plan:
+            return
+        planned = self.planned_seconds(name)
+        self.planned[name] = planned if planned is not None else self.planned.get(name)
+        self.ledger.stage(name, planned=planned, real=seconds)
+        if self.plan.stage(name) is None:  # an export or other stage the plan counts as one
+            return
+        self.done[name] = seconds
+        self.plan, self.slowdown, note = replan(self.plan, done=self.done, spent=self.ledger.spent,
+                                                rates=self.rates, work=self.work, data_tokens=data_tokens)
+        for stage in self.plan.stages:
+            self.planned[stage.name] = stage.seconds
+        if note:
+            self.notes.append(note)
+            self.log(f"[demo] {note}")
+
+    def deadline_seconds(self) -> float | None:
+        """How long self-distillation may take before no new row starts."""
+        stage = self.plan.stage("data") if self.plan else None
+        return stage.seconds * DEADLINE_SLACK[0] + DEADLINE_SLACK[1] if stage else None
+
+    def finish(self) -> dict:
+        """What demo_summary.json records of the budget."""
+        if not self.plan:
+            return {"budget": None}
+        self.ledger.finish()
+        return {"budget": self.ledger.budget, "spent": round(self.ledger.spent, 1), "runs": self.ledger.runs,
+                "slowdown": round(self.slowdown, 3), "notes": self.notes, "decisions": self.ledger.decisions,
+                "stages": self.ledger.stages}
