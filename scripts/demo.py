@@ -227,7 +227,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
         raise ConfigError(f"train_mode must be offline or online, got {config.train_mode!r}")
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    wall = time.perf_counter()
+    wall, began = time.perf_counter(), time.monotonic()
     budget = parse_budget(config.budget)
     stages: list[Stage] = []
     pacer = Pacer.off(log)
@@ -249,7 +249,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
         log(f"[demo] {machine.lines()[-1]}")
         machine.seconds = time.perf_counter() - t0
         pacer = Pacer.start(out, budget, rates_of(machine.target), workload_of(config, target, train_prompts),
-                            log=log)
+                            began=began, log=log)
         config.data.per_domain_limit = pacer.before("data")["per_domain_limit"]
         given = pacer.before("eval")
         config.eval.max_new_tokens, config.eval.repeats = given["max_new_tokens"], given["repeats"]

@@ -19,12 +19,13 @@ from dataclasses import asdict, dataclass, field, replace
 from serve.core.errors import ConfigError, DraftsmithError
 
 # ---- the cost model's constants (measured on the demo target; docs/results.md "The demo on a budget")
-GENERATION_SLOWDOWN = 1.35  # decode steps over a growing cache (up to max_length) against the probe's 64 tokens
-CAPTURE_OVERHEAD = 1.15  # padding, the argmax over the vocabulary and writing shards, against one prefill
+GENERATION_SLOWDOWN = 2.0  # continuous batching (newcomers' prefills, caches up to max_length, the last rows
+                           # draining) against the probe's full batch over 64 cached tokens: 122 against 253 tok/s
+CAPTURE_OVERHEAD = 1.05  # padding, the argmax over the vocabulary and writing shards: 434 against 456 tok/s
 DRAFTER_PASS = 0.85  # an evaluated drafter's time per prompt against plain decoding's
 EVAL_FIXED_SECONDS = 25.0  # verify-cost measurement and warm-up runs
 EXPORT_FIXED_SECONDS = 4.0  # writing and reading back one export, besides its check's decoding
-TRAIN_SHARE = 0.4  # of the elastic seconds, for training (the rest: self-distillation and capture)
+TRAIN_SHARE = 0.45  # of the elastic seconds, for training (the rest: self-distillation and capture)
 EVAL_SHARE = 0.25  # the evaluation takes at most this share of the budget
 EVAL_CHOICES = ((96, 2), (64, 2), (96, 1), (64, 1), (48, 1), (32, 1))  # (new tokens, repeats), best first
 MIN_PROMPTS_PER_DOMAIN = 4  # less data than this trains nothing worth measuring
@@ -162,6 +163,12 @@ def least_budget(work: Workload, rates: Rates, *, spent: float = 0.0) -> float:
     return 60 * math.ceil(floor / 60)
 
 
+def split_training(seconds: float, weights) -> list[float]:
+    """Each head's seconds: MIN_TRAIN_SECONDS each, the rest of `seconds` shared by weight."""
+    spare = max(0.0, seconds - MIN_TRAIN_SECONDS * len(weights))
+    return [MIN_TRAIN_SECONDS + spare * w / sum(weights) for w in weights]
+
+
 def plan_demo(*, budget: float, spent: float, rates: Rates, work: Workload, data_rows: int | None = None,
               eval_choice: tuple[int, int] | None = None, slowdown: float = 1.0) -> Plan:
     """The stages from the data on, sized so that the whole demo ends within `budget` seconds.
@@ -204,23 +211,20 @@ def plan_demo(*, budget: float, spent: float, rates: Rates, work: Workload, data
                                                                      "rows": data_rows}, elastic=True)
     capture = StagePlan("capture", capture_seconds(data_rows * (work.prompt_tokens + work.answer_tokens), scaled),
                         {"tokens": round(data_rows * (work.prompt_tokens + work.answer_tokens))})
-    train_total = max(MIN_TRAIN_SECONDS * len(work.methods), elastic - data.seconds - capture.seconds)
-    weights = sum(work.method_weights)
-    trains = [StagePlan(f"train {m}", max(MIN_TRAIN_SECONDS, train_total * w / weights),
-                        {"max_seconds": round(max(MIN_TRAIN_SECONDS, train_total * w / weights))}, elastic=True)
-              for m, w in zip(work.methods, work.method_weights)]
+    seconds = split_training(elastic - data.seconds - capture.seconds, work.method_weights)
+    trains = [StagePlan(f"train {m}", t, {"max_seconds": round(t)}, elastic=True)
+              for m, t in zip(work.methods, seconds)]
     return Plan(budget=budget, spent=spent, stages=(data, capture, *trains, *fixed))
 
 
 def replan(plan: Plan, *, done: dict[str, float], spent: float, rates: Rates, work: Workload,
            data_tokens: float | None = None) -> tuple[Plan, float, str | None]:
-    """The stages not done yet, sized again to what is left of the budget: predicted stages scaled by how much
-    slower (or faster) the finished predicted stages ran, training given whatever remains (at least
-    MIN_TRAIN_SECONDS a head, even past the budget); data_tokens: what the data holds, once built (the capture's
-    size). Returns (plan, slowdown, a note when it changed course)."""
-    predicted = [s for s in plan.stages if s.name in done and not s.elastic and s.seconds > 0]
-    if "data" in done and plan.stage("data"):
-        predicted.append(plan.stage("data"))
+    """The stages not done yet, sized again to what is left of the budget. `plan`: the first plan (its
+    predictions); done: every finished stage's real seconds. Predicted stages are scaled by how much slower (or
+    faster) the finished ones ran than predicted, training gets whatever remains (at least MIN_TRAIN_SECONDS a
+    head, even past the budget); data_tokens: what the data holds, once built (the capture's size). Returns (plan,
+    slowdown, a note when it changed course)."""
+    predicted = [s for s in plan.stages if s.name in done and not s.name.startswith("train ") and s.seconds > 0]
     planned = sum(s.seconds for s in predicted)
     # too short a stretch says more about start-up costs than about the machine
     slowdown = sum(done[s.name] for s in predicted) / planned if planned >= MIN_EVIDENCE_SECONDS else 1.0
@@ -234,18 +238,35 @@ def replan(plan: Plan, *, done: dict[str, float], spent: float, rates: Rates, wo
     fixed = [replace(s, seconds=s.seconds * scale[s.name]) for s in left if not s.elastic]
     trains = [s for s in left if s.elastic and s.name.startswith("train ")]
     room = plan.budget - spent - sum(s.seconds for s in fixed)
-    weights = {s.name: s.seconds for s in trains}
+    evaluation = next((s for s in fixed if s.name == "eval"), None)
+    # training kept to at least half its planned time (and MIN_TRAIN_SECONDS a head) by a smaller evaluation
+    wanted = max(MIN_TRAIN_SECONDS * len(trains), 0.5 * sum(s.seconds for s in trains))
+    if evaluation is not None and trains and room < wanted:
+        slower = replace(rates, step_seconds=rates.step_seconds * slowdown)
+        current = (evaluation.settings["max_new_tokens"], evaluation.settings["repeats"])
+        for tokens, repeats in EVAL_CHOICES[EVAL_CHOICES.index(current) + 1:] if current in EVAL_CHOICES else ():
+            smaller = replace(evaluation, seconds=eval_seconds(tokens, repeats, work, slower),
+                              settings={"max_new_tokens": tokens, "repeats": repeats})
+            room += evaluation.seconds - smaller.seconds
+            fixed = [smaller if s.name == "eval" else s for s in fixed]
+            evaluation = smaller
+            if room >= wanted:
+                break
+    weights = {s.name: max(s.seconds - MIN_TRAIN_SECONDS, 1.0) for s in trains}  # their shares above the least
     total_weight = sum(weights.values()) or 1.0
-    resized = {s.name: max(MIN_TRAIN_SECONDS, room * weights[s.name] / total_weight) for s in trains}
+    resized = dict(zip(weights, split_training(room, [weights[s.name] / total_weight for s in trains])))
     stages = tuple(replace(s, seconds=resized[s.name], settings={**s.settings, "max_seconds": round(resized[s.name])})
                    if s.name in resized else next(f for f in fixed if f.name == s.name) for s in left)
     new = Plan(budget=plan.budget, spent=spent, stages=stages, notes=plan.notes)
     note = None
-    if slowdown > SLOW and trains:
-        note = (f"the finished stages ran {slowdown:.2f}x their planned time (the machine is slower or busier than "
-                f"when it was measured): training re-planned to "
+    if new.total > plan.budget + 1:
+        note = (f"the finished stages ran {slowdown:.2f}x their planned time: even the least training and the "
+                f"smallest evaluation end {minutes(new.total - plan.budget)} past the budget")
+    elif slowdown > SLOW and trains:
+        note = (f"the finished stages ran {slowdown:.2f}x their planned time (a busier machine, or a stage slower "
+                f"than the probe predicted): training re-planned to "
                 + ", ".join(f"{s.name.split()[1]} {minutes(resized[s.name])}" for s in trains))
-    elif sum(resized.values()) > 1.25 * sum(weights.values()) and trains:
+    elif trains and sum(resized.values()) > 1.25 * sum(s.seconds for s in trains):
         note = (f"the finished stages ran {slowdown:.2f}x their planned time: training gets the time they left, "
                 + ", ".join(f"{s.name.split()[1]} {minutes(resized[s.name])}" for s in trains))
     return new, slowdown, note

@@ -17,7 +17,8 @@ HEARTBEAT_SECONDS = 5.0
 
 
 class BudgetLedger:
-    def __init__(self, folder: Path, budget: float):
+    def __init__(self, folder: Path, budget: float, *, began: float | None = None):
+        """began: time.monotonic() when this run started (default now): what it spent before the ledger opened."""
         self.path = Path(folder) / LEDGER
         saved = json.loads(self.path.read_text()) if self.path.is_file() else {}
         same = saved.get("budget") == budget
@@ -27,7 +28,7 @@ class BudgetLedger:
         self.earlier = 0.0 if finished or not saved else float(saved.get("spent", 0.0))  # earlier runs, unfinished
         self.runs = 1 if finished or not saved else int(saved.get("runs", 0)) + 1
         self.stages: dict[str, dict] = {} if finished or not same else saved.get("stages", {})
-        self._start = time.monotonic()
+        self._start = time.monotonic() if began is None else began
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeat, name="demo-budget", daemon=True)

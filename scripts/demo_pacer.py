@@ -39,15 +39,23 @@ def workload_of(config: Any, target: Any, train_prompts: Path) -> Workload:
     mean_turns = sum(turns) / len(turns)
     answer = config.data.max_new_tokens * ANSWER_SHARE * mean_turns
     methods = tuple(config.methods)
-    weights = tuple(0.7 if m.startswith("eagle") else 0.3 for m in methods)
+    weights = tuple(0.75 if m.startswith("eagle") else 0.25 for m in methods)  # Medusa pays least at this scale
     drafters = len(methods) + 1 + (1 if methods else 0)  # the heads, n-gram, the hybrid
-    exports = len(methods) * len(config.export_formats)
+    exports = sum(_exportable(config, m, fmt) for m in methods for fmt in config.export_formats)
     return Workload(prompts_per_domain=per_domain, prompt_tokens=sum(lengths) / len(lengths),
                     answer_tokens=answer + (mean_turns - 1) * sum(lengths) / len(lengths), methods=methods,
                     method_weights=weights, eval_prompts=len(domains) * (config.eval.per_domain_limit or 1),
                     eval_drafters=drafters, exports=exports,
                     export_tokens=config.export_check_prompts * config.export_check_tokens,
                     generate_tokens=config.generate_max_new_tokens)
+
+
+def _exportable(config: Any, method: str, fmt: str) -> bool:
+    """Whether the export will be written (serve/export refuses the others before any work): SGLang has no Medusa,
+    vLLM's Medusa needs the full vocabulary."""
+    if method != "medusa":
+        return True
+    return fmt == "vllm" and getattr(config, method).model.draft_vocab_size == 0
 
 
 def rates_of(measured: Any) -> Rates:
@@ -61,6 +69,8 @@ class Pacer:
     def __init__(self, ledger: BudgetLedger | None, plan: Plan | None, rates: Rates | None, work: Workload | None,
                  log: Callable[[str], None]):
         self.ledger, self.plan, self.rates, self.work, self.log = ledger, plan, rates, work, log
+        self.first = plan  # as printed at the start: what every re-plan scales
+        self.data_tokens: float | None = None
         self.done: dict[str, float] = {}
         self.planned: dict[str, float] = {s.name: s.seconds for s in plan.stages} if plan else {}
         self.notes: list[str] = []
@@ -71,10 +81,11 @@ class Pacer:
         return cls(None, None, None, None, log)
 
     @classmethod
-    def start(cls, folder: Path, budget: float, rates: Rates, work: Workload, *,
+    def start(cls, folder: Path, budget: float, rates: Rates, work: Workload, *, began: float | None = None,
               log: Callable[[str], None] = print) -> "Pacer":
-        """Open the ledger, plan (raising BudgetError when the budget is too small) and print the plan."""
-        ledger = BudgetLedger(folder, budget)
+        """Open the ledger, plan (raising BudgetError when the budget is too small) and print the plan. began:
+        time.monotonic() when the demo started (the probe and the target's load count)."""
+        ledger = BudgetLedger(folder, budget, began=began)
         data_rows = ledger.decisions.get("data_rows")
         choice = ledger.decisions.get("eval")
         plan = plan_demo(budget=budget, spent=ledger.spent, rates=rates, work=work, data_rows=data_rows,
@@ -112,8 +123,9 @@ class Pacer:
         if self.plan.stage(name) is None:  # an export or other stage the plan counts as one
             return
         self.done[name] = seconds
-        self.plan, self.slowdown, note = replan(self.plan, done=self.done, spent=self.ledger.spent,
-                                                rates=self.rates, work=self.work, data_tokens=data_tokens)
+        self.data_tokens = data_tokens if data_tokens is not None else self.data_tokens
+        self.plan, self.slowdown, note = replan(self.first, done=self.done, spent=self.ledger.spent,
+                                                rates=self.rates, work=self.work, data_tokens=self.data_tokens)
         for stage in self.plan.stages:
             self.planned[stage.name] = stage.seconds
         if note:
@@ -131,5 +143,10 @@ class Pacer:
             return {"budget": None}
         self.ledger.finish()
         return {"budget": self.ledger.budget, "spent": round(self.ledger.spent, 1), "runs": self.ledger.runs,
+                "plan": self.first.to_dict(), "rates": vars(self.rates), "workload": _plain(vars(self.work)),
                 "slowdown": round(self.slowdown, 3), "notes": self.notes, "decisions": self.ledger.decisions,
                 "stages": self.ledger.stages}
+
+
+def _plain(record: dict) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in record.items()}

@@ -14,10 +14,20 @@ def test_demo_quick_end_to_end(demo_target_dir, tmp_path):
     # one torch thread: two threads collapse on a 2-core machine as soon as anything else runs (a parallel test
     # worker): the quick demo's eval took 1044 s with two threads against 278 s with one, same load
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    proc = subprocess.run([sys.executable, "-m", "scripts.cli", "demo", "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=1200, cwd=Path(__file__).parents[1], env=env)
+    command = [sys.executable, "-m", "scripts.cli", "demo", "--quick", "--out", str(out), "--budget", "20m"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=Path(__file__).parents[1],
+                          env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "demo_summary.json").read_text())
+    # the machine measured, the choices it made, and every stage's planned and real seconds
+    hardware = summary["machine"]["hardware"]
+    assert hardware["cpu"] and hardware["gflops"]["float32"]["1"] > 0 and summary["threads"] == 1
+    assert summary["dtype"] in ("float32", "bfloat16") and summary["machine"]["target"]["step_seconds"] > 0
+    assert summary["wall_seconds"] > 0 and summary["budget"]["budget"] == 1200
+    planned = summary["budget"]["stages"]
+    assert {"data", "capture", "train eagle3", "eval", "generate"} <= set(planned)
+    assert all(planned[name]["planned"] > 0 and planned[name]["real"] >= 0 for name in ("data", "eval"))
+    assert "[demo] plan for a 20.0 min budget" in proc.stdout and "[demo] machine: " in proc.stdout
     assert {s["name"] for s in summary["stages"]} >= {"target", "data", "train eagle3", "train medusa", "eval",
                                                        "export eagle3/vllm", "export eagle3/sglang", "generate"}
     result = json.loads((out / "report" / "result.json").read_text())
@@ -30,8 +40,8 @@ def test_demo_quick_end_to_end(demo_target_dir, tmp_path):
     assert "export medusa/vllm skipped: vLLM's Medusa needs a full-vocabulary drafter" in proc.stdout
     assert "mu per domain" in proc.stdout
     # a second run reuses the dataset, the trained drafters, the evaluation and the exports
-    again = subprocess.run([sys.executable, "-m", "scripts.cli", "demo", "--quick", "--out", str(out)],
-                           capture_output=True, text=True, timeout=1200, cwd=Path(__file__).parents[1], env=env)
+    again = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=Path(__file__).parents[1],
+                           env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     stages = {s["name"]: s for s in json.loads((out / "demo_summary.json").read_text())["stages"]}
     assert "reused" in stages["train eagle3"]["note"] and "reused" in stages["train medusa"]["note"]

@@ -141,9 +141,9 @@ def probe_hardware(*, requested_threads: int | None = None, requested_dtype: str
     """Measure the matmul throughput per dtype for 1..N threads (N: the usable cores) and choose (about 2 s)."""
     import torch
 
-    from serve.core.threads import idle_cores, usable_cores
+    from serve.core.threads import idle_cores, torch_default_threads, usable_cores
 
-    usable = usable_cores()
+    usable = min(usable_cores(), torch_default_threads())  # OMP_NUM_THREADS caps it, as it caps torch
     idle = idle_cores()
     counts = sorted({1, 2, usable} & set(range(1, usable + 1))) if usable > 2 else list(range(1, usable + 1))
     gflops = {dt: {t: round(matmul_gflops(dt, t), 2) for t in counts} for dt in dtypes}

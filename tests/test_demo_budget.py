@@ -1,0 +1,195 @@
+"""`demo --budget`: the plan from measured rates (scripts/demo_budget.py), the ledger an interrupted demo resumes
+from (scripts/demo_ledger.py), and the machine probe's choices (serve/core/machine.py)."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+
+import pytest
+
+from scripts.demo_budget import (MIN_PROMPTS_PER_DOMAIN, MIN_TRAIN_SECONDS, BudgetError, Rates, Workload,
+                                 least_budget, parse_budget, plan_demo, replan)
+from serve.core.config import ConfigError
+
+# what the probe measured for the demo target on the AVX2-only 2-core EPYC (fp32, 2 threads)
+AVX2 = Rates(step_seconds=0.064, generate_tokens_per_second=237.0, prefill_tokens_per_second=461.0)
+DEMO = Workload(prompts_per_domain=(64, 64, 64, 52, 64, 47, 57, 64, 64, 64, 64, 64, 64), prompt_tokens=72.7,
+                answer_tokens=183.7, methods=("eagle3", "medusa"), method_weights=(0.75, 0.25), eval_prompts=26,
+                eval_drafters=4, exports=4, export_tokens=96, generate_tokens=64)
+
+
+def faster(rates: Rates, by: float) -> Rates:
+    return Rates(step_seconds=rates.step_seconds / by, generate_tokens_per_second=rates.generate_tokens_per_second * by,
+                 prefill_tokens_per_second=rates.prefill_tokens_per_second * by)
+
+
+def test_budgets_parse_like_durations():
+    assert parse_budget("30m") == 1800 and parse_budget("1h30m") == 5400 and parse_budget("90s") == 90
+    assert parse_budget("45") == 2700 and parse_budget("1.5h") == 5400
+    assert parse_budget("off") is None and parse_budget("0") is None
+    with pytest.raises(ConfigError, match="give a duration like 30m"):
+        parse_budget("thirty minutes")
+
+
+def test_the_plan_fills_the_budget_and_no_more():
+    plan = plan_demo(budget=1800, spent=20, rates=AVX2, work=DEMO)
+    assert [s.name for s in plan.stages] == ["data", "capture", "train eagle3", "train medusa", "eval", "exports",
+                                            "generate"]
+    assert 1800 - 30 <= plan.total <= 1800
+    data = plan.stage("data").settings
+    assert MIN_PROMPTS_PER_DOMAIN < data["per_domain_limit"] < 64 and data["rows"] == DEMO.rows(
+        data["per_domain_limit"])
+    eagle, medusa = plan.stage("train eagle3"), plan.stage("train medusa")
+    assert eagle.settings["max_seconds"] == pytest.approx(eagle.seconds, abs=1)
+    # each head its least, the rest by weight
+    assert eagle.seconds - MIN_TRAIN_SECONDS == pytest.approx((medusa.seconds - MIN_TRAIN_SECONDS) * 0.75 / 0.25)
+    assert plan.stage("eval").seconds <= 0.25 * 1800
+    table = plan.table()
+    assert "plan for a 30.0 min budget" in table and "per_domain_limit" in table and "done at" in table
+
+
+def test_a_faster_machine_spends_the_same_budget_on_more():
+    slow, fast = (plan_demo(budget=1800, spent=20, rates=r, work=DEMO) for r in (AVX2, faster(AVX2, 2.5)))
+    assert fast.stage("data").settings["rows"] > slow.stage("data").settings["rows"]
+    fast_eval, slow_eval = fast.stage("eval").settings, slow.stage("eval").settings
+    assert (fast_eval["max_new_tokens"] * fast_eval["repeats"] > slow_eval["max_new_tokens"] * slow_eval["repeats"])
+    # every prompt answered: the time left over trains longer
+    rich = plan_demo(budget=3 * 3600, spent=0, rates=AVX2, work=DEMO)
+    assert rich.stage("data").settings["rows"] == sum(DEMO.prompts_per_domain)
+    assert rich.stage("train eagle3").seconds > 3 * slow.stage("train eagle3").seconds
+
+
+def test_a_budget_too_small_names_the_least_that_works():
+    least = least_budget(DEMO, AVX2, spent=20)
+    with pytest.raises(BudgetError, match=rf"too small for any training on this machine: the least that works is "
+                                          rf"--budget {least / 60:.0f}m"):
+        plan_demo(budget=least - 120, spent=20, rates=AVX2, work=DEMO)
+    plan = plan_demo(budget=least, spent=20, rates=AVX2, work=DEMO)  # the least itself plans
+    assert plan.stage("data").settings["per_domain_limit"] >= MIN_PROMPTS_PER_DOMAIN
+    assert all(plan.stage(f"train {m}").seconds >= MIN_TRAIN_SECONDS for m in DEMO.methods)
+    assert least_budget(DEMO, faster(AVX2, 3)) < least
+
+
+def test_a_slower_stage_shrinks_training_and_says_so():
+    plan = plan_demo(budget=1800, spent=20, rates=AVX2, work=DEMO)
+    data = plan.stage("data")
+    later, slowdown, note = replan(plan, done={"data": 1.3 * data.seconds}, spent=20 + 1.3 * data.seconds,
+                                   rates=AVX2, work=DEMO)
+    assert slowdown == pytest.approx(1.3)
+    assert later.stage("data") is None and later.stage("capture").seconds == pytest.approx(
+        1.3 * plan.stage("capture").seconds)
+    assert later.stage("train eagle3").seconds < plan.stage("train eagle3").seconds
+    assert "ran 1.30x their planned time (a busier machine, or a stage slower" in note
+    assert 1800 - 30 <= later.total <= 1800 + 1
+    # much slower: the evaluation shrinks before training falls under its least, and past that the note says so
+    slower, _, _ = replan(plan, done={"data": 1.5 * data.seconds}, spent=20 + 1.5 * data.seconds, rates=AVX2,
+                          work=DEMO)
+    assert slower.stage("eval").settings["max_new_tokens"] < plan.stage("eval").settings["max_new_tokens"]
+    assert all(slower.stage(f"train {m}").seconds >= MIN_TRAIN_SECONDS for m in DEMO.methods)
+    _, _, late = replan(plan, done={"data": 2.5 * data.seconds}, spent=20 + 2.5 * data.seconds, rates=AVX2,
+                        work=DEMO)
+    assert "end" in late and "past the budget" in late
+    # on time: the plan holds; a head that stopped early (its epochs, or early stopping) leaves its time to the next
+    on_time, _, quiet = replan(plan, done={"data": data.seconds}, spent=20 + data.seconds, rates=AVX2, work=DEMO)
+    assert quiet is None and on_time.stage("train eagle3").seconds == pytest.approx(
+        plan.stage("train eagle3").seconds, rel=0.02)
+    spent = 20 + data.seconds + plan.stage("capture").seconds + 30
+    after, _, _ = replan(plan, done={"data": data.seconds, "capture": plan.stage("capture").seconds,
+                                        "train eagle3": 30.0}, spent=spent, rates=AVX2, work=DEMO)
+    assert after.stage("train medusa").seconds > 2 * plan.stage("train medusa").seconds
+    assert after.total == pytest.approx(1800, abs=1)
+
+
+def test_the_capture_is_planned_again_from_the_data_built():
+    plan = plan_demo(budget=1800, spent=20, rates=AVX2, work=DEMO)
+    tokens = plan.stage("capture").settings["tokens"]
+    shorter, _, _ = replan(plan, done={"data": plan.stage("data").seconds}, spent=20 + plan.stage("data").seconds,
+                           rates=AVX2, work=DEMO, data_tokens=tokens / 2)
+    assert shorter.stage("capture").seconds == pytest.approx(plan.stage("capture").seconds / 2, rel=0.01)
+    assert shorter.stage("train eagle3").seconds > plan.stage("train eagle3").seconds
+
+
+def test_an_interrupted_demo_keeps_its_data_and_what_is_left(tmp_path, monkeypatch):
+    import scripts.demo_ledger as ledger_module
+    from scripts.demo_ledger import BudgetLedger
+    from scripts.demo_pacer import Pacer
+
+    monkeypatch.setattr(ledger_module, "HEARTBEAT_SECONDS", 0.05)
+    lines: list[str] = []
+    first = Pacer.start(tmp_path, 1800, AVX2, DEMO, log=lines.append)
+    rows = first.before("data")["rows"]
+    time.sleep(0.3)  # killed here: no stage recorded, only the heartbeat's count
+    first.ledger._stop.set()
+    saved = json.loads((tmp_path / "budget.json").read_text())
+    assert saved["spent"] >= 0.2 and not saved["finished"] and saved["decisions"]["data_rows"] == rows
+
+    faster_now = faster(AVX2, 2.0)  # a rerun measures a faster machine: the data it planned is kept
+    second = Pacer.start(tmp_path, 1800, faster_now, DEMO, log=lines.append)
+    assert second.ledger.resumed and second.ledger.spent >= saved["spent"]
+    assert second.before("data")["rows"] == rows and second.plan.spent >= saved["spent"]
+    assert any("resuming:" in line and "1 earlier run;" in line for line in lines)
+    second.after("data", 10.0, data_tokens=1000)
+    summary = second.finish()
+    assert summary["runs"] == 2 and summary["stages"]["data"]["real"] == 10.0
+    # a finished demo run again: a new count, the same decisions
+    third = BudgetLedger(tmp_path, 1800)
+    assert not third.resumed and third.decisions["data_rows"] == rows and third.runs == 1
+    assert BudgetLedger(tmp_path, 3600).decisions == {}  # another budget plans anew
+
+
+def test_the_probe_picks_bf16_only_where_it_is_faster():
+    from serve.core.machine import choose
+
+    avx2 = {"float32": {1: 88.0, 2: 167.0}, "bfloat16": {1: 1.3, 2: 1.2}}
+    dtype, threads, why = choose(avx2, idle=2.0, usable=2)
+    assert (dtype, threads) == ("float32", 2) and "fp32 matmul 167 GFLOP/s against bf16 1.3" in why
+    amx = {"float32": {1: 150.0, 2: 290.0}, "bfloat16": {1: 900.0, 2: 1700.0}}
+    assert choose(amx, idle=2.0, usable=2)[:2] == ("bfloat16", 2)
+    # one core busy elsewhere: one thread, whatever two would have done on a quiet machine
+    assert choose(avx2, idle=1.1, usable=2)[1] == 1
+    # two threads no faster than one (a shared core): the fewer
+    assert choose({"float32": {1: 100.0, 2: 104.0}}, idle=2.0, usable=2)[1] == 1
+    assert choose(amx, idle=2.0, usable=2, requested_dtype="float32", requested_threads=1)[:2] == ("float32", 1)
+
+
+def test_the_probe_measures_this_machine_and_a_target(tiny_target):
+    import torch
+
+    from serve.core.machine import MachineReport, probe_hardware, probe_target
+
+    threads = torch.get_num_threads()
+    hardware = probe_hardware(dtypes=("float32",))
+    assert torch.get_num_threads() == threads  # measuring does not change torch's threads
+    assert hardware.gflops["float32"][1] > 0 and hardware.dtype == "float32" and hardware.threads >= 1
+    rates = probe_target(tiny_target, batch=4, prefill_tokens=256)
+    assert rates.step_seconds > 0 and rates.generate_tokens_per_second > 0 and rates.prefill_tokens == 256
+    lines = MachineReport(hardware, rates).lines()
+    assert lines[0].startswith("machine: ") and lines[-1].startswith("target: one decode step")
+    assert json.dumps(MachineReport(hardware, rates).to_dict())
+
+
+def test_the_demo_refuses_a_budget_too_small_before_any_work(tiny_target_dir, tmp_path, capsys):
+    """`draftsmith demo --budget 1m`: one line naming the least budget that works on this machine, exit 2, and
+    nothing self-distilled."""
+    from scripts.cli import main
+
+    out = tmp_path / "demo"
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", "--budget", "1m", "--out", str(out), "--threads", "1", f"target.spec={tiny_target_dir}",
+              "domains=[code,math]"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "error: a 60 s budget is too small for any training on this machine: the least that works " \
+                          "is --budget " in err
+    assert not (out / "data").exists()
+
+
+def test_every_replan_scales_the_first_predictions_by_all_that_finished():
+    """Data 1.2x slower, then the capture 0.76x: the rest is scaled by both together (1.03x), not by the last
+    stage alone nor twice over."""
+    plan = plan_demo(budget=1800, spent=20, rates=AVX2, work=DEMO)
+    d, c = plan.stage("data").seconds, plan.stage("capture").seconds
+    later, slowdown, _ = replan(plan, done={"data": 1.2 * d, "capture": 0.76 * c}, spent=20 + 1.2 * d + 0.76 * c,
+                                rates=AVX2, work=DEMO)
+    assert slowdown == pytest.approx((1.2 * d + 0.76 * c) / (d + c))
+    assert later.stage("eval").seconds == pytest.approx(plan.stage("eval").seconds * slowdown)
