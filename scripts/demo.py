@@ -274,7 +274,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
                              f"{captured.shards_reused} shards reused)")
 
     drafters: dict[str, str] = {}
-    for method in config.methods:
+    for method in pacer.training_order(config.methods):
         t0 = time.perf_counter()
         train_config: TrainConfig = getattr(config, method)
         train_config.target.spec = config.target.spec
@@ -286,6 +286,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
         folder, reused = train_if_needed(train_config, digest, log)
         drafters[method] = str(folder)
         stage(f"train {method}", t0, "(reused)" if reused else _trained_note(folder))
+    drafters = {method: drafters[method] for method in config.methods}  # the recipe's order: the first is the hybrid's
 
     t0 = time.perf_counter()
     specs = {**drafters, "ngram": "ngram"}

@@ -212,8 +212,8 @@ def plan_demo(*, budget: float, spent: float, rates: Rates, work: Workload, data
     capture = StagePlan("capture", capture_seconds(data_rows * (work.prompt_tokens + work.answer_tokens), scaled),
                         {"tokens": round(data_rows * (work.prompt_tokens + work.answer_tokens))})
     seconds = split_training(elastic - data.seconds - capture.seconds, work.method_weights)
-    trains = [StagePlan(f"train {m}", t, {"max_seconds": round(t)}, elastic=True)
-              for m, t in zip(work.methods, seconds)]
+    trains = sorted((StagePlan(f"train {m}", t, {"max_seconds": round(t)}, elastic=True)
+                     for m, t in zip(work.methods, seconds)), key=lambda s: s.seconds)  # least first: see Pacer
     return Plan(budget=budget, spent=spent, stages=(data, capture, *trains, *fixed))
 
 

@@ -132,6 +132,13 @@ class Pacer:
             self.notes.append(note)
             self.log(f"[demo] {note}")
 
+    def training_order(self, methods) -> list[str]:
+        """The heads the plan gives least first: one that ends early (its epochs, early stopping) leaves its time to
+        the next (the EAGLE head, where more training pays most). Without a budget, the recipe's order."""
+        if not self.plan:
+            return list(methods)
+        return sorted(methods, key=lambda m: self.planned.get(f"train {m}", 0.0))
+
     def deadline_seconds(self) -> float | None:
         """How long self-distillation may take before no new row starts."""
         stage = self.plan.stage("data") if self.plan else None

@@ -250,3 +250,39 @@ def test_steps_within_leaves_time_for_the_evaluations():
                         total_steps=100) == 17
     assert steps_within(20, elapsed=25, step_seconds=0.5, eval_seconds=0, eval_every=0, done=5, total_steps=100) == 5
     assert steps_within(1e6, elapsed=0, step_seconds=0.5, eval_seconds=0, eval_every=0, done=5, total_steps=50) == 50
+
+
+def test_time_budget_refits_when_the_steps_speed_up(monkeypatch):
+    """Steps of 2 s while the first ones are timed, then 1 s: the later fit lengthens the run (within its epochs), a
+    step past the budget is the last, and evaluation time is not counted as step time."""
+    import train.loop as loop
+    from train.schedule import CALIBRATION_STEPS, REFIT_EVERY
+
+    now = [0.0]
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: now[0])
+    budget = loop.TimeBudget(max_seconds=300, clock=0.0, start_step=0, eval_seconds=0.0, eval_every=0)
+    total, done = 1000, 0
+
+    def step(seconds: float):
+        nonlocal total, done
+        now[0] += seconds
+        done += 1
+        fitted = budget.fit(done, total)
+        total = fitted if fitted is not None else total
+
+    step(5.0)  # warm-up: not timed
+    for _ in range(CALIBRATION_STEPS):
+        step(2.0)
+    assert total == done + int((300 - now[0]) // 2.0)  # fitted at 2 s a step
+    first = total
+    budget.evaluated(10.0)  # an evaluation inside the timed stretch
+    now[0] += 10.0
+    while done < 1 + REFIT_EVERY:
+        step(1.0)
+    assert total > first and budget.step_seconds < 2.0  # faster steps: a longer run
+    while done < total:
+        step(1.0)
+    assert now[0] <= 300 + 1.0
+    over = loop.TimeBudget(max_seconds=10, clock=0.0, start_step=0, eval_seconds=0.0, eval_every=0, cap=1000)
+    now[0] = 11.0
+    assert over.fit(3, 1000) == 3  # past the budget: this step is the last

@@ -23,7 +23,7 @@ from train.config import TrainConfig
 from train.evaluate import BestTracker, agreement_over, sample_rows
 from train.metrics import MetricWindow, StepStats
 from train.objectives import Agreement, FeatureBatch, Objective
-from train.schedule import CALIBRATION_STEPS, Cadence, DataOrder, lr_lambda, steps_within
+from train.schedule import CALIBRATION_STEPS, REFIT_EVERY, Cadence, DataOrder, lr_lambda, steps_within
 
 CHECKPOINTS = "checkpoints"
 STATE_NAME = "trainer_state.json"
@@ -197,35 +197,46 @@ def checkpoint(accelerator, out_dir: Path, done: int, *, keep: int, total_steps:
 
 @dataclass
 class TimeBudget:
-    """optim.max_seconds: after CALIBRATION_STEPS steps the run's length is fitted to the time left (once); after
-    that, a step that ends past the budget is the last (a slower machine than the calibration saw)."""
+    """optim.max_seconds: after CALIBRATION_STEPS steps the run's length is fitted to the time left, and again every
+    REFIT_EVERY steps from the rate so far (within the run's own epochs or max_steps); a step that ends past the
+    budget is the last."""
     max_seconds: float
     clock: float  # perf_counter() when the stage began
     start_step: int
-    eval_seconds: float  # one held-out evaluation (timed at step 0; 0 when resumed or none)
+    eval_seconds: float  # one held-out evaluation (timed at step 0, then at every evaluation)
     eval_every: int
     step_seconds: float = 0.0
+    cap: int = 0  # the most steps the run may take (its epochs or max_steps)
     _fitted: bool = False
     _timed_from: float = 0.0
+    _eval_spent: float = 0.0  # evaluation seconds inside the timed stretch
+
+    def evaluated(self, seconds: float) -> None:
+        self.eval_seconds = seconds
+        if self._timed_from:
+            self._eval_spent += seconds
 
     def fit(self, done: int, total_steps: int) -> int | None:
         """The run's new last step, or None to go on as planned."""
         if self.max_seconds <= 0:
             return None
         now = time.perf_counter()
+        self.cap = self.cap or total_steps
         if done == self.start_step + 1:  # the first step pays for warm-up: time the ones after it
-            self._timed_from = now
+            self._timed_from, self._eval_spent = now, 0.0
             return None
         elapsed = now - self.clock
         if elapsed >= self.max_seconds:
             return done
-        if self._fitted or done < self.start_step + 1 + CALIBRATION_STEPS:
+        steps = done - self.start_step - 1
+        if steps < CALIBRATION_STEPS or (self._fitted and steps % REFIT_EVERY):
             return None
         self._fitted = True
-        self.step_seconds = (now - self._timed_from) / (done - self.start_step - 1)
-        return steps_within(self.max_seconds, elapsed=elapsed, step_seconds=self.step_seconds,
-                            eval_seconds=self.eval_seconds, eval_every=self.eval_every, done=done,
-                            total_steps=total_steps)
+        self.step_seconds = (now - self._timed_from - self._eval_spent) / steps
+        fitted = steps_within(self.max_seconds, elapsed=elapsed, step_seconds=self.step_seconds,
+                              eval_seconds=self.eval_seconds, eval_every=self.eval_every, done=done,
+                              total_steps=self.cap)
+        return None if abs(fitted - total_steps) <= max(1, 0.02 * total_steps) else fitted
 
 
 def _agreed(accelerator, value: int | None) -> int | None:
@@ -407,7 +418,9 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
             tracker.log(window.record(step=step, lr=scheduler.get_last_lr()[0]), step=done)
         evaluated = cadence.evaluates(done)
         if evaluated:
+            began = time.perf_counter()
             last_eval = evaluate()
+            budget.evaluated(time.perf_counter() - began)
             improved = best.update(last_eval["mu_tf"], done, lambda: _head_state(accelerator, model))
             tracker.log({"event": "eval", **last_eval, "trained": True, "best": improved,
                          "final": done == total_steps}, step=done)

@@ -82,6 +82,7 @@ class Cadence:
 
 
 CALIBRATION_STEPS = 8  # steps timed before a time budget fixes the run's length
+REFIT_EVERY = 50  # steps between later fits (the rate settles after the first steps)
 
 
 def steps_within(max_seconds: float, *, elapsed: float, step_seconds: float, eval_seconds: float, eval_every: int,
