@@ -394,16 +394,16 @@ def _run_rows(target, planned: list[_Planned], config: DataBuildConfig, max_leng
             finish(state)
         else:
             batcher.add(request)
-    late, stepped = False, False
+    late = False
     while batcher.busy:
-        if not late and stepped and deadline is not None and time.monotonic() > deadline:
+        if not late and deadline is not None and time.monotonic() > deadline:
             late = True
             stats["unstarted_rows"] = len(batcher.queue)
             batcher.queue.clear()
             log(f"data build: the time given is up: {stats['unstarted_rows']} rows not started, "
                 f"{batcher.running} in flight end their turn")
         start = time.perf_counter()
-        complete, stepped = [], True
+        complete = []
         for request, answer in batcher.step():
             state = states[request.key[0]]
             stats["generated_tokens"] += _answered(target, state, request.key[1], answer)

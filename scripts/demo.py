@@ -195,12 +195,19 @@ def measure_machine(config: DemoConfig, log: Callable[[str], None]):
 
 
 def _trained_note(folder: str | Path) -> str:
-    """How the head's training ended: its steps, and why it stopped when it stopped early."""
+    """How the head's training ended: its steps and epochs, and what ended it (its time, held-out acceptance that
+    stopped rising, or its epochs)."""
+    from train.tracking import read_log
+
     summary = Path(folder) / "training_summary.json"
     if not summary.is_file():
         return ""
     done = json.loads(summary.read_text())
-    return f"({done.get('steps')} steps, {done.get('epochs', 0):.2f} epochs)"
+    log = read_log(Path(folder).parent)
+    fits = [r for r in log if r.get("event") == "time_budget"]
+    why = ("held-out acceptance stopped rising" if any(r.get("event") == "early_stop" for r in log)
+           else "its time" if fits and fits[-1]["total_steps"] < fits[-1]["most_steps"] else "its epochs")
+    return f"({done.get('steps')} steps, {done.get('epochs', 0):.2f} epochs; ended by {why})"
 
 
 def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:

@@ -154,7 +154,7 @@ def choose_eval(budget: float, work: Workload, rates: Rates) -> tuple[int, int]:
 
 def least_budget(work: Workload, rates: Rates, *, spent: float = 0.0) -> float:
     """The smallest budget that trains every head on MIN_PROMPTS_PER_DOMAIN prompts per domain."""
-    rows = work.rows(MIN_PROMPTS_PER_DOMAIN)
+    rows = work.rows(min(MIN_PROMPTS_PER_DOMAIN, max(work.prompts_per_domain)))
     tokens, repeats = EVAL_CHOICES[-1]
     floor = (spent + data_seconds(rows, work, rates)
              + capture_seconds(rows * (work.prompt_tokens + work.answer_tokens), rates)
@@ -169,24 +169,21 @@ def split_training(seconds: float, weights) -> list[float]:
     return [MIN_TRAIN_SECONDS + spare * w / sum(weights) for w in weights]
 
 
-def plan_demo(*, budget: float, spent: float, rates: Rates, work: Workload, data_rows: int | None = None,
-              eval_choice: tuple[int, int] | None = None, slowdown: float = 1.0) -> Plan:
+def plan_demo(*, budget: float, spent: float, rates: Rates, work: Workload, per_domain: int | None = None,
+              eval_choice: tuple[int, int] | None = None) -> Plan:
     """The stages from the data on, sized so that the whole demo ends within `budget` seconds.
 
-    data_rows: fixed by an earlier run (an interrupted demo keeps its data); eval_choice likewise. slowdown scales
-    every prediction (the finished stages ran that much slower than predicted). Raises BudgetError when even the
-    least data and training do not fit, naming the least budget that works.
+    per_domain: prompts per domain fixed by an earlier run (an interrupted demo keeps its data); eval_choice
+    likewise. Raises BudgetError when even the least data and training do not fit, naming the least budget that
+    works.
     """
-    scaled = replace(rates, step_seconds=rates.step_seconds * slowdown,
-                     generate_tokens_per_second=rates.generate_tokens_per_second / slowdown,
-                     prefill_tokens_per_second=rates.prefill_tokens_per_second / slowdown)
-    tokens, repeats = eval_choice or choose_eval(budget, work, scaled)
-    fixed = [StagePlan("eval", eval_seconds(tokens, repeats, work, scaled),
+    tokens, repeats = eval_choice or choose_eval(budget, work, rates)
+    fixed = [StagePlan("eval", eval_seconds(tokens, repeats, work, rates),
                        {"max_new_tokens": tokens, "repeats": repeats}),
-             StagePlan("exports", export_seconds(work, scaled), {"exports": work.exports}),
-             StagePlan("generate", generate_seconds(work, scaled))]
+             StagePlan("exports", export_seconds(work, rates), {"exports": work.exports}),
+             StagePlan("generate", generate_seconds(work, rates))]
     elastic = budget - spent - sum(s.seconds for s in fixed)
-    least = least_budget(work, scaled, spent=spent)
+    least = least_budget(work, rates, spent=spent)
     if budget < least:
         raise BudgetError(f"a {minutes(budget)} budget is too small for any training on this machine: the least "
                           f"that works is --budget {least / 60:.0f}m ({MIN_PROMPTS_PER_DOMAIN} prompts per domain, "
@@ -194,22 +191,19 @@ def plan_demo(*, budget: float, spent: float, rates: Rates, work: Workload, data
                           + (f", {minutes(spent)} already spent" if spent else "") + ")")
 
     def data_cost(rows: int) -> float:
-        return data_seconds(rows, work, scaled) + capture_seconds(rows * (work.prompt_tokens + work.answer_tokens),
-                                                                 scaled)
+        return data_seconds(rows, work, rates) + capture_seconds(rows * (work.prompt_tokens + work.answer_tokens),
+                                                                 rates)
 
-    if data_rows is None:
-        train_floor = MIN_TRAIN_SECONDS * len(work.methods)
-        room = max(elastic * (1 - TRAIN_SHARE), elastic - max(train_floor, TRAIN_SHARE * elastic))
-        most = max(work.prompts_per_domain)
-        per_domain = max([p for p in range(MIN_PROMPTS_PER_DOMAIN, most + 1) if data_cost(work.rows(p)) <= room],
-                         default=MIN_PROMPTS_PER_DOMAIN)
-        data_rows = work.rows(per_domain)
-    else:
-        per_domain = next((p for p in range(1, max(work.prompts_per_domain) + 1) if work.rows(p) >= data_rows),
-                          max(work.prompts_per_domain))
-    data = StagePlan("data", data_seconds(data_rows, work, scaled), {"per_domain_limit": per_domain,
+    most = max(work.prompts_per_domain)  # the recipe's own limit: never more
+    if per_domain is None:
+        room = min(elastic * (1 - TRAIN_SHARE), elastic - MIN_TRAIN_SECONDS * len(work.methods))
+        fewest = min(MIN_PROMPTS_PER_DOMAIN, most)
+        per_domain = max([p for p in range(fewest, most + 1) if data_cost(work.rows(p)) <= room], default=fewest)
+    per_domain = min(per_domain, most)
+    data_rows = work.rows(per_domain)
+    data = StagePlan("data", data_seconds(data_rows, work, rates), {"per_domain_limit": per_domain,
                                                                      "rows": data_rows}, elastic=True)
-    capture = StagePlan("capture", capture_seconds(data_rows * (work.prompt_tokens + work.answer_tokens), scaled),
+    capture = StagePlan("capture", capture_seconds(data_rows * (work.prompt_tokens + work.answer_tokens), rates),
                         {"tokens": round(data_rows * (work.prompt_tokens + work.answer_tokens))})
     seconds = split_training(elastic - data.seconds - capture.seconds, work.method_weights)
     trains = sorted((StagePlan(f"train {m}", t, {"max_seconds": round(t)}, elastic=True)
@@ -220,7 +214,7 @@ def plan_demo(*, budget: float, spent: float, rates: Rates, work: Workload, data
 def replan(plan: Plan, *, done: dict[str, float], spent: float, rates: Rates, work: Workload,
            data_tokens: float | None = None) -> tuple[Plan, float, str | None]:
     """The stages not done yet, sized again to what is left of the budget. `plan`: the first plan (its
-    predictions); done: every finished stage's real seconds. Predicted stages are scaled by how much slower (or
+    predictions); done: every finished stage's real seconds. Predicted stages are rates by how much slower (or
     faster) the finished ones ran than predicted, training gets whatever remains (at least MIN_TRAIN_SECONDS a
     head, even past the budget); data_tokens: what the data holds, once built (the capture's size). Returns (plan,
     slowdown, a note when it changed course)."""

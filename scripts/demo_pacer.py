@@ -26,7 +26,7 @@ def workload_of(config: Any, target: Any, train_prompts: Path) -> Workload:
     from data.masks import render_prompt
 
     rows = [json.loads(line) for line in train_prompts.read_text().splitlines() if line.strip()]
-    domains = [d for d in (config.domains or BUILTIN_DOMAINS)]
+    domains = list(config.domains or BUILTIN_DOMAINS)
     limit = config.data.per_domain_limit or len(rows)
     per_domain = tuple(min(limit, sum(r["domain"] == d for r in rows)) for d in domains)
     chat = config.data.chat
@@ -37,14 +37,16 @@ def workload_of(config: Any, target: Any, train_prompts: Path) -> Workload:
         lengths.append(len(render_prompt(target.tokenizer, messages, chat=chat)))
         turns.append(len(row.get("turns", [])) or sum(m.get("role") == "user" for m in row.get("messages", [])) or 1)
     mean_turns = sum(turns) / len(turns)
+    held_out = min(config.eval.per_domain_limit or config.eval_prompts_per_domain, config.eval_prompts_per_domain)
     answer = config.data.max_new_tokens * ANSWER_SHARE * mean_turns
     methods = tuple(config.methods)
     weights = tuple(0.75 if m.startswith("eagle") else 0.25 for m in methods)  # Medusa pays least at this scale
     drafters = len(methods) + 1 + (1 if methods else 0)  # the heads, n-gram, the hybrid
     exports = sum(_exportable(config, m, fmt) for m in methods for fmt in config.export_formats)
     return Workload(prompts_per_domain=per_domain, prompt_tokens=sum(lengths) / len(lengths),
+                    # a later turn's prompt is written into the row too
                     answer_tokens=answer + (mean_turns - 1) * sum(lengths) / len(lengths), methods=methods,
-                    method_weights=weights, eval_prompts=len(domains) * (config.eval.per_domain_limit or 1),
+                    method_weights=weights, eval_prompts=len(domains) * held_out,
                     eval_drafters=drafters, exports=exports,
                     export_tokens=config.export_check_prompts * config.export_check_tokens,
                     generate_tokens=config.generate_max_new_tokens)
@@ -86,15 +88,15 @@ class Pacer:
         """Open the ledger, plan (raising BudgetError when the budget is too small) and print the plan. began:
         time.monotonic() when the demo started (the probe and the target's load count)."""
         ledger = BudgetLedger(folder, budget, began=began)
-        data_rows = ledger.decisions.get("data_rows")
         choice = ledger.decisions.get("eval")
-        plan = plan_demo(budget=budget, spent=ledger.spent, rates=rates, work=work, data_rows=data_rows,
+        plan = plan_demo(budget=budget, spent=ledger.spent, rates=rates, work=work,
+                         per_domain=ledger.decisions.get("per_domain_limit"),
                          eval_choice=tuple(choice) if choice else None)
         ledger.start()
         if ledger.resumed:
             log(f"[demo] resuming: {minutes(ledger.earlier)} of the {minutes(budget)} budget spent by "
                 f"{ledger.runs - 1} earlier run{'s' * (ledger.runs > 2)}; {minutes(ledger.left)} left")
-        ledger.decide("data_rows", plan.stage("data").settings["rows"])
+        ledger.decide("per_domain_limit", plan.stage("data").settings["per_domain_limit"])
         eval_stage = plan.stage("eval").settings
         ledger.decide("eval", [eval_stage["max_new_tokens"], eval_stage["repeats"]])
         log("[demo] " + plan.table().replace("\n", "\n[demo] "))
@@ -122,6 +124,8 @@ class Pacer:
         self.ledger.stage(name, planned=planned, real=seconds)
         if self.plan.stage(name) is None:  # an export or other stage the plan counts as one
             return
+        if name == "data":  # a rerun answers no more prompts: the data, the cache and the heads stay reusable
+            self.ledger.decide("data_built", True)
         self.done[name] = seconds
         self.data_tokens = data_tokens if data_tokens is not None else self.data_tokens
         self.plan, self.slowdown, note = replan(self.first, done=self.done, spent=self.ledger.spent,
@@ -140,9 +144,14 @@ class Pacer:
         return sorted(methods, key=lambda m: self.planned.get(f"train {m}", 0.0))
 
     def deadline_seconds(self) -> float | None:
-        """How long self-distillation may take before no new row starts."""
+        """How long self-distillation may take before no new row starts: 0 once an earlier run built the data (its
+        rows are reused and no other starts, whatever a deadline left unanswered then)."""
         stage = self.plan.stage("data") if self.plan else None
-        return stage.seconds * DEADLINE_SLACK[0] + DEADLINE_SLACK[1] if stage else None
+        if stage is None:
+            return None
+        if self.ledger.decisions.get("data_built"):
+            return 0.0
+        return stage.seconds * DEADLINE_SLACK[0] + DEADLINE_SLACK[1]
 
     def finish(self) -> dict:
         """What demo_summary.json records of the budget."""

@@ -221,18 +221,24 @@ def test_keep_answers_mixes_fixed_text_rows_at_a_ratio(tmp_path, tiny_target):
         load_config(DataBuildConfig, section="data", overrides=["data.keep_answers=1.5"])
 
 
-def test_a_deadline_keeps_the_rows_answered_and_a_rerun_answers_the_rest(tmp_path, tiny_target, prompts):
+def test_a_deadline_keeps_the_rows_answered_and_a_rerun_answers_the_rest(tmp_path, tiny_target, prompts,
+                                                                         monkeypatch):
     """`demo --budget`: past the deadline no new row starts; the rows in flight end their turn (a conversation
-    with turns left is not saved); a rerun without a deadline answers the others, equal to a build never cut."""
-    import time
+    with turns left is not saved); a rerun without a deadline answers the others, equal to a build never cut, and a
+    rerun past its deadline from the start answers none."""
+    import data.build as build
 
     config = config_for(prompts)
     full = tmp_path / "full"
     build_dataset(tiny_target, config, out_dir=full, progress=False, log=quiet)
+    clock = iter([0.0] + [10.0] * 10_000)  # the first step starts before the deadline, every later one after it
+    monkeypatch.setattr(build.time, "monotonic", lambda: next(clock))
     out, lines = tmp_path / "cut", []
-    cut = build_dataset(tiny_target, config, out_dir=out, progress=False, log=lines.append,
-                        deadline=time.monotonic() - 1)
+    cut = build_dataset(tiny_target, config, out_dir=out, progress=False, log=lines.append, deadline=5.0)
+    monkeypatch.undo()
     assert 1 <= cut.rows < 5 and any("rows not started" in line for line in lines)
     assert set(read(out)["id"]) < set(read(full)["id"])
+    kept = build_dataset(tiny_target, config, out_dir=out, progress=False, log=quiet, deadline=0.0)
+    assert (kept.reused_rows, kept.generated_batches) == (cut.rows, 0) and read(out)["id"] == read(tmp_path / "cut")["id"]
     again = build_dataset(tiny_target, config, out_dir=out, progress=False, log=quiet)
     assert again.reused_rows == cut.rows and read(out) == read(full)

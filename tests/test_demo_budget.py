@@ -120,23 +120,27 @@ def test_an_interrupted_demo_keeps_its_data_and_what_is_left(tmp_path, monkeypat
     monkeypatch.setattr(ledger_module, "HEARTBEAT_SECONDS", 0.05)
     lines: list[str] = []
     first = Pacer.start(tmp_path, 1800, AVX2, DEMO, log=lines.append)
-    rows = first.before("data")["rows"]
+    per_domain = first.before("data")["per_domain_limit"]
     time.sleep(0.3)  # killed here: no stage recorded, only the heartbeat's count
     first.ledger._stop.set()
     saved = json.loads((tmp_path / "budget.json").read_text())
-    assert saved["spent"] >= 0.2 and not saved["finished"] and saved["decisions"]["data_rows"] == rows
+    assert saved["spent"] >= 0.2 and not saved["finished"] and saved["decisions"]["per_domain_limit"] == per_domain
 
     faster_now = faster(AVX2, 2.0)  # a rerun measures a faster machine: the data it planned is kept
     second = Pacer.start(tmp_path, 1800, faster_now, DEMO, log=lines.append)
     assert second.ledger.resumed and second.ledger.spent >= saved["spent"]
-    assert second.before("data")["rows"] == rows and second.plan.spent >= saved["spent"]
+    assert second.before("data")["per_domain_limit"] == per_domain and second.plan.spent >= saved["spent"]
     assert any("resuming:" in line and "1 earlier run;" in line for line in lines)
+    assert second.deadline_seconds() > 0  # its data was not built yet
     second.after("data", 10.0, data_tokens=1000)
     summary = second.finish()
     assert summary["runs"] == 2 and summary["stages"]["data"]["real"] == 10.0
     # a finished demo run again: a new count, the same decisions
     third = BudgetLedger(tmp_path, 1800)
-    assert not third.resumed and third.decisions["data_rows"] == rows and third.runs == 1
+    assert not third.resumed and third.decisions["per_domain_limit"] == per_domain and third.runs == 1
+    rerun = Pacer.start(tmp_path, 1800, AVX2, DEMO, log=lines.append)
+    assert rerun.deadline_seconds() == 0.0  # its data was built: a rerun starts no new prompt, and reuses the rest
+    rerun.ledger._stop.set()
     assert BudgetLedger(tmp_path, 3600).decisions == {}  # another budget plans anew
 
 

@@ -433,7 +433,7 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
         fitted = _agreed(accelerator, budget.fit(done, total_steps))
         if fitted is not None and fitted != total_steps:
             tracker.log({"event": "time_budget", "max_seconds": optim.max_seconds, "total_steps": fitted,
-                         "planned_steps": total_steps, "step_seconds": round(budget.step_seconds, 4)}, step=done)
+                         "planned_steps": total_steps, "most_steps": budget.cap, "step_seconds": round(budget.step_seconds, 4)}, step=done)
             total_steps = fitted
             scheduler.lr_lambdas = [lr_lambda(config, total_steps)]  # the schedule ends where the run now ends
             cadence = Cadence.of(config, total_steps, periodic_eval=periodic)
