@@ -270,7 +270,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     built = build_dataset(target, config.data, out_dir=out / "data", log=log,
                           deadline=None if deadline is None else time.monotonic() + deadline)
     stage("data", t0, f"({built.rows} rows, {built.tokens} tokens, {built.reused_batches} batches reused)",
-          data_tokens=built.tokens)
+          data_tokens=built.tokens, reused=built.generated_batches == 0)
     digest = dataset_digest(datasets.load_from_disk(str(out / "data")))  # drafters are reused for this data only
 
     offline = config.train_mode == "offline"
@@ -278,7 +278,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
         t0 = time.perf_counter()
         captured = capture_if_needed(target, out / "data", out / "cache", config.capture, log)
         stage("capture", t0, f"({captured.tokens} tokens, {captured.bytes / 2**20:.0f} MiB, "
-                             f"{captured.shards_reused} shards reused)")
+                             f"{captured.shards_reused} shards reused)", reused=captured.shards_written == 0)
 
     drafters: dict[str, str] = {}
     for method in pacer.training_order(config.methods):
@@ -292,7 +292,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
             train_config.optim.max_seconds = pacer.before(f"train {method}")["max_seconds"]
         folder, reused = train_if_needed(train_config, digest, log)
         drafters[method] = str(folder)
-        stage(f"train {method}", t0, "(reused)" if reused else _trained_note(folder))
+        stage(f"train {method}", t0, "(reused)" if reused else _trained_note(folder), reused=reused)
     drafters = {method: drafters[method] for method in config.methods}  # the recipe's order: the first is the hybrid's
 
     t0 = time.perf_counter()
@@ -304,7 +304,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     if finished(out, "eval", eval_inputs) and (out / "report" / "result.json").is_file():
         result = json.loads((out / "report" / "result.json").read_text())
         paths = {"markdown": out / "report" / "report.md", "json": out / "report" / "result.json"}
-        stage("eval", t0, f"(reused {paths['markdown']})")
+        stage("eval", t0, f"(reused {paths['markdown']})", reused=True)
     else:
         result = evaluate(target, specs, [str(eval_prompts)], config.eval)
         paths = write_report(result, out / "report")

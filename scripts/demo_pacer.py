@@ -73,6 +73,7 @@ class Pacer:
         self.ledger, self.plan, self.rates, self.work, self.log = ledger, plan, rates, work, log
         self.first = plan  # as printed at the start: what every re-plan scales
         self.data_tokens: float | None = None
+        self.earlier: set[str] = set()  # stages an earlier run of an interrupted demo finished
         self.done: dict[str, float] = {}
         self.planned: dict[str, float] = {s.name: s.seconds for s in plan.stages} if plan else {}
         self.notes: list[str] = []
@@ -99,8 +100,18 @@ class Pacer:
         ledger.decide("per_domain_limit", plan.stage("data").settings["per_domain_limit"])
         eval_stage = plan.stage("eval").settings
         ledger.decide("eval", [eval_stage["max_new_tokens"], eval_stage["repeats"]])
-        log("[demo] " + plan.table().replace("\n", "\n[demo] "))
-        return cls(ledger, plan, rates, work, log)
+        pacer = cls(ledger, plan, rates, work, log)
+        # stages an earlier run finished are reused now: the rest gets what is left, as if they ran as predicted
+        pacer.earlier = {s.name for s in plan.stages if s.name in ledger.stages}
+        if pacer.earlier:
+            pacer.done = {name: plan.stage(name).seconds for name in pacer.earlier}
+            pacer.plan, _, _ = replan(plan, done=pacer.done, spent=ledger.spent, rates=rates, work=work)
+            pacer.planned.update({name: None for name in pacer.earlier})
+            pacer.planned.update({s.name: s.seconds for s in pacer.plan.stages})
+        log("[demo] " + pacer.plan.table().replace("\n", "\n[demo] ")
+            + (f"\n[demo]   (finished by an earlier run, reused: {', '.join(sorted(pacer.earlier))})"
+               if pacer.earlier else ""))
+        return pacer
 
     @property
     def active(self) -> bool:
@@ -112,27 +123,34 @@ class Pacer:
         return dict(stage.settings) if stage else {}
 
     def planned_seconds(self, name: str) -> float | None:
+        """The seconds the plan gives the stage (None: not planned, or reused from an earlier run)."""
+        if name in self.earlier:
+            return None
         stage = self.plan.stage(name) if self.plan else None
         return stage.seconds if stage else self.planned.get(name)
 
-    def after(self, name: str, seconds: float, *, data_tokens: float | None = None) -> None:
-        """Record the stage and plan the rest again; says so when the machine turned out slower than measured."""
+    def after(self, name: str, seconds: float, *, data_tokens: float | None = None, reused: bool = False) -> None:
+        """Record the stage and plan the rest again; says so when the machine turned out slower than measured.
+        reused: the stage found its work done (a rerun): it says nothing of this machine's speed."""
         if not self.plan:
             return
         planned = self.planned_seconds(name)
         self.planned[name] = planned if planned is not None else self.planned.get(name)
+        if name in self.earlier:  # finished by an earlier run of this budget: its seconds there stand
+            return
         self.ledger.stage(name, planned=planned, real=seconds)
         if self.plan.stage(name) is None:  # an export or other stage the plan counts as one
             return
         if name == "data":  # a rerun answers no more prompts: the data, the cache and the heads stay reusable
             self.ledger.decide("data_built", True)
-        self.done[name] = seconds
+        first = self.first.stage(name)
+        self.done[name] = first.seconds if reused and first is not None else seconds
         self.data_tokens = data_tokens if data_tokens is not None else self.data_tokens
         self.plan, self.slowdown, note = replan(self.first, done=self.done, spent=self.ledger.spent,
                                                 rates=self.rates, work=self.work, data_tokens=self.data_tokens)
         for stage in self.plan.stages:
             self.planned[stage.name] = stage.seconds
-        if note:
+        if note and not reused:  # a rerun's reused stages leave time that the reused heads do not need
             self.notes.append(note)
             self.log(f"[demo] {note}")
 

@@ -132,14 +132,33 @@ def test_an_interrupted_demo_keeps_its_data_and_what_is_left(tmp_path, monkeypat
     assert second.before("data")["per_domain_limit"] == per_domain and second.plan.spent >= saved["spent"]
     assert any("resuming:" in line and "1 earlier run;" in line for line in lines)
     assert second.deadline_seconds() > 0  # its data was not built yet
-    second.after("data", 10.0, data_tokens=1000)
-    summary = second.finish()
-    assert summary["runs"] == 2 and summary["stages"]["data"]["real"] == 10.0
-    # a finished demo run again: a new count, the same decisions
-    third = BudgetLedger(tmp_path, 1800)
-    assert not third.resumed and third.decisions["per_domain_limit"] == per_domain and third.runs == 1
+    plan = second.plan
+    second.after("data", plan.stage("data").seconds, data_tokens=DEMO.rows(per_domain) * 250)
+    second.after("capture", second.plan.stage("capture").seconds)
+    second.after("train medusa", 50.0)
+    second.ledger._stop.set()  # killed in EAGLE-3's training
+
+    lines.clear()
+    third = Pacer.start(tmp_path, 1800, AVX2, DEMO, log=lines.append)  # the third run: three stages are done
+    assert third.earlier == {"data", "capture", "train medusa"}
+    assert [s.name for s in third.plan.stages] == ["train eagle3", "eval", "exports", "generate"]
+    assert third.plan.total == pytest.approx(1800, abs=2)  # EAGLE-3 gets what is left
+    assert "reused: capture, data, train medusa" in "\n".join(lines)
+    assert third.planned_seconds("data") is None  # reused: no plan to keep to
+    third.after("data", 0.5, reused=True)
+    third.after("capture", 0.4, reused=True)
+    third.after("train medusa", 0.1, reused=True)
+    assert third.slowdown == 1.0 and third.plan.stage("train eagle3").seconds == pytest.approx(
+        1800 - third.ledger.spent - sum(s.seconds for s in third.plan.stages[1:]), abs=2)
+    summary = third.finish()
+    assert summary["runs"] == 3 and summary["stages"]["train medusa"]["real"] == 50.0
+    # a finished demo run again: a new count, the same decisions, everything reused
+    fresh = BudgetLedger(tmp_path, 1800)
+    assert not fresh.resumed and fresh.decisions["per_domain_limit"] == per_domain and fresh.runs == 1
     rerun = Pacer.start(tmp_path, 1800, AVX2, DEMO, log=lines.append)
     assert rerun.deadline_seconds() == 0.0  # its data was built: a rerun starts no new prompt, and reuses the rest
+    rerun.after("data", 0.5, reused=True)
+    assert rerun.slowdown == 1.0 and not rerun.notes  # a reused stage says nothing of the machine's speed
     rerun.ledger._stop.set()
     assert BudgetLedger(tmp_path, 3600).decisions == {}  # another budget plans anew
 
