@@ -152,15 +152,17 @@ def choose_eval(budget: float, work: Workload, rates: Rates) -> tuple[int, int]:
     return EVAL_CHOICES[-1]
 
 
-def least_budget(work: Workload, rates: Rates, *, spent: float = 0.0) -> float:
-    """The smallest budget that trains every head on MIN_PROMPTS_PER_DOMAIN prompts per domain."""
+def least_budget(work: Workload, rates: Rates, *, spent: float = 0.0, finished: frozenset[str] = frozenset()) -> float:
+    """The smallest budget that trains every head on MIN_PROMPTS_PER_DOMAIN prompts per domain; `finished`: stages
+    an earlier run of an interrupted demo did (their seconds are in `spent`)."""
     rows = work.rows(min(MIN_PROMPTS_PER_DOMAIN, max(work.prompts_per_domain)))
     tokens, repeats = EVAL_CHOICES[-1]
-    floor = (spent + data_seconds(rows, work, rates)
-             + capture_seconds(rows * (work.prompt_tokens + work.answer_tokens), rates)
-             + MIN_TRAIN_SECONDS * len(work.methods) + eval_seconds(tokens, repeats, work, rates)
-             + export_seconds(work, rates) + generate_seconds(work, rates))
-    return 60 * math.ceil(floor / 60)
+    least = {"data": data_seconds(rows, work, rates),
+             "capture": capture_seconds(rows * (work.prompt_tokens + work.answer_tokens), rates),
+             **{f"train {m}": MIN_TRAIN_SECONDS for m in work.methods},
+             "eval": eval_seconds(tokens, repeats, work, rates), "exports": export_seconds(work, rates),
+             "generate": generate_seconds(work, rates)}
+    return 60 * math.ceil((spent + sum(v for k, v in least.items() if k not in finished)) / 60)
 
 
 def split_training(seconds: float, weights) -> list[float]:
@@ -170,12 +172,12 @@ def split_training(seconds: float, weights) -> list[float]:
 
 
 def plan_demo(*, budget: float, spent: float, rates: Rates, work: Workload, per_domain: int | None = None,
-              eval_choice: tuple[int, int] | None = None) -> Plan:
+              eval_choice: tuple[int, int] | None = None, finished: frozenset[str] = frozenset()) -> Plan:
     """The stages from the data on, sized so that the whole demo ends within `budget` seconds.
 
     per_domain: prompts per domain fixed by an earlier run (an interrupted demo keeps its data); eval_choice
-    likewise. Raises BudgetError when even the least data and training do not fit, naming the least budget that
-    works.
+    likewise; finished: the stages that run did (the plan still lists them: see replan). Raises BudgetError when even
+    the least data and training do not fit, naming the least budget that works.
     """
     tokens, repeats = eval_choice or choose_eval(budget, work, rates)
     fixed = [StagePlan("eval", eval_seconds(tokens, repeats, work, rates),
@@ -183,7 +185,7 @@ def plan_demo(*, budget: float, spent: float, rates: Rates, work: Workload, per_
              StagePlan("exports", export_seconds(work, rates), {"exports": work.exports}),
              StagePlan("generate", generate_seconds(work, rates))]
     elastic = budget - spent - sum(s.seconds for s in fixed)
-    least = least_budget(work, rates, spent=spent)
+    least = least_budget(work, rates, spent=spent, finished=finished)
     if budget < least:
         raise BudgetError(f"a {minutes(budget)} budget is too small for any training on this machine: the least "
                           f"that works is --budget {least / 60:.0f}m ({MIN_PROMPTS_PER_DOMAIN} prompts per domain, "

@@ -92,7 +92,7 @@ class Pacer:
         choice = ledger.decisions.get("eval")
         plan = plan_demo(budget=budget, spent=ledger.spent, rates=rates, work=work,
                          per_domain=ledger.decisions.get("per_domain_limit"),
-                         eval_choice=tuple(choice) if choice else None)
+                         eval_choice=tuple(choice) if choice else None, finished=frozenset(ledger.stages))
         ledger.start()
         if ledger.resumed:
             log(f"[demo] resuming: {minutes(ledger.earlier)} of the {minutes(budget)} budget spent by "

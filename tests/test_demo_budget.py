@@ -218,3 +218,22 @@ def test_every_replan_scales_the_first_predictions_by_all_that_finished():
                                 rates=AVX2, work=DEMO)
     assert slowdown == pytest.approx((1.2 * d + 0.76 * c) / (d + c))
     assert later.stage("eval").seconds == pytest.approx(plan.stage("eval").seconds * slowdown)
+
+
+def test_a_resume_with_little_left_plans_what_is_left(tmp_path):
+    """Killed late in a tight budget: the least budget counts only the stages still to do, so the rerun goes on
+    with what is left instead of refusing."""
+    from scripts.demo_pacer import Pacer
+
+    budget = 900.0
+    done = {"data": {"planned": 230.0, "real": 249.0}, "capture": {"planned": 121.0, "real": 116.0},
+            "train medusa": {"planned": 94.0, "real": 49.0}}
+    (tmp_path / "budget.json").write_text(json.dumps({
+        "budget": budget, "spent": 450.0, "runs": 1, "finished": False, "stages": done,
+        "decisions": {"per_domain_limit": 14, "eval": [32, 1], "data_built": True}}))
+    with pytest.raises(BudgetError):  # as a fresh start, 450 s could not hold the data again
+        plan_demo(budget=budget, spent=450.0, rates=AVX2, work=DEMO, per_domain=14, eval_choice=(32, 1))
+    pacer = Pacer.start(tmp_path, budget, AVX2, DEMO, log=lambda _: None)
+    assert [s.name for s in pacer.plan.stages] == ["train eagle3", "eval", "exports", "generate"]
+    assert pacer.plan.stage("train eagle3").seconds >= MIN_TRAIN_SECONDS
+    pacer.ledger._stop.set()
