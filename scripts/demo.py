@@ -257,9 +257,8 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
         machine.seconds = time.perf_counter() - t0
         pacer = Pacer.start(out, budget, rates_of(machine.target), workload_of(config, target, train_prompts),
                             began=began, log=log)
-        config.data.per_domain_limit = pacer.before("data")["per_domain_limit"]
-        given = pacer.before("eval")
-        config.eval.max_new_tokens, config.eval.repeats = given["max_new_tokens"], given["repeats"]
+        config.data.per_domain_limit = pacer.decisions["per_domain_limit"]
+        config.eval.max_new_tokens, config.eval.repeats = pacer.decisions["eval"]
         save_config(config, out, "demo_config.resolved.yaml")
     stage("target", t0, f"({target.name}, {target.num_layers} layers, {config.target.dtype}, "
                         f"{torch.get_num_threads()} threads)")

@@ -114,6 +114,11 @@ class Pacer:
         return pacer
 
     @property
+    def decisions(self) -> dict:
+        """What every run of this budget keeps: per_domain_limit, eval ([new tokens, repeats]), data_built."""
+        return self.ledger.decisions
+
+    @property
     def active(self) -> bool:
         return self.plan is not None
 

@@ -236,4 +236,6 @@ def test_a_resume_with_little_left_plans_what_is_left(tmp_path):
     pacer = Pacer.start(tmp_path, budget, AVX2, DEMO, log=lambda _: None)
     assert [s.name for s in pacer.plan.stages] == ["train eagle3", "eval", "exports", "generate"]
     assert pacer.plan.stage("train eagle3").seconds >= MIN_TRAIN_SECONDS
+    assert pacer.decisions["per_domain_limit"] == 14 and pacer.decisions["eval"] == [32, 1]  # what the demo is told
+    assert pacer.before("data") == {}  # no longer planned: the demo reads the decisions
     pacer.ledger._stop.set()
