@@ -164,7 +164,7 @@ class Pacer:
         the next (the EAGLE head, where more training pays most). Without a budget, the recipe's order."""
         if not self.plan:
             return list(methods)
-        return sorted(methods, key=lambda m: self.planned.get(f"train {m}", 0.0))
+        return sorted(methods, key=lambda m: self.planned.get(f"train {m}") or 0.0)  # None: reused
 
     def deadline_seconds(self) -> float | None:
         """How long self-distillation may take before no new row starts: 0 once an earlier run built the data (its

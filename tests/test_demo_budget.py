@@ -238,4 +238,5 @@ def test_a_resume_with_little_left_plans_what_is_left(tmp_path):
     assert pacer.plan.stage("train eagle3").seconds >= MIN_TRAIN_SECONDS
     assert pacer.decisions["per_domain_limit"] == 14 and pacer.decisions["eval"] == [32, 1]  # what the demo is told
     assert pacer.before("data") == {}  # no longer planned: the demo reads the decisions
+    assert pacer.training_order(["eagle3", "medusa"]) == ["medusa", "eagle3"]  # medusa reused: it goes first
     pacer.ledger._stop.set()
