@@ -287,8 +287,8 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
         train_config.out_dir = str(out / method)
         train_config.data.mode = config.train_mode
         train_config.data.dataset, train_config.data.cache = str(out / "data"), str(out / "cache") if offline else ""
-        if pacer.active:
-            train_config.optim.max_seconds = pacer.before(f"train {method}")["max_seconds"]
+        if pacer.active:  # a head an earlier run finished is not planned: it is reused whatever its seconds
+            train_config.optim.max_seconds = pacer.before(f"train {method}").get("max_seconds", 0.0)
         folder, reused = train_if_needed(train_config, digest, log)
         drafters[method] = str(folder)
         stage(f"train {method}", t0, "(reused)" if reused else _trained_note(folder), reused=reused)
