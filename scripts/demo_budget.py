@@ -172,12 +172,14 @@ def split_training(seconds: float, weights) -> list[float]:
 
 
 def plan_demo(*, budget: float, spent: float, rates: Rates, work: Workload, per_domain: int | None = None,
-              eval_choice: tuple[int, int] | None = None, finished: frozenset[str] = frozenset()) -> Plan:
+              eval_choice: tuple[int, int] | None = None, finished: frozenset[str] = frozenset(),
+              refuse: bool = True) -> Plan:
     """The stages from the data on, sized so that the whole demo ends within `budget` seconds.
 
     per_domain: prompts per domain fixed by an earlier run (an interrupted demo keeps its data); eval_choice
     likewise; finished: the stages that run did (the plan still lists them: see replan). Raises BudgetError when even
-    the least data and training do not fit, naming the least budget that works.
+    the least data and training do not fit, naming the least budget that works; refuse=False (a resumed demo, whose
+    decisions a new budget would drop) plans the least instead, past the budget.
     """
     tokens, repeats = eval_choice or choose_eval(budget, work, rates)
     fixed = [StagePlan("eval", eval_seconds(tokens, repeats, work, rates),
@@ -186,7 +188,7 @@ def plan_demo(*, budget: float, spent: float, rates: Rates, work: Workload, per_
              StagePlan("generate", generate_seconds(work, rates))]
     elastic = budget - spent - sum(s.seconds for s in fixed)
     least = least_budget(work, rates, spent=spent, finished=finished)
-    if budget < least:
+    if budget < least and refuse:
         raise BudgetError(f"a {minutes(budget)} budget is too small for any training on this machine: the least "
                           f"that works is --budget {least / 60:.0f}m ({MIN_PROMPTS_PER_DOMAIN} prompts per domain, "
                           f"{MIN_TRAIN_SECONDS:.0f} s per head"

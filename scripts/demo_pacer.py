@@ -92,7 +92,8 @@ class Pacer:
         choice = ledger.decisions.get("eval")
         plan = plan_demo(budget=budget, spent=ledger.spent, rates=rates, work=work,
                          per_domain=ledger.decisions.get("per_domain_limit"),
-                         eval_choice=tuple(choice) if choice else None, finished=frozenset(ledger.stages))
+                         eval_choice=tuple(choice) if choice else None, finished=frozenset(ledger.stages),
+                         refuse=not ledger.resumed)
         ledger.start()
         if ledger.resumed:
             log(f"[demo] resuming: {minutes(ledger.earlier)} of the {minutes(budget)} budget spent by "
@@ -108,6 +109,9 @@ class Pacer:
             pacer.plan, _, _ = replan(plan, done=pacer.done, spent=ledger.spent, rates=rates, work=work)
             pacer.planned.update({name: None for name in pacer.earlier})
             pacer.planned.update({s.name: s.seconds for s in pacer.plan.stages})
+        if pacer.plan.total > budget + 1:
+            log(f"[demo] what is left of the budget cannot hold the least training and evaluation on this machine "
+                f"now: the demo ends about {minutes(pacer.plan.total - budget)} past it")
         log("[demo] " + pacer.plan.table().replace("\n", "\n[demo] ")
             + (f"\n[demo]   (finished by an earlier run, reused: {', '.join(sorted(pacer.earlier))})"
                if pacer.earlier else ""))

@@ -240,3 +240,9 @@ def test_a_resume_with_little_left_plans_what_is_left(tmp_path):
     assert pacer.before("data") == {}  # no longer planned: the demo reads the decisions
     assert pacer.training_order(["eagle3", "medusa"]) == ["medusa", "eagle3"]  # medusa reused: it goes first
     pacer.ledger._stop.set()
+    # on a machine gone 3x slower, what is left cannot hold the least: the resumed demo goes on past its budget
+    lines: list[str] = []
+    slow = Pacer.start(tmp_path, budget, faster(AVX2, 1 / 3), DEMO, log=lines.append)
+    assert slow.plan.total > budget and slow.plan.stage("train eagle3").seconds >= MIN_TRAIN_SECONDS
+    assert any("ends about" in line and "past it" in line for line in lines)
+    slow.ledger._stop.set()
