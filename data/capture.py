@@ -26,6 +26,7 @@ from data.cache import (FORMAT, MANIFEST, CacheError, CacheReader, PackedShard, 
 from data.config import CaptureConfig, validate
 from data.layers import CONVENTION, LayerSpec, resolve_layers
 from serve.core.errors import DraftsmithError
+from serve.core.invariant import suspended
 from serve.core.layers import FINAL, pick_hidden_states
 
 __all__ = ["CacheReader", "CaptureResult", "capture_hidden_states", "check_cache_current", "check_disk",
@@ -114,8 +115,9 @@ def forward_hidden_states(target: Any, sequences: list[list[int]], layer_ids: tu
     decoder = target.model.get_decoder()
     device = next(decoder.parameters()).device
     input_ids, attention_mask = right_pad(sequences, target.tokenizer.pad_token_id or 0)
-    out = decoder(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                  output_hidden_states=True, use_cache=False)
+    with suspended(target.model):  # training features decide no token: the ordinary kernels (serve/core/invariant.py)
+        out = decoder(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                      output_hidden_states=True, use_cache=False)
     picked = pick_hidden_states(out.hidden_states, layer_ids)  # {id: (B, T, h)}
     return [{i: h[b, : len(seq)] for i, h in picked.items()} for b, seq in enumerate(sequences)]
 

@@ -24,6 +24,7 @@ from eval.sweeps import batch_crossover, run_sweeps
 from eval.winners import winners
 from serve.drafters.settings import resolve_k
 from serve.core.errors import DraftsmithError
+from serve.core.invariant import is_invariant
 from serve.core.target import load_configured
 
 
@@ -66,6 +67,7 @@ def settings_block(config: EvalConfig, sources: Sequence[str], prompts: Sequence
                    "at temperature 0, where outputs are identical); spread = per-prompt min/median/max and a "
                    "bootstrap CI over prompts",
         "dtype": str(next(target.model.parameters()).dtype).replace("torch.", ""), "device": str(device),
+        "invariant": is_invariant(target.model),  # batch-invariant target forwards (serve/core/invariant.py)
         "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "transformers": transformers.__version__, "python": platform.python_version(),
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
@@ -129,7 +131,7 @@ def evaluate(target: Any, drafters: Mapping[str, Any], prompts: Any, config: Eva
         "peers": peers_block(records, peers, eval_prompts, k=decoding.k, config=config),
         "cost_model": (cost_model_block(target, records, names, eval_prompts, k=decoding.k, config=config)
                        if config.cost_model else None),
-        "exactness": exactness_block(records, names, decoding.temperature),
+        "exactness": exactness_block(records, names, decoding.temperature, target=target),
         "records": [rec for name in records for rec in records[name]],
     }
     result["settings"]["timing_spread"] = stats.timing_spread(result["records"])

@@ -104,11 +104,22 @@ def markdown(result: dict, plots: list[Path]) -> str:
     ex = result["exactness"]
     lines += ["## Exactness at temperature 0", ""]
     if ex.get("checked"):
-        verdict = exactness_verdict(ex, s.get("dtype"))
+        verdict = exactness_verdict(ex)
         verdict = verdict if ex["identical"] == ex["total"] else f"**{verdict}**"
-        lines.append(f"{ex['identical']}/{ex['total']} outputs token-identical to plain greedy decoding ({verdict}).")
+        invariant = " with batch-invariant target forwards" if s.get("invariant") else ""
+        lines.append(f"{ex['identical']}/{ex['total']} outputs token-identical to plain greedy decoding in "
+                     f"{s.get('dtype')}{invariant} ({verdict}).")
+        audit = ex.get("audit") or {"by_drafter": {}}
         for name, b in (ex.get("by_drafter") or {}).items():
-            lines.append(f"- {name}: {b['identical']}/{b['total']}")
+            kinds = audit["by_drafter"].get(name)
+            why = (f" ({kinds['rounding flip']} rounding flips, {kinds['unexplained']} unexplained)"
+                   if kinds and b["identical"] != b["total"] else "")
+            lines.append(f"- {name}: {b['identical']}/{b['total']}{why}")
+        for d in (audit.get("divergences") or [])[:20]:
+            gap = "–" if d["gap"] is None else f"{d['gap']:.3g}"
+            rounding = "–" if d["rounding"] is None else f"{d['rounding']:.3g}"
+            lines.append(f"  - {d['drafter']} on {d['id']}: token {d['position']}, plain {d['plain_token']} against "
+                         f"{d['drafter_token']}; {audit['reference_dtype']} gap {gap}, rounding {rounding}: {d['kind']}")
     else:
         lines.append(ex.get("note", "not checked"))
     lines.append("")

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from eval import stats
+from eval.audit import audit
 from eval.config import EvalConfig
 from eval.cost_fit import fit_cost_model
 from eval.costs import context_ids, fastest, forward_times, median
@@ -181,14 +182,19 @@ def mark_exactness(records: Mapping[str, list[dict]], names: Sequence[str]) -> N
             rec["first_mismatch"] = pos
 
 
-def exactness_block(records: Mapping[str, list[dict]], names: Sequence[str], temperature: float) -> dict[str, Any]:
-    """{identical, total} over every (prompt, name) pair; only a claim at temperature 0."""
+def exactness_block(records: Mapping[str, list[dict]], names: Sequence[str], temperature: float, *,
+                    target: Any = None) -> dict[str, Any]:
+    """{identical, total} over every (prompt, name) pair; only a claim at temperature 0. With `target`, every
+    divergence is audited too (eval/audit.py: a rounding flip of the target's precision, or unexplained)."""
     if temperature > 0:
         return {"identical": None, "total": 0, "checked": False,
                 "note": "outputs are only required to match plain decoding at temperature 0"}
     by = {name: stats.exactness(records[BASELINE], records[name]) for name in names}
-    return {"identical": sum(b["identical"] for b in by.values()), "total": sum(b["total"] for b in by.values()),
-            "checked": True, "by_drafter": by}
+    block = {"identical": sum(b["identical"] for b in by.values()), "total": sum(b["total"] for b in by.values()),
+             "checked": True, "by_drafter": by}
+    if target is not None:
+        block["audit"] = audit(target, records, names, baseline=BASELINE)
+    return block
 
 
 def summarize_methods(records: Mapping[str, list[dict]], names: Sequence[str], prompts: Sequence[EvalPrompt], *,

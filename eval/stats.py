@@ -182,20 +182,21 @@ def exactness(reference: Sequence[Record], candidate: Sequence[Record]) -> dict[
     return {"identical": identical, "total": len(reference)}
 
 
-# Dtypes whose CPU and GPU kernels accumulate in a shape-dependent order: a verify over several tokens and a 1-token
-# step can round the same logits apart and flip a near-tie (bf16 on an AMX CPU: 11 of 18 greedy outputs diverged).
-REDUCED_PRECISION = ("bfloat16", "float16", "bf16", "fp16")
-
-
-def exactness_verdict(exactness_block: dict, dtype: str | None) -> str:
-    """One line (plain text) on what a temperature-0 comparison with plain decoding shows."""
+def exactness_verdict(exactness_block: dict) -> str:
+    """One line (plain text) on what a temperature-0 comparison with plain decoding shows, with the audit's
+    classification of the divergences (eval/audit.py) when the block carries it."""
     if exactness_block["identical"] == exactness_block["total"]:
         return "all identical"
-    if dtype in REDUCED_PRECISION:
-        return (f"MISMATCH: in {dtype} the target's kernels are not batch-invariant (a multi-token verify rounds "
-                f"differently from a 1-token step), so a near-tie can flip; rerun with --dtype float32 to check that "
-                f"decoding is lossless")
-    return "MISMATCH: decoding is not lossless"
+    audit = exactness_block.get("audit")
+    if audit is None:
+        return "MISMATCH: decoding is not lossless"
+    flips, unexplained = audit["rounding_flips"], audit["unexplained"]
+    if unexplained:
+        return (f"MISMATCH: {unexplained} divergence{'s' * (unexplained != 1)} unexplained by rounding (a bug), "
+                f"{flips} rounding flip{'s' * (flips != 1)}")
+    return (f"{flips} rounding flip{'s' * (flips != 1)}: each time, two tokens whose {audit['reference_dtype']} "
+            f"logits lie within {audit['dtype']}'s rounding of each other swapped places (no bug); "
+            f"target.invariant=on makes the target's forwards batch-invariant")
 
 
 def first_mismatch(reference: Sequence[int], candidate: Sequence[int]) -> int | None:

@@ -112,6 +112,15 @@ def train_if_needed(config: TrainConfig, data_digest: str, log: Callable[[str], 
     return drafter, False
 
 
+def exactness_summary(block: dict) -> dict:
+    """The demo summary's exactness: identical / total and the audit's counts, per drafter too."""
+    audit = block.get("audit") or {}
+    kinds = audit.get("by_drafter") or {}
+    return {"identical": block.get("identical"), "total": block.get("total"),
+            "rounding_flips": audit.get("rounding_flips", 0), "unexplained": audit.get("unexplained", 0),
+            "by_drafter": {name: {**b, **kinds.get(name, {})} for name, b in (block.get("by_drafter") or {}).items()}}
+
+
 def capture_if_needed(target, dataset: Path, out: Path, config: CaptureConfig, log: Callable[[str], None]):
     """The hidden-state cache of `dataset`; a cache the demo made from other data or settings is rebuilt."""
     import shutil
@@ -226,7 +235,9 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     from serve.export.common import default_prompts
     from serve.core.prompts import encode_prompt
     from serve.core.target import load_configured
+    from serve.core.invariant import is_invariant
     from serve.core.machine import probe_target
+    from eval.stats import exactness_verdict
     from scripts.demo_budget import parse_budget
     from scripts.demo_pacer import Pacer, rates_of, workload_of
 
@@ -347,7 +358,9 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     stage("generate", t0, f"({best}: mu {gen.stats.mu:.2f}, {gen.stats.new_tokens / gen.stats.seconds:.1f} tok/s)")
 
     summary = {"wall_seconds": round(time.perf_counter() - wall, 1), "machine": machine.to_dict(),
-               "dtype": config.target.dtype, "threads": torch.get_num_threads(), "budget": pacer.finish(),
+               "dtype": config.target.dtype, "invariant": is_invariant(target.model),
+               "exactness": exactness_summary(result["exactness"]),
+               "threads": torch.get_num_threads(), "budget": pacer.finish(),
                "stages": [vars(s) for s in stages], "report": str(paths["markdown"]), "json": str(paths["json"]),
                "exports": exports, "drafters": drafters, "generation": {"drafter": best, "text": text,
                                                                         **gen.stats.to_dict()}}
@@ -360,7 +373,7 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     if timing:
         log(f"{timing} (a tie: within that)")
     log(f"exactness at T=0: {result['exactness']['identical']}/{result['exactness']['total']} outputs identical "
-        f"to plain greedy decoding")
+        f"to plain greedy decoding in {config.target.dtype} ({exactness_verdict(result['exactness'])})")
     log(f"\nlive generation ({best}): {text.strip()[:300]}")
     log("\nstage times: " + ", ".join(f"{s.name} {s.seconds:.0f}s" + (f" (planned {s.planned:.0f}s)"
                                                                     if s.planned is not None else "")

@@ -17,8 +17,10 @@ def test_demo_target_ngram_against_prompt_lookup(demo_target_dir):
     assert result["target"]["chat_template"] and result["settings"]["domains"] == {"edit": 1}
     tokenizer = AutoTokenizer.from_pretrained(demo_target_dir)
     assert tokenizer.decode(result["records"][0]["prompt_token_ids"]).endswith("<|im_start|>assistant\n")
+    audit = result["exactness"].pop("audit")
     assert result["exactness"] == {"identical": 1, "total": 1, "checked": True,
                                    "by_drafter": {"ngram": {"identical": 1, "total": 1}}}
+    assert audit["rounding_flips"] == audit["unexplained"] == 0 and audit["divergences"] == []
     lookup = result["peers"]["hf_prompt_lookup"]
     assert lookup["exactness"] == {"identical": 1, "total": 1} and lookup["mu"] >= 1.0
     assert result["overall"]["ngram"]["mu"] > 1.0  # an edit prompt repeats its input: lookup must hit

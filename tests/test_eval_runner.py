@@ -197,11 +197,18 @@ def test_broken_verifier_is_caught(target, prompt_file, monkeypatch):
     config = EvalConfig(**{**FAST, "peers": False, "cost_model": False})
     clean = evaluate(target, {"junk": JunkDrafter()}, [str(prompt_file)], config)
     assert clean["exactness"]["identical"] == clean["exactness"]["total"] == 3
+    assert clean["exactness"]["audit"]["unexplained"] == clean["exactness"]["audit"]["rounding_flips"] == 0
     monkeypatch.setattr(serve.decoding, "verify_greedy", accept_everything)
     broken = evaluate(target, {"junk": JunkDrafter()}, [str(prompt_file)], config)
     assert broken["exactness"]["total"] == 3 and broken["exactness"]["identical"] < 3
     bad = [r for r in broken["records"] if r["drafter"] == "junk" and not r["matches_plain"]]
     assert bad and all(isinstance(r["first_mismatch"], int) for r in bad)
+    # the audit finds every divergence and explains none of them by rounding: junk tokens are far from the argmax
+    audit = broken["exactness"]["audit"]
+    assert audit["unexplained"] == len(bad) and audit["rounding_flips"] == 0
+    assert audit["by_drafter"] == {"junk": {"rounding flip": 0, "unexplained": len(bad)}}
+    for d in audit["divergences"]:
+        assert d["drafter_token"] == 90 and d["plain_token"] != 90 and d["gap"] > d["rounding"] > 0
 
 
 def test_cli(tiny_target_dir, prompt_file, tmp_path, capsys):

@@ -106,11 +106,14 @@ def test_predicted_speedup_and_best_k_on_hand_numbers():
     assert cm.tokens_per_cycle(code["alpha"], 4) == pytest.approx(3.0)
 
 
-def test_exactness_verdict_names_reduced_precision_as_the_likely_cause():
-    assert stats.exactness_verdict({"identical": 4, "total": 4}, "bfloat16") == "all identical"
-    assert "not lossless" in stats.exactness_verdict({"identical": 3, "total": 4}, "float32")
-    bf16 = stats.exactness_verdict({"identical": 3, "total": 4}, "bfloat16")
-    assert "batch-invariant" in bf16 and "--dtype float32" in bf16
+def test_exactness_verdict_says_what_the_audit_found():
+    assert stats.exactness_verdict({"identical": 4, "total": 4}) == "all identical"
+    assert "not lossless" in stats.exactness_verdict({"identical": 3, "total": 4})  # no audit: nothing explained
+    audit = {"rounding_flips": 1, "unexplained": 0, "dtype": "bfloat16", "reference_dtype": "float32"}
+    flips = stats.exactness_verdict({"identical": 3, "total": 4, "audit": audit})
+    assert flips.startswith("1 rounding flip:") and "no bug" in flips and "target.invariant=on" in flips
+    bug = stats.exactness_verdict({"identical": 2, "total": 4, "audit": {**audit, "unexplained": 1}})
+    assert bug.startswith("MISMATCH: 1 divergence unexplained by rounding (a bug), 1 rounding flip")
 
 
 def test_decode_speedup_leaves_the_prefill_out():

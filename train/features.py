@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 
 from serve.core.errors import DraftsmithError
+from serve.core.invariant import suspended
 from serve.core.layers import pick_hidden_states
 from train.objectives import FeatureBatch
 
@@ -112,5 +113,6 @@ def target_features(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
                     layers: Sequence[int]) -> dict[int, torch.Tensor]:
     """The target's hidden states at `layers` (our convention; FINAL = last normed state): (B, T, h) each."""
     decoder = model.get_decoder()  # the base model: no lm_head over every position
-    out = decoder(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+    with suspended(model):  # features decide no token: the ordinary kernels (serve/core/invariant.py)
+        out = decoder(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
     return pick_hidden_states(out.hidden_states, layers)

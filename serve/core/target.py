@@ -10,6 +10,7 @@ import torch
 from serve.core.attention import use_cpu_gqa
 from serve.core.errors import TargetError
 from serve.core.identity import config_hash, tokenizer_hash
+from serve.core.invariant import apply_invariance
 from serve.core.packed import pack_linears, packing_wanted, tune_small_rows
 from serve.core.target_config import DTYPE_NAMES, TargetConfig, text_config
 
@@ -86,6 +87,17 @@ def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def check_dtype_runs(dtype: torch.dtype, device: str) -> None:
+    """TargetError when `device` cannot multiply matrices in `dtype` (bfloat16 on a GPU older than Ampere, a CPU
+    build without half-precision kernels), before the target is loaded."""
+    try:
+        probe = torch.ones(2, 8, dtype=dtype, device=device)
+        torch.nn.functional.linear(probe, probe)
+    except (RuntimeError, TypeError) as err:
+        raise TargetError(f"{device} cannot compute in {dtype}: {str(err).splitlines()[0][:160]}; use "
+                          f"target.dtype=float32") from None
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "tiktoken.model")
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
 
@@ -110,20 +122,24 @@ def _transformers_version() -> str:
 
 def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", device: str = "cpu",
                 require_chat_template: bool = False, cache_dir: str | None = None, weights: bool = True,
-                packed_weights: str = "auto", layout: Any = None, top1: bool = False) -> Target:
+                packed_weights: str = "auto", invariant: str = "auto", layout: Any = None,
+                top1: bool = False) -> Target:
     """Load a frozen target and its tokenizer from `spec`.
 
     `spec` is `demo` / `demo:<name>` (the embedded default targets, built on first use), a folder
     written by `save_pretrained`, a `.gguf` file, or a hub id (needs the network). `weights=False` loads
     the config, generation config and tokenizer only (a server generates; the identity hashes still work).
     `packed_weights` (auto | on | off): CPU forwards over several tokens through oneDNN's packed linear
-    (serve/core/packed.py). `layout` (a sharded serve.core.parallel_layout.Layout, inside a started process
+    (serve/core/packed.py). `invariant` (auto | on | off): batch-invariant forwards, so that a token's logits do
+    not depend on how many tokens or rows are computed with it (serve/core/invariant.py; auto: bfloat16 and
+    float16). `layout` (a sharded serve.core.parallel_layout.Layout, inside a started process
     group): every process loads only its shards, and the target forwards through `Target.sharded`
     (serve/core/sharded_target.py; `top1`: its lock-step forwards also return the lm_head's argmax).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = _resolve_dtype(dtype)
+    check_dtype_runs(torch_dtype, device)
     spec = str(spec)
     kwargs: dict[str, Any] = {}
     if spec == "demo" or spec.startswith("demo:"):
@@ -177,6 +193,8 @@ def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", devic
         model.hf_quantizer.remove_quantization_config(model)
     model.to(device).eval().requires_grad_(False)
     use_cpu_gqa(model)  # forwards over several tokens attend grouped heads without copying the cache (serve/core/attention.py)
+    if apply_invariance(model, invariant):
+        return Target(model=model, tokenizer=tokenizer, name=display, path=path)
     if packing_wanted(model, packed_weights):
         pack_linears(model)
         tune_small_rows(model)  # which kernel forwards over 1 to 3 tokens run fastest on, on this CPU
@@ -210,4 +228,5 @@ def load_configured(config: TargetConfig, **kwargs: Any) -> Target:
                           f"target use `data build --server URL` with your serving engine)")
     dtype = "float32" if config.dtype == "auto" else config.dtype
     kwargs.setdefault("packed_weights", config.packed_weights)
+    kwargs.setdefault("invariant", config.invariant)
     return load_target(config.spec, dtype=dtype, device=config.resolved_device(), **kwargs)

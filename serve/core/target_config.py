@@ -13,6 +13,7 @@ from serve.core.ranges import check_ranges
 
 DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 PACKED_SETTINGS = ("auto", "on", "off")  # target.packed_weights (serve/core/packed.py)
+INVARIANT_SETTINGS = ("auto", "on", "off")  # target.invariant (serve/core/invariant.py)
 PARALLEL_KINDS = ("none", "tp", "fsdp", "auto")  # target.parallel (serve/core/parallel_layout.py)
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?|mps)$")
 
@@ -27,6 +28,8 @@ class TargetConfig:
                                    # (serve/core/threads.py)
     packed_weights: str = "auto"  # CPU forwards over 4+ tokens through oneDNN's packed linear (serve/core/packed.py):
                                   # auto (float32 on the CPU, when a second copy of the weights fits) | on | off
+    invariant: str = "auto"  # batch-invariant forwards (serve/core/invariant.py): auto (bfloat16 and float16, where
+                             # kernels' rounding would flip tokens) | on (float32 too) | off
     parallel: str = "none"  # data capture / train under a launch of several processes: none (the whole target on
                             # each) | tp (transformers' TP plan) | fsdp (FSDP2) | auto (the memory plan's choice)
     tp_size: int = 0  # parallel=tp: processes of a TP group; 0 = the processes of a node
@@ -40,6 +43,8 @@ class TargetConfig:
             raise TargetError(f"{key}.parallel={self.parallel!r}: choose {', '.join(PARALLEL_KINDS)}")
         if self.packed_weights not in PACKED_SETTINGS:
             raise TargetError(f"{key}.packed_weights={self.packed_weights!r}: choose {', '.join(PACKED_SETTINGS)}")
+        if self.invariant not in INVARIANT_SETTINGS:
+            raise TargetError(f"{key}.invariant={self.invariant!r}: choose {', '.join(INVARIANT_SETTINGS)}")
         if not _DEVICE.match(self.device):
             raise TargetError(f"{key}.device={self.device!r}: choose auto, cpu, cuda or cuda:N")
 

@@ -1,0 +1,126 @@
+"""The exactness audit: every greedy output that differs from plain decoding, explained or called a bug.
+
+Speculative decoding at temperature 0 must reproduce plain decoding token for token. Where it does not, the cause
+is either the precision (a verify forward and a one-token step rounded the same logits apart, and two tokens whose
+logits were all but tied swapped places) or a bug. The audit tells them apart at the first differing position:
+on the shared prefix it recomputes the logits of the two candidate tokens in a higher precision (float32 for a
+16-bit target, float64 for a float32 one) and in the target's own precision (a one-token step on the cached
+prefix, as plain decoding computes it, and one forward over the whole prefix, as a verify or a prefill does).
+
+- gap: how far apart the two tokens' logits are in the higher precision;
+- rounding: what the target's precision can move them by there, the larger of one unit in the last place at
+  their magnitude and the sum of the two tokens' largest errors measured on the two paths.
+
+A divergence whose gap is within its rounding is a rounding flip: the precision cannot tell the two tokens apart,
+and either path's choice is the target's. Anything else, or an output that stopped at another length, is
+unexplained: a bug in the decoder, the drafter's bookkeeping or the cache.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from serve.core.invariant import make_variant
+from serve.core.kv import cache_kwargs, new_cache
+
+ROUNDING_FLIP = "rounding flip"
+UNEXPLAINED = "unexplained"
+
+
+@dataclass(frozen=True)
+class Divergence:
+    id: str
+    drafter: str
+    position: int  # index of the first differing output token
+    plain_token: int | None  # None: plain decoding's output ended there
+    drafter_token: int | None
+    gap: float | None  # |logit(plain) - logit(drafter)| in the higher precision on the shared prefix
+    rounding: float | None  # what the target's precision can move the two logits by there
+    kind: str  # ROUNDING_FLIP | UNEXPLAINED
+
+
+def ulp(dtype: torch.dtype, magnitude: float) -> float:
+    """One unit in the last place of `dtype` at `magnitude` (bfloat16 at 10.0: 0.0625)."""
+    exponent = math.floor(math.log2(abs(magnitude))) if magnitude else 0
+    return torch.finfo(dtype).eps * 2.0 ** exponent
+
+
+def classify(gap: float | None, rounding: float | None) -> str:
+    return ROUNDING_FLIP if gap is not None and rounding is not None and gap <= rounding else UNEXPLAINED
+
+
+def reference_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float32 else torch.float32
+
+
+class Auditor:
+    """The logits the audit compares, for one target. The higher-precision copy of the target is made on the first
+    divergence and kept for the rest of the run."""
+
+    def __init__(self, target: Any):
+        self.model = target.model
+        self.dtype = next(self.model.parameters()).dtype
+        self._reference = None
+
+    @property
+    def reference(self):
+        if self._reference is None:
+            model = copy.deepcopy(self.model)
+            make_variant(model)  # the ordinary kernels: the reference decides nothing but the two logits' gap
+            self._reference = model.to(reference_dtype(self.dtype))
+        return self._reference
+
+    @torch.inference_mode()
+    def _logits(self, model, prefix: torch.Tensor, *, step: bool) -> torch.Tensor:
+        """(V,) float64 logits after `prefix` (1, T): from one forward over it, or from a one-token step on the
+        cached prefix[:-1] (plain decoding's path)."""
+        device = next(model.parameters()).device
+        prefix = prefix.to(device)
+        if not step or prefix.shape[1] < 2:
+            return model(prefix, logits_to_keep=1).logits[0, -1].double().cpu()
+        cache = new_cache(model)
+        model(prefix[:, :-1], logits_to_keep=1, **cache_kwargs(model, cache))
+        return model(prefix[:, -1:], **cache_kwargs(model, cache)).logits[0, -1].double().cpu()
+
+    def divergence(self, reference: Mapping[str, Any], candidate: Mapping[str, Any], position: int) -> Divergence:
+        """position: the first differing output token; -1 when the outputs agree but a method's repeated runs did
+        not (a decoder that does not repeat itself at temperature 0: unexplained)."""
+        plain, drafted = list(reference["output_token_ids"]), list(candidate["output_token_ids"])
+        a = plain[position] if 0 <= position < len(plain) else None
+        b = drafted[position] if 0 <= position < len(drafted) else None
+        gap = rounding = None
+        if a is not None and b is not None:
+            prefix = torch.tensor([list(reference["prompt_token_ids"]) + plain[:position]])  # (1, T)
+            exact = self._logits(self.reference, prefix, step=False)
+            gap = abs(float(exact[a] - exact[b]))
+            errors = [(self._logits(self.model, prefix, step=step) - exact)[[a, b]].abs() for step in (True, False)]
+            measured = max(float(e.sum()) for e in errors)
+            rounding = max(ulp(self.dtype, max(abs(float(exact[a])), abs(float(exact[b])))), measured)
+        return Divergence(id=str(candidate.get("id", "")), drafter=str(candidate.get("drafter", "")),
+                          position=position, plain_token=a, drafter_token=b, gap=gap, rounding=rounding,
+                          kind=classify(gap, rounding))
+
+
+def audit(target: Any, records: Mapping[str, Sequence[Mapping[str, Any]]], names: Sequence[str], *,
+          baseline: str) -> dict[str, Any]:
+    """Every record of `names` whose output differs from `baseline`'s (records carry `first_mismatch`, set by
+    eval.runner.mark_exactness) -> {rounding_flips, unexplained, by_drafter: {name: {...}}, divergences: [...]}."""
+    auditor = Auditor(target)
+    found: list[Divergence] = []
+    for name in names:
+        for ref, rec in zip(records[baseline], records[name]):
+            if rec.get("first_mismatch") is not None:
+                found.append(auditor.divergence(ref, rec, int(rec["first_mismatch"])))
+            elif ref.get("repeats_differ") or rec.get("repeats_differ"):
+                found.append(auditor.divergence(ref, rec, -1))
+    by = {name: {ROUNDING_FLIP: sum(d.kind == ROUNDING_FLIP for d in found if d.drafter == name),
+                 UNEXPLAINED: sum(d.kind == UNEXPLAINED for d in found if d.drafter == name)} for name in names}
+    return {"rounding_flips": sum(d.kind == ROUNDING_FLIP for d in found),
+            "unexplained": sum(d.kind == UNEXPLAINED for d in found),
+            "dtype": str(auditor.dtype).replace("torch.", ""),
+            "reference_dtype": str(reference_dtype(auditor.dtype)).replace("torch.", ""),
+            "by_drafter": by, "divergences": [asdict(d) for d in found]}

@@ -1,0 +1,254 @@
+"""Batch-invariant target forwards: each token's logits computed the same way alone, verified with drafts, or in a batch.
+
+Speculative decoding is exact only if the target scores a position identically in a one-token step and in a
+verify forward over K+1 tokens (or a batch of rows). In float32 the kernels' rounding differences stay far below
+the gaps between logits; in bfloat16 and float16 they do not: on the default target a one-row `F.linear` (an
+AVX512-BF16 EPYC) or a multi-query attention (an AMX Xeon) rounds one ulp away from the one-token step, the
+difference grows through the layers and flips near-tie argmaxes (the demo read 39/104 outputs identical).
+
+The cure is the one the field uses on GPUs (Thinking Machines, "Defeating Nondeterminism in LLM Inference";
+vLLM's `VLLM_BATCH_INVARIANT`; SGLang's deterministic inference): make every reduction's order independent of how
+many rows are computed together. Two operations carry a reduction whose kernel depends on the row count:
+- every linear layer: `InvariantLinear` runs the rows in tiles of exactly TILE_ROWS (the last one zero-padded), so
+  the matmul kernel, and with it each row's summation order, is the same for 1 row as for 300;
+- attention: `invariant_attention` attends each query alone (one query row, the SDPA call a one-token step makes)
+  over exactly the keys it may see, gathered contiguous from the mask. A verify forward, a tree, a left-padded
+  batch row with masked holes and a one-token step then run the same call on the same keys.
+Norms, RoPE and activations are per-row and elementwise; they need nothing.
+
+`make_invariant(model)` switches a loaded target over (in place, undone by `make_variant`). It costs little on a
+CPU, where a small target's step is bound by reading the weights: the tests and serve/core/costs.py measure it.
+It refuses, with the reason, what it cannot make invariant (attention with sinks or soft-capping, a sharded target).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from serve.core.errors import TargetError
+from serve.core.target_config import INVARIANT_SETTINGS as SETTINGS
+
+NAME = "draftsmith_invariant"  # the attention implementation registered with transformers
+# rows per matmul tile: every row count gives the same kernel (16 divides the tile sizes of oneDNN's AMX and
+# AVX-512 bf16 kernels; a one-row call, which takes a matrix-vector kernel, never happens)
+TILE_ROWS = 16
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+class InvariantLinear(nn.Linear):
+    """An nn.Linear (same parameters, same state dict) whose forward runs its rows in tiles of TILE_ROWS."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)  # (rows, in)
+        rows = flat.shape[0]
+        pad = -rows % TILE_ROWS
+        if pad:
+            flat = torch.cat([flat, flat.new_zeros(pad, self.in_features)])  # (tiles * TILE_ROWS, in)
+        if flat.shape[0] == TILE_ROWS:
+            out = F.linear(flat, self.weight, self.bias)
+        else:
+            out = torch.cat([F.linear(tile, self.weight, self.bias) for tile in flat.split(TILE_ROWS)])
+        return out[:rows].reshape(*x.shape[:-1], self.out_features)
+
+
+@dataclass(frozen=True)
+class _RowPlan:
+    """How one batch row's queries attend: `prompt` = s when queries s.. are a whole prompt attended in one call
+    (the queries before it left padding), and each other query q alone over keys[start:stop] or keys[index]."""
+    prompt: int | None
+    alone: tuple[tuple[int, int, int, torch.Tensor | None], ...]  # (q, start, stop, index or None)
+
+
+def _visible(attention_mask: torch.Tensor, keys: int) -> torch.Tensor:
+    """(B, 1, Q, L') bool or additive mask -> (B, Q, L) bool: which keys each query may see."""
+    mask = attention_mask
+    if mask.dtype != torch.bool:  # additive: 0 where allowed, a large negative number where not
+        mask = mask > torch.finfo(mask.dtype).min / 2
+    return mask[:, 0, :, :keys]  # a mask may be built longer than the cache a layer holds (one mask for all heads)
+
+
+def _alone(q: int, visible: torch.Tensor) -> tuple[int, int, int, torch.Tensor | None]:
+    """(L,) bool of query q -> (q, start, stop, None) when its keys are one contiguous run, else (q, 0, 0, index)."""
+    index = visible.nonzero().flatten()  # (n,) ascending
+    first, last = (int(index[0]), int(index[-1])) if index.numel() else (0, -1)
+    if last - first + 1 == index.numel():
+        return q, first, last + 1, None
+    return q, 0, 0, index
+
+
+def _prompt_start(visible: torch.Tensor) -> int | None:
+    """visible: (L, L) bool of a forward over L new tokens -> s when its rows from s on are one whole prompt
+    attended causally from its first token (a sliding window may drop keys), the rows before s left padding that
+    no prompt token sees; else None."""
+    length = visible.shape[0]
+    seen_later = visible.tril(-1).any(0)  # (L,): a column some later query sees
+    start = int(seen_later.nonzero()[0]) if seen_later.any() else length - 1
+    inside = visible[start:, start:]
+    causal = torch.ones_like(inside).tril_()
+    if (inside & ~causal).any() or not inside.diagonal().all() or visible[start:, :start].any():
+        return None
+    return start
+
+
+@functools.lru_cache(maxsize=64)
+def _causal_plan(batch: int, queries: int, keys: int) -> tuple[_RowPlan, ...]:
+    """No mask: the queries are the last Q positions, each seeing every key up to its own."""
+    if queries == keys:
+        return (_RowPlan(prompt=0, alone=()),) * batch
+    return (_RowPlan(prompt=None, alone=tuple((q, 0, keys - queries + q + 1, None) for q in range(queries))),) * batch
+
+
+# the plans of the masks seen last: every layer of a forward gets the same mask object (one per attention type),
+# so a forward plans once; a weak reference tells a live mask from a new one at the same address
+_PLANS: dict[int, tuple[weakref.ref, int, tuple[_RowPlan, ...]]] = {}
+
+
+def _plan(attention_mask: torch.Tensor | None, batch: int, queries: int, keys: int) -> tuple[_RowPlan, ...]:
+    if attention_mask is None:
+        return _causal_plan(batch, queries, keys)
+    held = _PLANS.get(id(attention_mask))
+    if held is not None and held[0]() is attention_mask and held[1] == keys:
+        return held[2]
+    visible = _visible(attention_mask, keys).expand(batch, queries, keys).cpu()  # (B, Q, L)
+    plans = []
+    for b in range(batch):
+        start = _prompt_start(visible[b]) if queries == keys else None
+        plans.append(_RowPlan(prompt=start, alone=tuple(_alone(q, visible[b, q]) for q in
+                                                        range(queries if start is None else start))))
+    if len(_PLANS) > 8:
+        _PLANS.clear()
+    _PLANS[id(attention_mask)] = (weakref.ref(attention_mask), keys, tuple(plans))
+    return tuple(plans)
+
+
+def invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                        **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface. query: (B, H, Q, D); key, value: (B, KVH, L, D); attention_mask: None
+    (causal) or (B, 1, Q, L) bool / additive -> (B, Q, H, D).
+
+    A prompt's prefill (a forward that writes every key it reads) attends its whole prompt in one call over the
+    prompt's own columns, the same whether the prompt came alone or left-padded in a batch. Any other forward (a
+    decoding step, a verify forward, a tree, a batch of rows with masked holes) attends each query alone over
+    its visible keys, gathered contiguous: a one-token step's call."""
+    if kwargs.get("softcap") is not None or getattr(module, "sinks", None) is not None:
+        raise TargetError("batch-invariant attention has no soft-capping or attention sinks: load the target with "
+                          "target.invariant=off")
+    batch, heads, queries, _ = query.shape
+    keys = key.shape[2]
+    gqa = key.shape[1] != heads
+    rows = []
+    for b, row in enumerate(_plan(attention_mask, batch, queries, keys)):
+        q_b, k_b, v_b = query[b: b + 1], key[b: b + 1], value[b: b + 1]
+        parts = []  # (1, H, n, D) each, in query order
+        for q, start, stop, index in row.alone:
+            k, v = (k_b[:, :, start:stop], v_b[:, :, start:stop]) if index is None else \
+                (k_b.index_select(2, index.to(k_b.device)), v_b.index_select(2, index.to(v_b.device)))
+            parts.append(F.scaled_dot_product_attention(q_b[:, :, q: q + 1], k, v, scale=scaling, enable_gqa=gqa))
+        if row.prompt is not None:
+            prompt = slice(row.prompt, keys)
+            length = keys - row.prompt
+            causal = torch.ones(length, length, dtype=torch.bool, device=query.device).tril_()
+            mask = causal if attention_mask is None else \
+                _visible(attention_mask[b: b + 1], keys)[0, prompt, prompt].to(query.device)  # (T, T)
+            parts.append(F.scaled_dot_product_attention(
+                q_b[:, :, prompt].contiguous(), k_b[:, :, prompt].contiguous(), v_b[:, :, prompt].contiguous(),
+                attn_mask=mask[None, None], scale=scaling, enable_gqa=gqa))
+        rows.append(torch.cat(parts, dim=2) if len(parts) > 1 else parts[0])
+    out = torch.cat(rows) if batch > 1 else rows[0]  # (B, H, Q, D)
+    return out.transpose(1, 2), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(NAME, invariant_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)  # the same boolean masks SDPA gets
+
+
+def invariance_wanted(model: nn.Module, setting: str = "auto") -> bool:
+    """Whether `setting` (auto | on | off) makes `model` invariant: auto does for bfloat16 and float16 weights,
+    where kernels' rounding flips tokens; float32's stays below the logits' gaps (the eval's audit checks it)."""
+    if setting not in SETTINGS:
+        raise TargetError(f"target.invariant: choose one of {', '.join(SETTINGS)}, got {setting!r}")
+    if setting == "off":
+        return False
+    param = next(model.parameters(), None)
+    return setting == "on" or (param is not None and param.dtype in LOW_PRECISION)
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why `model`'s forward cannot be made invariant here, or None."""
+    config = getattr(model.config, "text_config", None) or model.config
+    if getattr(config, "attn_logit_softcapping", None):
+        return f"{config.model_type} soft-caps its attention scores"
+    if any(getattr(m, "sinks", None) is not None for m in model.modules()):
+        return f"{config.model_type} has attention sinks"
+    return None
+
+
+def make_invariant(model: nn.Module) -> None:
+    """Switch `model` (a loaded transformers causal LM) to batch-invariant forwards, in place."""
+    reason = unsupported_reason(model)
+    if reason:
+        raise TargetError(f"batch-invariant forwards are not available for this target: {reason}")
+    _register()
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = InvariantLinear
+    model.set_attn_implementation(NAME)
+
+
+def apply_invariance(model: nn.Module, setting: str = "auto", *,
+                     log: Callable[[str], None] | None = None) -> bool:
+    """Make `model` invariant where `setting` wants it (invariance_wanted). A target it cannot make invariant is
+    refused under `on`; under `auto` it says so in one line (to `log`, default stderr) and stays as it is, the eval's
+    exactness audit then telling rounding flips from bugs. Returns whether the model is invariant."""
+    if not invariance_wanted(model, setting):
+        return False
+    reason = unsupported_reason(model)
+    if reason is not None:
+        message = (f"batch-invariant forwards are not available for this target ({reason}): speculative output in "
+                   f"{model.dtype} may differ from plain decoding where two tokens' logits round alike")
+        if setting == "on":
+            raise TargetError(f"{message}; set target.invariant=auto to decode without them, or load it in float32")
+        (log or (lambda msg: print(msg, file=sys.stderr, flush=True)))(
+            f"note: {message}; `draftsmith eval` audits every such divergence")
+        return False
+    make_invariant(model)
+    return True
+
+
+def is_invariant(model: nn.Module) -> bool:
+    return getattr(model.config, "_attn_implementation", None) == NAME
+
+
+@contextlib.contextmanager
+def suspended(model: nn.Module):
+    """Run `model` on its ordinary kernels inside the block: for forwards whose outputs decide no token (the
+    hidden states a drafter trains on), where invariance would only cost time."""
+    if not is_invariant(model):
+        yield model
+        return
+    make_variant(model)
+    try:
+        yield model
+    finally:
+        make_invariant(model)
+
+
+def make_variant(model: nn.Module, attention: str = "sdpa") -> None:
+    """Undo `make_invariant`."""
+    for module in model.modules():
+        if type(module) is InvariantLinear:
+            module.__class__ = nn.Linear
+    model.set_attn_implementation(attention)
