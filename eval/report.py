@@ -188,6 +188,7 @@ def markdown(result: dict, plots: list[Path]) -> str:
         lines += ["", "`decode`: the phase after the prefill's first token, which no drafter can shorten; `efficiency` "
                   "= measured over predicted decode speedup, the share of the modelled gain the decoder realized."]
         lines += engine_lines(result)
+        lines += invariance_lines(cost.get("invariance"), result["settings"])
         lines += ["", "Per cycle in the run, in target steps: "
                   + "; ".join(f"{n}: verify {_f(m['run_verify_ratio'])}, other overhead "
                               f"{_f(m['run_overhead_per_cycle'])}" for n, m in cost["drafters"].items()), ""]
@@ -224,6 +225,17 @@ def batch_lines(result: dict, points: list[dict]) -> list[str]:
         lines += ["Crossover: the smallest swept batch size where the drafter's speedup falls below 1.", ""]
         lines += _table(["drafter", "predicted crossover", "measured crossover", "predicted speedup"], rows) + [""]
     return lines
+
+
+def invariance_lines(costs: dict | None, settings: dict) -> list[str]:
+    """The cost of batch-invariant forwards, measured side by side (eval/costs.py invariance_costs)."""
+    if not costs:
+        return []
+    (one, wide), state = sorted(costs["slowdown"]), "on" if settings.get("invariant") else "off in this run"
+    return ["", f"Batch-invariant target forwards ({state}; {settings.get('dtype')}): a 1-token step costs "
+                f"{_f(costs['slowdown'][one])}× the ordinary kernels' ({1000 * costs['invariant'][one]:.1f} against "
+                f"{1000 * costs['ordinary'][one]:.1f} ms), a verify over {wide} tokens {_f(costs['slowdown'][wide])}× "
+                f"({1000 * costs['invariant'][wide]:.1f} against {1000 * costs['ordinary'][wide]:.1f} ms)."]
 
 
 def engine_lines(result: dict) -> list[str]:

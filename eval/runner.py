@@ -16,7 +16,7 @@ from eval import stats
 from eval.audit import audit
 from eval.config import EvalConfig
 from eval.cost_fit import fit_cost_model
-from eval.costs import context_ids, fastest, forward_times, median
+from eval.costs import context_ids, fastest, forward_times, invariance_costs, median
 from eval.drafters import BASELINE, BeginTimed, DrafterEntry
 from eval.peers import Peer, run_peer
 from eval.prompts import EvalPrompt, group_by_domain
@@ -250,7 +250,8 @@ def cost_model_block(target: Any, records: Mapping[str, list[dict]], names: Sequ
     times = forward_times(target.model, ctx, [1] + [kk + 1 for kk in ks], repeats=config.cost_repeats)
     fitted = fit_cost_model(records, names, group_by_domain(prompts), fastest(times), k=k, ks=ks)
     # forward_seconds holds the fastest repeat of each size (what the fit uses); the medians are for the record
-    return {**fitted, "context_tokens": int(ctx.shape[1]), "forward_seconds_median": median(times)}
+    return {**fitted, "context_tokens": int(ctx.shape[1]), "forward_seconds_median": median(times),
+            "invariance": invariance_costs(target.model, ctx, [1, k + 1], repeats=config.cost_repeats)}
 
 
 # ------------------------------------------------------------------------------------------- entry point

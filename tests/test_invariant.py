@@ -225,3 +225,16 @@ def test_a_dtype_the_device_cannot_run_is_refused_before_loading(tiny_target_dir
     monkeypatch.setattr(F, "linear", no_half)
     with pytest.raises(TargetError, match="cpu cannot compute in torch.float16: .* use target.dtype=float32"):
         load_target(tiny_target_dir, dtype="float16")
+
+
+def test_the_cost_of_invariance_is_measured_side_by_side(tiny_target_dir, bf16):
+    from eval.costs import invariance_costs
+    from eval.report import invariance_lines
+
+    context = torch.randint(0, 256, (1, 32), generator=torch.Generator().manual_seed(0))
+    costs = invariance_costs(bf16.model, context, [1, 5], repeats=2)
+    assert is_invariant(bf16.model)  # left as it came
+    assert set(costs) == {"invariant", "ordinary", "slowdown"} and costs["slowdown"][5] > 0
+    line = invariance_lines(costs, {"invariant": True, "dtype": "bfloat16"})[1]
+    assert line.startswith("Batch-invariant target forwards (on; bfloat16): a 1-token step costs") and "5 tokens" in line
+    assert invariance_costs(load_target(tiny_target_dir).model, context, [1, 5], repeats=1) is None  # float32
