@@ -17,6 +17,7 @@ batched plain decoder, the baseline.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from serve.batch.gate import BatchGate
 from serve.batch.masks import verify_inputs
 from serve.batch.width import batch_width, cut
 from serve.core.errors import DraftsmithError
+from serve.core.invariant import is_invariant, whole_prompt
 from serve.core.kv import cache_kwargs
 from serve.core.layers import pick_hidden_states
 from serve.core.slots import SlotCache, attention_masks, check_fits
@@ -153,7 +155,10 @@ class BatchDecoder:
         done = self._retire(lambda row: row.cancelled, "cancelled")
         free = self.slots - len(self.rows)
         if self.queue and free > 0:
-            self._admit([self.queue.popleft() for _ in range(min(free, len(self.queue)))])
+            jobs = [self.queue.popleft() for _ in range(min(free, len(self.queue)))]
+            # batch-invariant forwards prefill each prompt alone, as batch 1 does (serve/core/invariant.py)
+            for group in ([job] for job in jobs) if is_invariant(self.model) else [jobs]:
+                self._admit(group)
         elif self.rows:
             self._cycle()
         return done + self._retire_finished()
@@ -203,7 +208,8 @@ class BatchDecoder:
         masks = attention_masks(self.model.config, allowed[:, None], position_ids[:, None, :, None],
                                 position_ids[:, None, None, :])
         self.cache.plan_prefill(range(first, first + len(jobs)), lengths)
-        out = self._forward(input_ids, position_ids, masks, logits_to_keep=1)
+        with whole_prompt() if len(jobs) == 1 else contextlib.nullcontext():
+            out = self._forward(input_ids, position_ids, masks, logits_to_keep=1)
         hidden = pick_hidden_states(out.hidden_states, self.layers) if self.layers else {}
         for n, job in enumerate(jobs):
             row = _Row(job=job, drafter=self._new_drafter(), generator=new_generator(job.seed),

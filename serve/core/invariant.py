@@ -10,7 +10,8 @@ The cure is the one the field uses on GPUs (Thinking Machines, "Defeating Nondet
 vLLM's `VLLM_BATCH_INVARIANT`; SGLang's deterministic inference): make every reduction's order independent of how
 many rows are computed together. Two operations carry a reduction whose kernel depends on the row count:
 - every linear layer: `InvariantLinear` runs the rows in tiles of exactly TILE_ROWS (the last one zero-padded), so
-  the matmul kernel, and with it each row's summation order, is the same for 1 row as for 300;
+  the matmul kernel, and with it each row's summation order, is the same for 1 row as for 300. A prompt's prefill
+  is the one forward every decoder runs alike (the whole prompt, alone: `whole_prompt`), and runs in one call;
 - attention: `invariant_attention` attends each query alone (one query row, the SDPA call a one-token step makes)
   over exactly the keys it may see, gathered contiguous from the mask. A verify forward, a tree, a left-padded
   batch row with masked holes and a one-token step then run the same call on the same keys.
@@ -23,6 +24,7 @@ It refuses, with the reason, what it cannot make invariant (attention with sinks
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import sys
 import weakref
@@ -43,10 +45,29 @@ TILE_ROWS = 16
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
+# set inside `whole_prompt`: the forward is one prompt's prefill, alone, which every decoder computes the same way
+_WHOLE_PROMPT: contextvars.ContextVar[bool] = contextvars.ContextVar("draftsmith_whole_prompt", default=False)
+
+
+@contextlib.contextmanager
+def whole_prompt():
+    """The forward inside is one whole prompt (batch 1, from its first token, nothing cached): every decoder
+    prefills a prompt so (serve/decoding.py, serve/batch/decoder.py), so its linears may run all rows in one call,
+    the fastest kernel for a long prompt, and still give the same rows everywhere."""
+    token = _WHOLE_PROMPT.set(True)
+    try:
+        yield
+    finally:
+        _WHOLE_PROMPT.reset(token)
+
+
 class InvariantLinear(nn.Linear):
-    """An nn.Linear (same parameters, same state dict) whose forward runs its rows in tiles of TILE_ROWS."""
+    """An nn.Linear (same parameters, same state dict) whose forward runs its rows in tiles of TILE_ROWS (all in one
+    call inside `whole_prompt`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _WHOLE_PROMPT.get():
+            return F.linear(x, self.weight, self.bias)
         flat = x.reshape(-1, self.in_features)  # (rows, in)
         rows = flat.shape[0]
         pad = -rows % TILE_ROWS
