@@ -1,7 +1,6 @@
 """Plain and speculative decoding (batch 1) with exact verification and per-cycle statistics."""
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
@@ -10,7 +9,6 @@ import torch
 
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.settings import resolve_k
-from serve.core.invariant import whole_prompt
 from serve.core.kv import cache_kwargs, keep_positions, new_cache, sliding_window
 from serve.core.layers import pick_hidden_states
 from serve.core.sampling import greedy_tokens, sample, target_probs
@@ -120,8 +118,7 @@ def plain_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int, temp
     step_input = input_ids.to(device)
     output: list[int] = []
     while len(output) < max_new_tokens:
-        with contextlib.nullcontext() if output else whole_prompt():  # the prompt's prefill, then one-token steps
-            logits = model(step_input, **cache_kwargs(model, cache), logits_to_keep=1).logits[0, -1]
+        logits = model(step_input, **cache_kwargs(model, cache), logits_to_keep=1).logits[0, -1]
         stats.target_forwards += 1
         token = next_token(logits, gen, temperature=temperature, top_k=top_k, top_p=top_p)
         output.append(token)
@@ -193,9 +190,8 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, m
     probs = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     t_start = time.perf_counter()
 
-    with whole_prompt():
-        out = model(input_ids.to(device), **cache_kwargs(model, cache), output_hidden_states=want_hidden,
-                    logits_to_keep=1)
+    out = model(input_ids.to(device), **cache_kwargs(model, cache), output_hidden_states=want_hidden,
+                logits_to_keep=1)
     stats.target_forwards = 1
     pending = next_token(out.logits[0, -1], gen, **probs)
     prompt = input_ids[0].cpu()

@@ -238,3 +238,15 @@ def test_the_cost_of_invariance_is_measured_side_by_side(tiny_target_dir, bf16):
     line = invariance_lines(costs, {"invariant": True, "dtype": "bfloat16"})[1]
     assert line.startswith("Batch-invariant target forwards (on; bfloat16): a 1-token step costs") and "5 tokens" in line
     assert invariance_costs(load_target(tiny_target_dir).model, context, [1, 5], repeats=1) is None  # float32
+
+
+def test_transformers_generate_on_an_invariant_target_matches_ours(row_count_kernels, bf16):
+    """A prompt's prefill runs whole whoever calls the model: transformers' greedy generate and its prompt lookup
+    give our plain decoder's tokens."""
+    for prompt in prompts(3, seed=5):
+        ids = torch.tensor([prompt])
+        ours = plain_generate(bf16, ids, max_new_tokens=MAX_NEW, eos_token_ids=()).output_ids
+        for extra in ({}, {"prompt_lookup_num_tokens": 3}):
+            theirs = bf16.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW,
+                                         min_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None, **extra)
+            assert theirs[0, ids.shape[1]:].tolist() == ours, extra

@@ -52,8 +52,9 @@ _WHOLE_PROMPT: contextvars.ContextVar[bool] = contextvars.ContextVar("draftsmith
 @contextlib.contextmanager
 def whole_prompt():
     """The forward inside is one whole prompt (batch 1, from its first token, nothing cached): every decoder
-    prefills a prompt so (serve/decoding.py, serve/batch/decoder.py), so its linears may run all rows in one call,
-    the fastest kernel for a long prompt, and still give the same rows everywhere."""
+    prefills a prompt so, so its linears may run all rows in one call, the fastest kernel for a long prompt, and
+    still give the same rows everywhere. An invariant model's forward sets it itself where its cache is empty
+    (`_opens_a_prompt`); the batched decoder's slot cache cannot tell, and the decoder says it here."""
     token = _WHOLE_PROMPT.set(True)
     try:
         yield
@@ -227,6 +228,33 @@ def make_invariant(model: nn.Module) -> None:
         if type(module) is nn.Linear:
             module.__class__ = InvariantLinear
     model.set_attn_implementation(NAME)
+    if not hasattr(model, "_draftsmith_prompt_hooks"):
+        model._draftsmith_prompt_hooks = (model.register_forward_pre_hook(_enter_forward, with_kwargs=True),
+                                          model.register_forward_hook(_leave_forward, always_call=True))
+
+
+def _opens_a_prompt(args: tuple, kwargs: dict) -> bool:
+    """Whether a model forward is one prompt's prefill: one row of input_ids and nothing cached (no cache, or an
+    empty transformers Cache). The batched decoder's slot cache says so itself (whole_prompt)."""
+    from transformers import Cache
+
+    input_ids = kwargs.get("input_ids", args[0] if args else None)
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    return (isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] == 1
+            and (cache is None or (isinstance(cache, Cache) and cache.get_seq_length() == 0)))
+
+
+def _enter_forward(model: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Every prompt's prefill runs whole, whoever calls the model (our decoders, transformers' generate, the
+    audit): the same rows wherever the prompt is prefilled."""
+    tokens = model.__dict__.setdefault("_draftsmith_prompt_tokens", [])
+    tokens.append(_WHOLE_PROMPT.set(_WHOLE_PROMPT.get() or _opens_a_prompt(args, kwargs)))
+
+
+def _leave_forward(model: nn.Module, args: tuple, output) -> None:
+    tokens = model.__dict__.get("_draftsmith_prompt_tokens")
+    if tokens:
+        _WHOLE_PROMPT.reset(tokens.pop())
 
 
 def apply_invariance(model: nn.Module, setting: str = "auto", *,
@@ -272,4 +300,6 @@ def make_variant(model: nn.Module, attention: str = "sdpa") -> None:
     for module in model.modules():
         if type(module) is InvariantLinear:
             module.__class__ = nn.Linear
+    for hook in model.__dict__.pop("_draftsmith_prompt_hooks", ()):
+        hook.remove()
     model.set_attn_implementation(attention)
