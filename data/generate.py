@@ -11,7 +11,12 @@ transformers' own continuous batching (`generate_batch`, paged cache) runs on CP
 each query over every request's keys under one (tokens x all keys) mask and was ~2x slower than `generate`.
 
 Sampling draws each answer from its own generator (seeded by the caller per row and turn), so the tokens a
-row gets do not depend on which rows share its batch: a resumed build equals an uninterrupted one.
+row gets do not depend on which rows share its batch: a resumed build equals an uninterrupted one (in float32; in
+bf16 a row's rounding can differ with its batch, near-ties flip, and the answer is still the target's).
+
+Self-distillation runs the target's ordinary kernels even where decoding runs batch-invariant ones
+(serve/core/invariant.py `suspended`): invariant linears read every weight once per 16 rows, which made a 64-row
+bf16 step on a 2-core CPU cost 4x a one-row step, for answers nobody compares with batch-1 decoding.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
 from serve.batch.decoder import BatchDecoder, Job
+from serve.core.invariant import suspended
 
 
 @dataclass
@@ -90,5 +96,6 @@ class ContinuousBatcher(RequestQueue):
             self.decoder.add(Job(request, list(request.prompt), max_new_tokens=self.max_new_tokens,
                                  seed=request.seed, **self.sampling))
             free -= 1
-        return [(f.job.key, Answer(token_ids=f.result.output_ids, finished=f.reason == "stop"))
-                for f in self.decoder.step()]
+        with suspended(self.decoder.model):  # the ordinary kernels (see the module docstring)
+            finished = self.decoder.step()
+        return [(f.job.key, Answer(token_ids=f.result.output_ids, finished=f.reason == "stop")) for f in finished]

@@ -212,6 +212,8 @@ def test_bad_settings_and_targets(tiny_target_dir, tiny_target_factory, capsys):
     assert not is_invariant(target.model)
     assert "`draftsmith eval` audits every such divergence" in capsys.readouterr().err
     assert apply_invariance(target.model, "off") is False
+    moe = load_target(tiny_target_factory("qwen3_moe"), dtype="bfloat16")  # fused experts: not invariant, said so
+    assert not is_invariant(moe.model) and "experts multiply" in capsys.readouterr().err
 
 
 def test_a_dtype_the_device_cannot_run_is_refused_before_loading(tiny_target_dir, monkeypatch):

@@ -17,9 +17,10 @@ many rows are computed together. Two operations carry a reduction whose kernel d
   batch row with masked holes and a one-token step then run the same call on the same keys.
 Norms, RoPE and activations are per-row and elementwise; they need nothing.
 
-`make_invariant(model)` switches a loaded target over (in place, undone by `make_variant`). It costs little on a
-CPU, where a small target's step is bound by reading the weights: the tests and serve/core/costs.py measure it.
-It refuses, with the reason, what it cannot make invariant (attention with sinks or soft-capping, a sharded target).
+`make_invariant(model)` switches a loaded target over (in place, undone by `make_variant`); eval's cost section
+(eval/costs.py) and scripts/bench/invariance.py measure what it costs. It refuses, with the reason, what it cannot
+make invariant: attention with sinks or soft-capping, and mixture-of-experts layers (their fused experts multiply
+as many rows as the router sends each one).
 """
 from __future__ import annotations
 
@@ -39,8 +40,9 @@ from serve.core.errors import TargetError
 from serve.core.target_config import INVARIANT_SETTINGS as SETTINGS
 
 NAME = "draftsmith_invariant"  # the attention implementation registered with transformers
-# rows per matmul tile: every row count gives the same kernel (16 divides the tile sizes of oneDNN's AMX and
-# AVX-512 bf16 kernels; a one-row call, which takes a matrix-vector kernel, never happens)
+# rows per matmul tile: one kernel for every row count. A row's result depended on the call's row count past 32
+# rows on an AMX Xeon and at 1 row on an AVX512-BF16 EPYC; 16 rows are inside both, and a tile is cheap where a
+# step is bound by reading the weights
 TILE_ROWS = 16
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -215,6 +217,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
         return f"{config.model_type} soft-caps its attention scores"
     if any(getattr(m, "sinks", None) is not None for m in model.modules()):
         return f"{config.model_type} has attention sinks"
+    if any(p.dim() == 3 for m in model.modules() if type(m).__name__.endswith("Experts") for p in m.parameters()):
+        return f"{config.model_type}'s experts multiply as many rows as the router sends them"
     return None
 
 

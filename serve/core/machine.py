@@ -166,6 +166,8 @@ def probe_target(target: Any, *, batch: int, prefill_tokens: int, repeats: int =
     fastest of `repeats`), and one prefill over `prefill_tokens` tokens in rows of 512."""
     import torch
 
+    from serve.core.invariant import suspended
+
     model = target.model
     device = next(model.parameters()).device
     vocab = min(int(target.config.vocab_size), 1000)
@@ -183,13 +185,14 @@ def probe_target(target: Any, *, batch: int, prefill_tokens: int, repeats: int =
         return best
 
     with torch.inference_mode():
-        step = decode_step(1, 64)
-        batch_step = decode_step(batch, 64)
-        length = min(512, prefill_tokens)
-        rows = max(1, prefill_tokens // length)
-        start = time.perf_counter()
-        model(ids(rows, length), use_cache=False)
-        prefill = time.perf_counter() - start
+        step = decode_step(1, 64)  # decoding's kernels: batch-invariant where the target is (evaluation, serving)
+        with suspended(model):  # self-distillation and capture run the ordinary ones (serve/core/invariant.py)
+            batch_step = decode_step(batch, 64)
+            length = min(512, prefill_tokens)
+            rows = max(1, prefill_tokens // length)
+            start = time.perf_counter()
+            model(ids(rows, length), use_cache=False)
+            prefill = time.perf_counter() - start
     return TargetRates(dtype=str(model.dtype).replace("torch.", ""), threads=torch.get_num_threads(),
                        step_seconds=step, batch=batch, batch_step_seconds=batch_step, prefill_tokens=rows * length,
                        prefill_seconds=prefill)
