@@ -54,7 +54,8 @@ def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
         if set(options) - {"length"}:
             raise DrafterSpecError(f"unknown model drafter option(s) {sorted(set(options) - {'length'})}; "
                                    f"valid: length")
-        small = load_target(parsed.path, dtype=target.model.dtype, device=str(target.model.device))
+        # the draft model's tokens are only proposals, verified by the target: its ordinary kernels
+        small = load_target(parsed.path, dtype=target.model.dtype, device=str(target.model.device), invariant="off")
         drafter = ModelDrafter(small.model, small.tokenizer, target_vocab_size=text_config(target.config).vocab_size,
                                policy=_policy(target, str(options.get("length", "auto"))))
     else:
