@@ -4,12 +4,13 @@ Speculative decoding at temperature 0 must reproduce plain decoding token for to
 is either the precision (a verify forward and a one-token step rounded the same logits apart, and two tokens whose
 logits were all but tied swapped places) or a bug. The audit tells them apart at the first differing position:
 on the shared prefix it recomputes the logits of the two candidate tokens in a higher precision (float32 for a
-16-bit target, float64 for a float32 one) and in the target's own precision (a one-token step on the cached
-prefix, as plain decoding computes it, and one forward over the whole prefix, as a verify or a prefill does).
+16-bit target, float64 for a float32 one) and in the target's own precision, the position computed as the last of
+1 to 8 new tokens on a cache (plain decoding's step, a verify forward's shapes) and in one forward over the whole
+prefix (a prefill's).
 
 - gap: how far apart the two tokens' logits are in the higher precision;
 - rounding: what the target's precision can move them by there, the larger of one unit in the last place at
-  their magnitude and the sum of the two tokens' largest errors measured on the two paths.
+  their magnitude and the largest sum of the two tokens' errors over those forwards.
 
 A divergence whose gap is within its rounding is a rounding flip: the precision cannot tell the two tokens apart,
 and either path's choice is the target's. Anything else, or an output that stopped at another length, is
@@ -28,6 +29,9 @@ from serve.core.invariant import make_variant
 from serve.core.kv import cache_kwargs, new_cache
 
 ROUNDING_FLIP = "rounding flip"
+# the forwards the target's own logits are measured on: the position computed as the last of 1 (plain decoding's
+# step), 2, 4, 6 or 8 new tokens on a cache (verify forwards' shapes), and in one forward over the whole prefix
+PATHS = (1, 2, 4, 6, 8, None)
 UNEXPLAINED = "unexplained"
 
 
@@ -75,16 +79,16 @@ class Auditor:
         return self._reference
 
     @torch.inference_mode()
-    def _logits(self, model, prefix: torch.Tensor, *, step: bool) -> torch.Tensor:
-        """(V,) float64 logits after `prefix` (1, T): from one forward over it, or from a one-token step on the
-        cached prefix[:-1] (plain decoding's path)."""
+    def _logits(self, model, prefix: torch.Tensor, *, new: int | None) -> torch.Tensor:
+        """(V,) float64 logits after `prefix` (1, T): from one forward over all of it (new=None), or from a forward
+        over its last `new` tokens on the cached rest (1: plain decoding's step; more: a verify forward's shape)."""
         device = next(model.parameters()).device
         prefix = prefix.to(device)
-        if not step or prefix.shape[1] < 2:
+        if new is None or prefix.shape[1] <= new:
             return model(prefix, logits_to_keep=1).logits[0, -1].double().cpu()
         cache = new_cache(model)
-        model(prefix[:, :-1], logits_to_keep=1, **cache_kwargs(model, cache))
-        return model(prefix[:, -1:], **cache_kwargs(model, cache)).logits[0, -1].double().cpu()
+        model(prefix[:, :-new], logits_to_keep=1, **cache_kwargs(model, cache))
+        return model(prefix[:, -new:], **cache_kwargs(model, cache)).logits[0, -1].double().cpu()
 
     def divergence(self, reference: Mapping[str, Any], candidate: Mapping[str, Any], position: int) -> Divergence:
         """position: the first differing output token; -1 when the outputs agree but a method's repeated runs did
@@ -95,9 +99,9 @@ class Auditor:
         gap = rounding = None
         if a is not None and b is not None:
             prefix = torch.tensor([list(reference["prompt_token_ids"]) + plain[:position]])  # (1, T)
-            exact = self._logits(self.reference, prefix, step=False)
+            exact = self._logits(self.reference, prefix, new=None)
             gap = abs(float(exact[a] - exact[b]))
-            errors = [(self._logits(self.model, prefix, step=step) - exact)[[a, b]].abs() for step in (True, False)]
+            errors = [(self._logits(self.model, prefix, new=new) - exact)[[a, b]].abs() for new in PATHS]
             measured = max(float(e.sum()) for e in errors)
             rounding = max(ulp(self.dtype, max(abs(float(exact[a])), abs(float(exact[b])))), measured)
         return Divergence(id=str(candidate.get("id", "")), drafter=str(candidate.get("drafter", "")),

@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--modes", default="invariant,ordinary", help="which forwards to run, comma-separated")
     parser.add_argument("--json", default=None, metavar="OUT.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -47,9 +48,10 @@ def main() -> None:
     entries = build_entries(target, parse_named_specs(args.drafter or ["ngram"]), max_new_tokens=args.max_new_tokens)
     names = [e.name for e in entries]
     decoding = Decoding(k=args.k, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=args.max_new_tokens, seed=0)
-    records = {mode: {name: [] for name in [BASELINE] + names} for mode in MODES}
+    modes = {mode: MODES[mode] for mode in args.modes.split(",")}
+    records = {mode: {name: [] for name in [BASELINE] + names} for mode in modes}
     for i, prompt in enumerate(prompts):
-        for mode, switch in MODES.items():
+        for mode, switch in modes.items():
             switch(target.model)
             one = run_methods(target, entries, [], [prompt], decoding, warmup=i == 0, progress=False,
                               repeats=args.repeats)
@@ -59,7 +61,7 @@ def main() -> None:
 
     out = {"target": target.name, "dtype": args.dtype, "threads": args.threads, "prompts": len(prompts),
            "max_new_tokens": args.max_new_tokens, "k": args.k, "repeats": args.repeats, "modes": {}}
-    for mode, switch in MODES.items():
+    for mode, switch in modes.items():
         switch(target.model)  # the audit computes the target's own logits in this mode
         mark_exactness(records[mode], names)
         block = exactness_block(records[mode], names, 0.0, target=target)
@@ -71,11 +73,13 @@ def main() -> None:
                              **block["by_drafter"][n], **block["audit"]["by_drafter"][n]} for n in names},
             "identical": block["identical"], "total": block["total"],
             "rounding_flips": block["audit"]["rounding_flips"], "unexplained": block["audit"]["unexplained"],
+            "divergences": block["audit"]["divergences"],
             "timing_spread": stats.timing_spread(rec for recs in records[mode].values() for rec in recs)}
-    inv, ordinary = out["modes"]["invariant"], out["modes"]["ordinary"]
-    out["cost"] = {BASELINE: inv["plain_tokens_per_second"] / ordinary["plain_tokens_per_second"],
-                   **{n: inv["drafters"][n]["tokens_per_second"] / ordinary["drafters"][n]["tokens_per_second"]
-                      for n in names}}
+    if len(modes) == 2:
+        inv, ordinary = out["modes"]["invariant"], out["modes"]["ordinary"]
+        out["cost"] = {BASELINE: inv["plain_tokens_per_second"] / ordinary["plain_tokens_per_second"],
+                       **{n: inv["drafters"][n]["tokens_per_second"] / ordinary["drafters"][n]["tokens_per_second"]
+                          for n in names}}
 
     print(f"\n{target.name} in {args.dtype}, {args.threads} thread(s), {len(prompts)} prompts x "
           f"{args.max_new_tokens} tokens, K={args.k}, fastest of {args.repeats} runs")
@@ -87,8 +91,13 @@ def main() -> None:
         for n, d in m["drafters"].items():
             print(f"  {n:<10} {d['mu']:>5.2f} {d['speedup']:>7.2f}x {d['identical']:>5}/{d['total']:<4} "
                   f"{d['rounding flip']:>6} {d['unexplained']:>8}")
-    print("\ntokens/s with invariant forwards over ordinary ones: "
-          + ", ".join(f"{n} {r:.3f}" for n, r in out["cost"].items()))
+        for d in m["divergences"]:
+            gap = "-" if d["gap"] is None else f"{d['gap']:.3f}"
+            rounding = "-" if d["rounding"] is None else f"{d['rounding']:.3f}"
+            print(f"    {d['drafter']} on {d['id']}: token {d['position']}, gap {gap}, rounding {rounding}: {d['kind']}")
+    if "cost" in out:
+        print("\ntokens/s with invariant forwards over ordinary ones: "
+              + ", ".join(f"{n} {r:.3f}" for n, r in out["cost"].items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
