@@ -15,8 +15,8 @@ row gets do not depend on which rows share its batch: a resumed build equals an 
 bf16 a row's rounding can differ with its batch, near-ties flip, and the answer is still the target's).
 
 Self-distillation runs the target's ordinary kernels even where decoding runs batch-invariant ones
-(serve/core/invariant.py `suspended`): invariant linears read every weight once per 16 rows, which made a 64-row
-bf16 step on a 2-core CPU cost 4x a one-row step, for answers nobody compares with batch-1 decoding.
+(serve/core/invariant.py `suspended`): invariant linears read every weight once per tile of rows (16-row tiles made
+a 64-row bf16 step on a 2-core CPU cost 4x a one-row step), for answers nobody compares with batch-1 decoding.
 """
 from __future__ import annotations
 
