@@ -15,7 +15,8 @@ from serve.core.sampling import greedy_tokens, sample, target_probs
 from serve.stopping import StopChecker
 from serve.core.target_masks import for_target
 from serve.tree import TreeSpec, ancestor_mask, node_depths
-from serve.verify import Verdict, verify_chain, verify_greedy, verify_tree
+from serve.core.noise import PositionNoise
+from serve.verify import Verdict, verify_chain, verify_greedy, verify_keyed, verify_tree
 
 
 @dataclass
@@ -67,10 +68,19 @@ class GenerationResult:
     stats: SpecStats
 
 
-def new_generator(seed: int | None) -> torch.Generator:
-    gen = torch.Generator()
-    gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-    return gen
+def new_generator(seed: int | None) -> torch.Generator | PositionNoise:
+    """A request's randomness. Seeded: the noise of each output position keyed by (seed, position)
+    (serve/core/noise.py), so the tokens are plain seeded decoding's alone, in any batch, with any drafter and draft
+    length. Unseeded: one stream from torch's global generator, which the rejection sampler (serve/verify.py) draws
+    from, accepting sampled drafts as often as any exact verifier can."""
+    if seed is not None:
+        return PositionNoise(seed)
+    return torch.Generator().manual_seed(int(torch.randint(0, 2**62, ()).item()))
+
+
+def draft_generator(gen: torch.Generator | PositionNoise, position: int):
+    """What a drafter samples with when its first draft guesses output position `position`."""
+    return gen.draws(position) if isinstance(gen, PositionNoise) else gen
 
 
 def _hidden(out, layers: Sequence[int], rows: torch.Tensor | slice) -> dict[int, torch.Tensor]:
@@ -85,19 +95,26 @@ def stopper_for(target, eos_token_ids, stop_strings) -> StopChecker:
     return StopChecker(eos_token_ids=eos, stop_strings=tuple(stop_strings), tokenizer=target.tokenizer)
 
 
-def next_token(logits: torch.Tensor, gen: torch.Generator | None, **probs) -> int:
-    """(V,) logits -> the token decoding emits: the argmax at temperature 0, else a draw from target_probs."""
+def next_token(logits: torch.Tensor, gen: torch.Generator | PositionNoise | None, position: int, **probs) -> int:
+    """(V,) logits -> the token decoding emits at output position `position` (0: the first generated): the argmax
+    at temperature 0, else a draw from target_probs (a seeded request's: keyed by the position)."""
     if probs["temperature"] <= 0:
         return int(greedy_tokens(logits))
+    if isinstance(gen, PositionNoise):
+        return gen.token(logits, position, **probs)
     return sample(target_probs(logits, **probs).cpu(), gen)
 
 
-def verdict_of(draft: Draft, logits: torch.Tensor, gen: torch.Generator | None, **probs) -> Verdict:
-    """logits: (n+1, V), the target's after the pending token and after each draft node -> what it keeps."""
+def verdict_of(draft: Draft, logits: torch.Tensor, gen: torch.Generator | PositionNoise | None, position: int,
+               **probs) -> Verdict:
+    """logits: (n+1, V), the target's after the pending token and after each draft node -> what it keeps.
+    position: the output position row 0's token takes (the pending token's plus one)."""
     tokens = draft.tokens.cpu()
     parents = draft.parents.cpu() if draft.is_tree else None
     if probs["temperature"] <= 0:  # the argmax per row, not a one-hot over the vocabulary: the same verdict
         return verify_greedy(tokens, parents, greedy_tokens(logits).cpu())
+    if isinstance(gen, PositionNoise):
+        return verify_keyed(tokens, parents, lambda row, depth: gen.token(logits[row], position + depth, **probs))
     p = target_probs(logits, **probs).cpu()  # (n+1, V)
     if parents is not None:
         return verify_tree(tokens, parents, p, gen)
@@ -120,7 +137,7 @@ def plain_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int, temp
     while len(output) < max_new_tokens:
         logits = model(step_input, **cache_kwargs(model, cache), logits_to_keep=1).logits[0, -1]
         stats.target_forwards += 1
-        token = next_token(logits, gen, temperature=temperature, top_k=top_k, top_p=top_p)
+        token = next_token(logits, gen, len(output), temperature=temperature, top_k=top_k, top_p=top_p)
         output.append(token)
         if stats.target_forwards == 1:
             stats.prefill_seconds = time.perf_counter() - t_start
@@ -193,7 +210,7 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, m
     out = model(input_ids.to(device), **cache_kwargs(model, cache), output_hidden_states=want_hidden,
                 logits_to_keep=1)
     stats.target_forwards = 1
-    pending = next_token(out.logits[0, -1], gen, **probs)
+    pending = next_token(out.logits[0, -1], gen, 0, **probs)
     prompt = input_ids[0].cpu()
     drafter.begin(prompt, torch.cat([prompt[1:], torch.tensor([pending])]), _hidden(out, layers, slice(None)))
     del out
@@ -207,7 +224,8 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, m
     while stop is None and len(output) < max_new_tokens:
         budget = min(cap, max_new_tokens - len(output) - 1)
         t0 = time.perf_counter()
-        draft = drafter.propose(budget, temperature=temperature, generator=gen, tree=tree) if budget > 0 \
+        draft = drafter.propose(budget, temperature=temperature, generator=draft_generator(gen, len(output)),
+                                tree=tree) if budget > 0 \
             else Draft.empty()
         t1 = time.perf_counter()
         past = cache.get_seq_length()
@@ -215,7 +233,7 @@ def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, m
         extra = {"attention_mask": for_target(model, mask)} if mask is not None else {}
         out = model(ids, position_ids=positions, **cache_kwargs(model, cache), output_hidden_states=want_hidden,
                     **extra)
-        verdict = verdict_of(draft, out.logits[0], gen, **probs)
+        verdict = verdict_of(draft, out.logits[0], gen, len(output), **probs)
         rows = [0] + [i + 1 for i in verdict.accepted]  # verify-input rows the target keeps
         keep_positions(cache, past, rows)
         accepted_tokens = [int(draft.tokens[i]) for i in verdict.accepted]

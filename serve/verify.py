@@ -8,10 +8,13 @@ r(c) under the current residual r (initially p), and a rejected c is removed fro
 renormalized). This is exactly sampling from p, so the output distribution equals the target's; at
 temperature 0 (p one-hot) it reduces to "follow the child that equals the argmax": `verify_greedy`, which reads the
 argmax of each row instead of a one-hot over the vocabulary (what greedy decoding runs; the same verdicts).
+A seeded request follows the same walk with the target's own seeded token per row in place of the argmax
+(`verify_keyed`, serve/core/noise.py): the tokens of plain seeded decoding, drawn from p at every position.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -67,13 +70,24 @@ def verify_greedy(tokens: torch.Tensor, parents: torch.Tensor | None, best: torc
     """Temperature 0: tokens (n,) drafts, parents (n,) a tree in topological order or None for a chain; best (n+1,)
     the target's argmax after the root (pending token, row 0) and after each node (row i+1). From the root, follow
     the first child whose token is the argmax; the verdict's next token is the argmax after the last node kept."""
-    drafted, argmax = tokens.tolist(), best.tolist()
+    argmax = best.tolist()
+    return verify_keyed(tokens, parents, lambda row, depth: argmax[row])
+
+
+def verify_keyed(tokens: torch.Tensor, parents: torch.Tensor | None, token_at: Callable[[int, int], int]) -> Verdict:
+    """From the root, follow the first child whose token is the target's own token at that node, token_at(row,
+    depth) (row 0 the root, row i+1 node i; depth 0 at the root); the verdict's next token is the target's token
+    after the last node kept. Only the rows on the path are asked. A seeded request (serve/core/noise.py) reads its
+    tokens here, drawn with the noise of output position depth past the cycle's first: the tokens kept are plain
+    seeded decoding's, whatever was drafted."""
+    drafted = tokens.tolist()
     children = _children(parents if parents is not None else torch.arange(-1, tokens.numel() - 1))
     node, path = -1, []
     while True:
-        child = next((c for c in children.get(node, []) if drafted[c] == argmax[node + 1]), None)
+        own = token_at(node + 1, len(path))
+        child = next((c for c in children.get(node, []) if drafted[c] == own), None)
         if child is None:
-            return Verdict(path, argmax[node + 1])
+            return Verdict(path, own)
         node = child
         path.append(child)
 

@@ -36,7 +36,9 @@ from serve.core.layers import pick_hidden_states
 from serve.core.slots import SlotCache, attention_masks, check_fits
 from serve.core.target_config import text_config
 from serve.core.target_masks import for_target
-from serve.decoding import GenerationResult, SpecStats, new_generator, next_token, stopper_for, verdict_of
+from serve.core.noise import PositionNoise
+from serve.decoding import (GenerationResult, SpecStats, draft_generator, new_generator, next_token, stopper_for,
+                             verdict_of)
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.settings import resolve_k
 from serve.stopping import StopChecker
@@ -73,7 +75,7 @@ class Finished:
 class _Row:
     job: Job
     drafter: Drafter | None
-    generator: torch.Generator
+    generator: torch.Generator | PositionNoise  # a seeded row's: keyed by output position (serve/core/noise.py)
     stopper: StopChecker
     started: float
     length: int = 0  # tokens in the cache (the pending one is not)
@@ -215,7 +217,7 @@ class BatchDecoder:
             row = _Row(job=job, drafter=self._new_drafter(), generator=new_generator(job.seed),
                        stopper=stopper_for(self.target, job.eos_token_ids, job.stop_strings), started=started,
                        length=lengths[n])
-            row.pending = next_token(out.logits[n, -1], row.generator, **job.probs)
+            row.pending = next_token(out.logits[n, -1], row.generator, 0, **job.probs)
             row.output.append(row.pending)
             row.stats.target_forwards = 1
             if row.drafter is not None:
@@ -250,8 +252,8 @@ class BatchDecoder:
             budget = self._budget(row, row.drafter.draft_cap(self.k)) if drafting else 0
             draft = Draft.empty()
             if budget > 0:
-                draft = row.drafter.propose(budget, temperature=row.job.temperature, generator=row.generator,
-                                            tree=self.tree)
+                draft = row.drafter.propose(budget, temperature=row.job.temperature,
+                                            generator=draft_generator(row.generator, len(row.output)), tree=self.tree)
             row.draft = draft
             row.stats.draft_seconds += time.perf_counter() - t0
         if self.costs is not None and self.tree is None and len(rows) > 1:
@@ -302,7 +304,7 @@ class BatchDecoder:
     def _settle(self, r: int, row: _Row, logits: torch.Tensor, hidden: dict, seconds: float) -> None:
         """Row r's verdict on its own logits (W, V): keep its accepted drafts and the target's next token."""
         draft, job = row.draft, row.job
-        verdict = verdict_of(draft, logits[: len(draft) + 1], row.generator, **job.probs)
+        verdict = verdict_of(draft, logits[: len(draft) + 1], row.generator, len(row.output), **job.probs)
         kept = [0] + [i + 1 for i in verdict.accepted]  # verify-input columns the target keeps
         self.cache.keep(r, row.length, kept)
         row.length += len(kept)

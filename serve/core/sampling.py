@@ -41,12 +41,15 @@ def target_probs(logits: torch.Tensor, *, temperature: float, top_k: int = 0, to
     return process_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p).softmax(-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """(V,) probabilities (need not sum to 1) -> one token id, an exact draw from them.
+def sample(probs: torch.Tensor, generator) -> int:
+    """(V,) probabilities (need not sum to 1) -> one token id, an exact draw from them. generator: a
+    torch.Generator (or None: torch's global one), or a seeded request's DraftDraws (serve/core/noise.py).
 
     One uniform draw inverts the CDF. torch.multinomial draws one exponential per vocabulary entry instead: ~1 ms
     over a 49k vocabulary on CPU, 2% of a decoding step, spent on every token. A one-hot (greedy decoding, top_k=1)
     returns its token without drawing."""
+    if hasattr(generator, "draw"):  # a seeded request's position-keyed noise (serve/core/noise.py DraftDraws)
+        return generator.draw(probs)
     if int(probs.count_nonzero()) == 1:
         return int(probs.max(-1).indices)
     cdf = probs.double().cumsum(-1)  # (V,)

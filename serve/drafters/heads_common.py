@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from serve.drafters.length import Signal
-from serve.drafters.vocab import full_vocab_probs
+from serve.drafters.vocab import draft_token_ids, full_vocab_probs
 from serve.core.sampling import sample
 
 CONFIDENCE_BINS = 10
@@ -28,7 +28,10 @@ def sample_chain_token(logits: torch.Tensor, *, temperature: float, generator: t
     if temperature <= 0:
         return int(torch.argmax(logits)), None
     probs = torch.softmax(logits.float() / temperature, dim=-1)
-    token = sample(probs.cpu(), generator)
+    if hasattr(generator, "draw"):  # a seeded request: the noise of the target's own token (serve/core/noise.py)
+        token = generator.draw(probs.cpu(), vocab_size, draft_token_ids(d2t) if d2t is not None else None)
+    else:
+        token = sample(probs.cpu(), generator)
     return token, full_vocab_probs(probs, d2t, vocab_size)
 
 
