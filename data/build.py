@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 from data.config import DataBuildConfig, validate
 from data.generate import Answer, ContinuousBatcher, Request
+from data.made_for import TargetRecord
 from data.masks import render_prompt, render_with_mask
 from data.plan import Conversation, fit_prompt, keeps_answers, plan_conversation
 from data.prompts import PromptRow, read_prompts
@@ -497,8 +498,8 @@ def _write_dataset(target, config: DataBuildConfig, rows: list[PromptRow], recor
 
         vocab_size = text_config(target.config).vocab_size
         _, _, result.draft_vocab_coverage = select_draft_vocab(dataset, vocab_size, config.draft_vocab_size)
-    info = {"target": {"name": target.name, "path": str(target.path), "config_hash": target.config_hash,
-                       "tokenizer_hash": target.tokenizer_hash},
+    # what `train` and `data capture` compare their target with (data/made_for.py)
+    info = {"target": {**TargetRecord.of(target).to_json(), "path": str(target.path)},
             "data_config_hash": hashlib.sha256(json.dumps(to_dict(config), sort_keys=True).encode()).hexdigest()[:16],
             "prompts": list(config.prompts), "max_length": max_length, "rows": result.rows, "tokens": result.tokens,
             "loss_tokens": result.loss_tokens, "domains": domains, "counts": count_dict,

@@ -25,6 +25,7 @@ from data.cache import (FORMAT, MANIFEST, CacheError, CacheReader, PackedShard, 
                         write_shard)
 from data.config import CaptureConfig, validate
 from data.layers import CONVENTION, LayerSpec, resolve_layers
+from data.made_for import TargetRecord, check_made_for, dataset_record, describe, probe_target
 from serve.core.errors import DraftsmithError
 from serve.core.invariant import suspended
 from serve.core.layers import FINAL, pick_hidden_states
@@ -146,23 +147,36 @@ def capture_workload(config: CaptureConfig, hf_config: Any):
                     split_over_tp=True)
 
 
-def _identity(target: Any, layers: LayerSpec, dtype: str, digest: str, config: CaptureConfig,
+def _identity(target: TargetRecord, layers: LayerSpec, dtype: str, digest: str, config: CaptureConfig,
               max_length: int) -> dict:
     return {"target_config_hash": target.config_hash, "tokenizer_hash": target.tokenizer_hash,
-            "layers": list(layers.stored), "dtype": dtype, "dataset_digest": digest,
-            "rows_per_shard": config.rows_per_shard, "max_length": max_length}
+            "target_weights": target.weights, "layers": list(layers.stored), "dtype": dtype,
+            "dataset_digest": digest, "rows_per_shard": config.rows_per_shard, "max_length": max_length}
 
 
-def _check_existing(out: Path, identity: dict) -> None:
-    """Refuse to add shards to a folder holding another capture (other target, layers, dtype or data)."""
+_LATER_KEYS = ("target_weights",)  # absent from the captures of earlier versions: not compared there
+
+
+def _check_existing(out: Path, identity: dict, run: TargetRecord) -> None:
+    """Refuse to add shards to a folder holding another capture (other target, layers, dtype or data); another
+    target is named, whatever --allow-other-target says: one cache never mixes two targets' states."""
     found = []
     manifest = out / MANIFEST
     if manifest.is_file():
-        found.append((manifest, json.loads(manifest.read_text()).get("identity", {})))
+        found.append((manifest, json.loads(manifest.read_text())))
     for sidecar in sorted(out.glob("shard-*.json")):
-        found.append((sidecar, json.loads(sidecar.read_text()).get("identity", {})))
-    for path, other in found:
-        changed = [k for k in identity if other.get(k) != identity[k]]
+        found.append((sidecar, json.loads(sidecar.read_text())))
+    for path, payload in found:
+        other = payload.get("identity", {})
+        made = TargetRecord.from_json({"name": "another target", **payload.get("target", {}),
+                                       "config_hash": other.get("target_config_hash"),
+                                       "tokenizer_hash": other.get("tokenizer_hash"),
+                                       "weights": other.get("target_weights")})
+        line = describe(made, run, f"{out} holds a capture (see {path.name}) made")
+        if line:
+            raise CacheError(f"{line}; one cache cannot mix two targets' hidden states: capture into another --out, "
+                             f"or delete {out} first")
+        changed = [k for k in identity if other.get(k) != identity[k] and not (k in _LATER_KEYS and k not in other)]
         if changed:
             raise CacheError(f"{out} already holds a capture that differs in {', '.join(changed)} "
                              f"(see {path.name}); refusing to mix shards: use another --out or delete {out}")
@@ -231,6 +245,20 @@ def capture_hidden_states(target: Any, dataset_dir: str | Path, out_dir: str | P
     if missing:
         raise DraftsmithError(f"{dataset_path} lacks columns {sorted(missing)}: build it with `draftsmith data build`")
     digest = dataset_digest(dataset)
+    # what the dataset and the out folder were made for is checked on the target's config and tokenizer, before
+    # any weight is read
+    probe = probe_target(str(target)) if isinstance(target, (str, Path)) else target
+    run = TargetRecord.of(probe)
+    note = _check_built_for(dataset_path, run, allow_other=config.allow_other_target)
+    if note and dist.is_main:
+        log(note)
+    text = text_config(probe.config)
+    layers = resolve_layers(config.layers, probe.num_layers)
+    context = getattr(text, "max_position_embeddings", None) or 1 << 30
+    max_length = min(config.max_length or context, context)
+    out = Path(out_dir)
+    identity = _identity(run, layers, dtype_name, digest, config, max_length)
+    _check_existing(out, identity, run)
     if isinstance(target, (str, Path)):
         check_launch_inputs(recipe=asdict(config), spec=str(target), extra={"dataset": digest})
         device = str(dist.device) if config.device == "auto" else config.device
@@ -238,14 +266,6 @@ def capture_hidden_states(target: Any, dataset_dir: str | Path, out_dir: str | P
                                     device=device, workload=partial(capture_workload, config), top1=True, log=log)
     if dist.world > 1 and next(target.model.parameters()).device.type == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads() // dist.world))  # ranks share the cores
-    _check_built_for(dataset_path, target)
-    text = text_config(target.config)
-    layers = resolve_layers(config.layers, target.num_layers)
-    context = getattr(text, "max_position_embeddings", None) or 1 << 30
-    max_length = min(config.max_length or context, context)
-    out = Path(out_dir)
-    identity = _identity(target, layers, dtype_name, digest, config, max_length)
-    _check_existing(out, identity)
 
     rows = len(dataset)
     lengths = _row_lengths(dataset, max_length)
@@ -279,7 +299,8 @@ def capture_hidden_states(target: Any, dataset_dir: str | Path, out_dir: str | P
         info = write_shard(out, index, packed, row_start=start)
         del packed
         write_json_atomic(sidecar_path(out, index), {"shard": asdict(info), "identity": identity,
-                                                     "written_by_rank": dist.rank, "world": dist.world})
+                                                     "target": run.to_json(), "written_by_rank": dist.rank,
+                                                     "world": dist.world})
         seconds += time.perf_counter() - t0
         captured += info.tokens
         written += 1
@@ -302,15 +323,14 @@ def capture_hidden_states(target: Any, dataset_dir: str | Path, out_dir: str | P
                          shards_written=written, shards_reused=len(done), tokens_captured=captured, seconds=seconds)
 
 
-def _check_built_for(dataset_path: Path, target: Any) -> None:
-    info_path = dataset_path / "build_info.json"
-    if not info_path.is_file():
-        return  # a dataset made elsewhere: its token ids are trusted to be this target's
-    built = json.loads(info_path.read_text()).get("target", {})
-    if built.get("tokenizer_hash") and built["tokenizer_hash"] != target.tokenizer_hash:
-        raise DraftsmithError(f"{dataset_path} was built with the tokenizer of {built.get('name')!r} "
-                              f"({built['tokenizer_hash']}), not {target.name!r} ({target.tokenizer_hash}): "
-                              f"its token ids mean other tokens; build the data with this target")
+def _check_built_for(dataset_path: Path, run: TargetRecord, *, allow_other: bool) -> str | None:
+    """DraftsmithError when the dataset was built for another target (data/made_for.py); a note when
+    allow_other lets a fine-tune of it through."""
+    made = dataset_record(dataset_path)
+    if made is None:
+        return None  # a dataset made elsewhere: its token ids are trusted to be this target's
+    return check_made_for(made, run, what=f"{dataset_path} was built", allow_other=allow_other,
+                          remake=f"rebuild it with `draftsmith data build --target {run.name} --out NEW_FOLDER ...`")
 
 
 def _capture_shard(target: Any, block: Any, layer_ids: tuple[int, ...], max_length: int, batch_tokens: int,
@@ -361,7 +381,8 @@ def _merge_manifest(out: Path, shards: list[tuple[int, int, int]], target: Any, 
     manifest = {
         "format": FORMAT,
         "target": {"name": target.name, "config_hash": target.config_hash, "tokenizer_hash": target.tokenizer_hash,
-                   "num_layers": target.num_layers, "hidden_size": text.hidden_size, "vocab_size": text.vocab_size},
+                   "weights": identity["target_weights"], "num_layers": target.num_layers,
+                   "hidden_size": text.hidden_size, "vocab_size": text.vocab_size},
         "layers": {"spec": layers.spec, "aux_layer_ids": list(layers.aux_layer_ids), "stored": list(layers.stored),
                    "final": FINAL, "convention": CONVENTION},
         "dtype": dtype,

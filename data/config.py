@@ -82,6 +82,8 @@ class CaptureConfig:
     rows_per_shard: int = 128  # a shard is built in memory: rows x tokens x stored layers x h x dtype bytes
     max_length: Optional[int] = None  # truncate longer rows (default: the target's context)
     disk_headroom_gib: float = 0.5  # refuse unless this much stays free after the estimated cache
+    allow_other_target: bool = False  # capture a dataset built for another target of the same tokenizer and hidden
+    # size (a fine-tune of it); `--allow-other-target`
 
     def validate(self) -> None:
         validate(self)

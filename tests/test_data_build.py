@@ -33,6 +33,7 @@ def test_build_writes_dataset_masks_and_info(tmp_path, tiny_target, prompts):
     info = json.loads((out / "build_info.json").read_text())
     assert info["target"]["tokenizer_hash"] == tiny_target.tokenizer_hash
     assert info["target"]["config_hash"] == tiny_target.config_hash
+    assert info["target"]["weights"] and info["target"]["hidden_size"] == 32  # what train compares (data/made_for.py)
     assert info["rows"] == 5 and info["counts"]["prompts"] == 5 and info["domains"]["math"] == 2
     assert result.generated_tokens > 0 and result.tokens == sum(map(len, data["input_ids"]))
     assert (out / "config.resolved.yaml").is_file() and 0 < result.draft_vocab_coverage <= 1

@@ -188,13 +188,15 @@ def test_refusals(tmp_path, tiny_target, tiny_target_factory, dataset_dir, monke
     with pytest.raises(CacheError, match="differs in dtype"):
         capture(tiny_target, dataset_dir, out, storage_dtype="bf16")
     deeper = load_target(tiny_target_factory("llama", num_hidden_layers=3))  # same tokenizer, same stored layers
-    with pytest.raises(CacheError, match="differs in target_config_hash.*refusing to mix"):
+    with pytest.raises(DraftsmithError, match="built for target .* but this run's target is .*allow-other-target"):
         capture(deeper, dataset_dir, out)
+    with pytest.raises(CacheError, match="holds a capture .* made for target .* but this run's target .*cannot mix"):
+        capture(deeper, dataset_dir, out, allow_other_target=True)
     with pytest.raises(CacheError, match="captured from .* not from target"):
         CacheReader(out).check_target(deeper)
     other = load_target(tiny_target_factory("qwen2"))
     if other.tokenizer_hash != tiny_target.tokenizer_hash:
-        with pytest.raises(DraftsmithError, match="built with the tokenizer of"):
+        with pytest.raises(DraftsmithError, match="built for target .* token ids mean other text"):
             capture(other, dataset_dir, tmp_path / "other")
     with pytest.raises(DraftsmithError, match="not a dataset written by"):
         capture(tiny_target, tmp_path, tmp_path / "x")

@@ -47,6 +47,8 @@ class DataConfig:
     eval_dataset: str = ""                 # a held-out set of its own (online: a `data build` folder) instead
     eval_cache: str = ""                   # ... (offline: a `data capture` folder); all its rows are evaluated
     vocab_rows: int = 0                    # rows counted to pick the draft vocabulary; 0 = all training rows
+    allow_other_target: bool = False       # data made for another target of the same tokenizer and hidden size
+                                           # (this one is a fine-tune of it) is used, not refused (data/made_for.py)
 
 
 @dataclass

@@ -52,15 +52,16 @@ class DatasetRows:
 
 
 def open_rows(mode: str, *, dataset: str = "", cache: str = "", target=None, layers: Sequence[int] = (),
-              target_spec: str = ""):
+              target_spec: str = "", allow_other_target: bool = False):
     """online: the rows of a `data build` dataset; offline: a capture cache, refused when it was captured from
-    another target or its dataset has changed since (target_spec: how its refresh command names the target)."""
+    another target (unless allow_other_target: train/preflight.py has then checked the tokenizer and hidden size)
+    or its dataset has changed since (target_spec: how its refresh command names the target)."""
     if mode == "online":
         return DatasetRows(dataset, tokenizer_hash=target.tokenizer_hash if target is not None else None)
     from data.capture import CacheReader, check_cache_current
 
     reader = CacheReader(cache, layers=list(layers))  # CacheError names layers the cache lacks
-    if target is not None:
+    if target is not None and not allow_other_target:
         reader.check_target(target)
     check_cache_current(reader, target_spec=target_spec or getattr(target, "name", None) or "TARGET")
     return reader

@@ -23,6 +23,7 @@ from train.config import TrainConfig
 from train.evaluate import BestTracker, agreement_over, sample_rows
 from train.metrics import MetricWindow, StepStats
 from train.objectives import Agreement, FeatureBatch, Objective
+from train.preflight import check_rows_fill_a_batch
 from train.schedule import CALIBRATION_STEPS, REFIT_EVERY, Cadence, DataOrder, lr_lambda, steps_within
 
 CHECKPOINTS = "checkpoints"
@@ -361,11 +362,7 @@ def train_loop(config: TrainConfig, *, objective: Objective, rows, train_idx: li
     optim = config.optim
     global_batch = optim.batch_size * world * optim.grad_accum
     order = DataOrder(train_idx, seed=config.seed, global_batch=global_batch)
-    if order.steps_per_epoch == 0:
-        from serve.core.errors import DraftsmithError
-
-        raise DraftsmithError(f"{len(train_idx)} training rows are fewer than one global batch ({global_batch} = "
-                              f"batch_size x processes x grad_accum)")
+    check_rows_fill_a_batch(len(train_idx), batch_size=optim.batch_size, grad_accum=optim.grad_accum, world=world)
     total_steps = optim.max_steps or optim.epochs * order.steps_per_epoch
 
     weights = objective.term_weights()

@@ -9,6 +9,7 @@ Output folder (config.out_dir):
 from __future__ import annotations
 
 import json
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -24,6 +25,7 @@ from train.config import TrainConfig, check
 from train.features import collate, open_rows, split_rows, target_features
 from train.heads import continued_config, head_config, needed_layers
 from train.objectives import TargetParts, build_objective
+from train.preflight import check_data_target, check_rows_fill_a_batch, check_token_ids
 
 DRAFTER_DIR = "drafter"
 
@@ -75,14 +77,18 @@ def _batch_maker(config: TrainConfig, target, layers, device, *, online: bool, t
 def train_drafter(config: TrainConfig) -> Path:
     """Train the drafter `config` describes; returns the native drafter folder (written by the main process)."""
     from serve.core.launch_target import check_launch_inputs, load_launch_target
-    from serve.core.process_group import start
+    from serve.core.process_group import launch, start
+    from serve.core.target import text_config
     from train.loop import deepspeed_config, resolve_device, resolve_precision, train_loop
     from train.plan import train_workload
     from train.tracking import Tracker
 
     check(config)
     out_dir = Path(config.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    here = launch()
+    for note in check_data_target(config):  # before any weight is loaded
+        if here.is_main:
+            print(note, file=sys.stderr)
     device = resolve_device(config)
     backend = config.distributed.backend
     start(device_type=device, command="train --config RECIPE.yaml", backend=backend)
@@ -97,14 +103,22 @@ def train_drafter(config: TrainConfig) -> Path:
     layers = needed_layers(cfg)
     online = config.data.mode == "online"
     rows = open_rows(config.data.mode, dataset=config.data.dataset, cache=config.data.cache, target=target,
-                     layers=layers, target_spec=config.target.spec)
+                     layers=layers, target_spec=config.target.spec, allow_other_target=config.data.allow_other_target)
     held_out = config.data.eval_cache or config.data.eval_dataset
     eval_rows = open_rows(config.data.mode, dataset=config.data.eval_dataset, cache=config.data.eval_cache,
-                          target=target, layers=layers, target_spec=config.target.spec) if held_out else None
+                          target=target, layers=layers, target_spec=config.target.spec,
+                          allow_other_target=config.data.allow_other_target) if held_out else None
     train_idx, eval_idx = split_rows(len(rows), eval_rows=0 if held_out else config.data.eval_rows, seed=config.seed,
                                      max_rows=config.data.max_rows)
     if eval_rows is not None:
         eval_idx = list(range(len(eval_rows)))
+    vocab_size = text_config(target.config).vocab_size
+    check_token_ids(rows, vocab_size, where=config.data.dataset)
+    if eval_rows is not None:
+        check_token_ids(eval_rows, vocab_size, where=config.data.eval_dataset)
+    check_rows_fill_a_batch(len(train_idx), batch_size=config.optim.batch_size, grad_accum=config.optim.grad_accum,
+                            world=here.world)
+    out_dir.mkdir(parents=True, exist_ok=True)  # only now: a run refused above leaves no folder behind
     if config.model.init_from:  # a refresh: the drafter's own weights and draft vocabulary are the start
         head, coverage = load_head(config.model.init_from), None
     else:

@@ -21,6 +21,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--storage-dtype", "--dtype", dest="storage_dtype", default=None,
                         help="the cache's dtype: bf16 | fp16 | fp32 (default: capture.storage_dtype = bf16; "
                              "--dtype is its earlier name)")
+    parser.add_argument("--allow-other-target", action="store_true", default=None,
+                        help="capture a dataset built for another target of the same tokenizer and hidden size (a "
+                             "fine-tune of it); without it such a dataset is refused, naming both targets "
+                             "(= capture.allow_other_target)")
     parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_plan_arguments(parser)
@@ -34,7 +38,7 @@ def run(args) -> int:
     from serve.core.files import check_output_path
 
     flags = {"target.spec": args.target, "target.threads": args.threads, "layers": args.layers,
-             "storage_dtype": args.storage_dtype}
+             "storage_dtype": args.storage_dtype, "allow_other_target": args.allow_other_target}
     config = load_config(CaptureConfig, config_file=args.config, section="capture", overrides=args.overrides,
                          flags=flags)
     if args.plan:

@@ -13,6 +13,10 @@ from serve.core.threads import THREADS_HELP
 def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--allow-other-target", action="store_true", default=None,
+                        help="train on a dataset or cache made for another target of the same tokenizer and hidden "
+                             "size (this target is a fine-tune of it); without it such data is refused before any "
+                             "work, naming both targets (= data.allow_other_target)")
     add_plan_arguments(parser)
 
 
@@ -25,7 +29,7 @@ def run(args) -> int:
     from train.run import train_drafter
 
     config = load_config(TrainConfig, config_file=args.config, overrides=args.overrides,
-                         flags={"target.threads": args.threads})
+                         flags={"target.threads": args.threads, "data.allow_other_target": args.allow_other_target})
     if args.plan:
         from scripts.cli.plan_flags import plan_setting, report
         from train.plan import train_plan

@@ -42,14 +42,16 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".json")
 SAMPLE = 1 << 20  # bytes read at the start, middle and end of each weight file
 
 
-def files_fingerprint(folder: str | Path, *, sample: int = SAMPLE) -> str:
-    """sha256 (16 hex) of a model folder's weight and config files: names, sizes, and the bytes at the start (the
-    safetensors header), middle and end of each. Reads ~3 MiB a file, so launches of a 70B target can compare
-    copies on every node before loading; two copies that differ only elsewhere compare equal (sha256_file reads
-    all of it)."""
+def files_fingerprint(folder: str | Path, *, sample: int = SAMPLE,
+                      suffixes: tuple[str, ...] = WEIGHT_SUFFIXES) -> str:
+    """sha256 (16 hex) of a model folder's weight and config files (or of one file): names, sizes, and the bytes at
+    the start (the safetensors header), middle and end of each. Reads ~3 MiB a file, so launches of a 70B target can
+    compare copies on every node before loading; two copies that differ only elsewhere compare equal (sha256_file
+    reads all of it)."""
     digest = hashlib.sha256()
     root = Path(folder)
-    for path in sorted(p for p in root.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES):
+    files = [root] if root.is_file() else sorted(p for p in root.iterdir() if p.is_file() and p.suffix in suffixes)
+    for path in files:
         size = path.stat().st_size
         digest.update(f"{path.name}\0{size}\0".encode())
         with open(path, "rb") as fh:
@@ -57,3 +59,13 @@ def files_fingerprint(folder: str | Path, *, sample: int = SAMPLE) -> str:
                 fh.seek(offset)
                 digest.update(fh.read(sample))
     return digest.hexdigest()[:16]
+
+
+def weights_fingerprint(path: str | Path) -> str:
+    """files_fingerprint of a target's weights alone (a folder's *.safetensors / *.bin / *.gguf, or one .gguf
+    file): equal for copies of one model, different for a fine-tune of it, whose config and tokenizer hashes may
+    equal the base's. "" when `path` is not on this machine (a hub id)."""
+    where = Path(path)
+    if not where.exists():
+        return ""
+    return files_fingerprint(where, suffixes=(".safetensors", ".bin", ".gguf"))
