@@ -339,7 +339,8 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
             else:
                 report = vars(export_drafter(folder, fmt, export_dir, target=target, target_spec=config.target.spec,
                                              prompts=default_prompts(target, count=config.export_check_prompts),
-                                             max_new_tokens=config.export_check_tokens))
+                                             max_new_tokens=config.export_check_tokens,
+                                             overwrite=True))  # this demo's own export of an earlier drafter
                 record_finished(out, f"export {name}", export_inputs)
                 note = ""
             exports[name] = report["out_dir"]

@@ -128,9 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         for fmt in PAIRS[method]:
             row = {"drafter": str(drafter), "method": method, "format": fmt}
             try:
+                # overwrite: a rerun replaces this benchmark's own earlier export of the pair
                 report = export_drafter(drafter, fmt, out / "exports" / f"{drafter.parent.name}-{method}-{fmt}",
                                         target=target, target_spec=args.target, prompts=prompts,
-                                        max_new_tokens=args.max_new_tokens)
+                                        max_new_tokens=args.max_new_tokens, overwrite=True)
                 row.update({k: getattr(report, k) for k in ("export_seconds", "validate_seconds", "mu_native",
                                                             "mu_readback", "cycles", "proposals_compared", "k",
                                                             "layer_ids", "speculators_package")})

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 
-_FLAGS = ("drafter", "format", "out", "target", "verifier", "engine_version", "dtype", "prompts", "max_new_tokens", "k")
+_FLAGS = ("drafter", "format", "out", "overwrite", "target", "verifier", "engine_version", "dtype", "prompts",
+          "max_new_tokens", "k")
 
 
 def add_arguments(parser) -> None:
@@ -15,7 +16,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--format", choices=("vllm", "sglang", "speculators"),
                         help="vllm: EAGLE-1/EAGLE-3, and Medusa for vLLM 0.15-0.32 only (vLLM 0.33 has no Medusa; "
                              "full-vocabulary heads only); sglang: EAGLE-1/EAGLE-3; speculators: EAGLE-3 for vLLM")
-    parser.add_argument("--out", help="folder to write the export to")
+    parser.add_argument("--out", help="folder to write the export to: a new or empty one, or one holding an earlier "
+                                      "export with --overwrite (written whole in a temporary sibling, then renamed "
+                                      "into place)")
+    parser.add_argument("--overwrite", action="store_true", default=None,
+                        help="replace the earlier export --out holds (a folder with other files is still refused)")
     parser.add_argument("--target", help="the drafter's target (default: the one it was trained with)")
     parser.add_argument("--verifier", help="speculators: verifier name_or_path written for vLLM (default: the "
                                            "target's local folder)")
@@ -32,25 +37,32 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from serve.core.config import load_config
     from serve.core.files import check_output_path
+    from serve.drafters.folder import verify_weights
     from serve.export import check_export, export_drafter
     from serve.export.common import default_prompts
     from serve.export.config import ExportConfig, check, trained_target
-    from serve.core.target import load_target
+    from serve.export.destination import check_destination
+    from serve.core.target import load_configured
 
     flags = [f"{name}={getattr(args, name)}" for name in _FLAGS if getattr(args, name, None) is not None]
     config = check(load_config(ExportConfig, config_file=args.config, overrides=[*args.overrides, *flags]))
-    check_export(config.drafter, config.format, engine_version=config.engine_version or None)  # before loading
+    # everything that can refuse runs before the target loads; nothing is written until the export is whole
     check_output_path(config.out, what="export folder", folder=True)
-    target_spec = config.target or trained_target(config.drafter)
-    target = load_target(target_spec, dtype=config.dtype)
-    report = export_drafter(config.drafter, config.format, config.out, target=target, target_spec=target_spec,
+    check_destination(config.out, overwrite=config.overwrite)
+    check_export(config.drafter, config.format, engine_version=config.engine_version or None)
+    verify_weights(config.drafter)
+    config.target.spec = config.target.spec or trained_target(config.drafter)
+    config.target.apply_threads()
+    target = load_configured(config.target)
+    report = export_drafter(config.drafter, config.format, config.out, target=target, target_spec=config.target.spec,
                             verifier=config.verifier or None, engine_version=config.engine_version or None,
                             prompts=default_prompts(target, count=config.prompts),
-                            k=config.k or None, max_new_tokens=config.max_new_tokens)
+                            k=config.k or None, max_new_tokens=config.max_new_tokens, overwrite=config.overwrite)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0
-    print(f"{report.method} -> {report.format}: {report.out_dir}")
+    print(f"{report.method} -> {report.format}: {report.out_dir}"
+          + (f" (replaced {report.replaced})" if report.replaced else ""))
     for line in report.checks:
         print(f"  ok  {line}")
     for line in report.notes:

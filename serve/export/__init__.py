@@ -8,7 +8,9 @@ engine's format (serve/export/{vllm,sglang,speculators}.py); validates them agai
 reads the folder back through that format's engine-faithful reader and drafts next to the native drafter
 (serve/export/validate.py); writes OUT/README.md (serving command, engine versions, validation figures) and
 OUT/export_report.json (serve/export/report.py). Any failed check raises ExportError naming the field and the
-expected value. `scripts/check_engines.py` runs the engines' own loaders on these folders.
+expected value. All of it happens in a temporary sibling of OUT renamed into place at the end, so OUT is a whole
+validated export or as it was; an earlier export in OUT is replaced only with `overwrite=True`
+(serve/export/destination.py). `scripts/check_engines.py` runs the engines' own loaders on these folders.
 """
 from __future__ import annotations
 
@@ -16,12 +18,14 @@ import json
 import time
 from pathlib import Path
 
+from serve.core.whole_folder import whole_folder
 from serve.drafters.folder import read_config as read_native_config
 from serve.export.common import ExportError, target_facts
 from serve.export.formats import FORMATS, format_module
 from serve.export.report import ExportReport, readme
 from serve.export.validate import validate_export
-from serve.export.write import README_NAME, REPORT_NAME, check_export, write_export
+from serve.export.destination import check_destination
+from serve.export.write import README_NAME, REPORT_NAME, check_export, write_export, write_files
 
 __all__ = ["FORMATS", "ExportError", "ExportReport", "check_export", "export_drafter", "validate_export",
            "write_export"]
@@ -29,21 +33,27 @@ __all__ = ["FORMATS", "ExportError", "ExportReport", "check_export", "export_dra
 
 def export_drafter(native_dir: str | Path, fmt: str, out_dir: str | Path, *, target, target_spec: str | None = None,
                    verifier: str | None = None, engine_version: str | None = None, prompts=None, k: int | None = None,
-                   max_new_tokens: int = 32) -> ExportReport:
-    """Write, validate and document one export; returns the report (also written to OUT/export_report.json)."""
+                   max_new_tokens: int = 32, overwrite: bool = False) -> ExportReport:
+    """Write, validate and document one export, whole or not at all; returns the report (also written to
+    OUT/export_report.json)."""
     module = format_module(fmt)
     config = read_native_config(native_dir)
     facts = target_facts(target, verifier=verifier)
-    t0 = time.perf_counter()
-    out = write_export(native_dir, fmt, out_dir, target=target, verifier=verifier, engine_version=engine_version)
-    report = ExportReport(format=fmt, method=config.method, out_dir=str(out), target=target.name,
-                          native_dir=str(Path(native_dir)), export_seconds=time.perf_counter() - t0,
-                          engine_version=engine_version or "", notes=module.notes(config, facts))
-    t1 = time.perf_counter()
-    validate_export(out, fmt, native_dir=native_dir, target=target, prompts=prompts, k=k,
-                    max_new_tokens=max_new_tokens, verifier=verifier, report=report)
-    report.validate_seconds = time.perf_counter() - t1
-    (out / REPORT_NAME).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-    (out / README_NAME).write_text(readme(config, report, module=module, out=out, target=target, facts=facts,
-                                          target_spec=target_spec))
+    check_export(native_dir, fmt, target=target, engine_version=engine_version)
+    replaced = check_destination(out_dir, overwrite=overwrite)
+    out = Path(out_dir)
+    with whole_folder(out, replace=overwrite) as folder:
+        t0 = time.perf_counter()
+        write_files(native_dir, fmt, folder, target=target, verifier=verifier)
+        report = ExportReport(format=fmt, method=config.method, out_dir=str(out), target=target.name,
+                              native_dir=str(Path(native_dir)), export_seconds=time.perf_counter() - t0,
+                              engine_version=engine_version or "", notes=module.notes(config, facts),
+                              replaced=replaced or "")
+        t1 = time.perf_counter()
+        validate_export(folder, fmt, native_dir=native_dir, target=target, prompts=prompts, k=k,
+                        max_new_tokens=max_new_tokens, verifier=verifier, report=report, shown_as=out)
+        report.validate_seconds = time.perf_counter() - t1
+        (folder / REPORT_NAME).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        (folder / README_NAME).write_text(readme(config, report, module=module, out=out, target=target, facts=facts,
+                                                 target_spec=target_spec))
     return report

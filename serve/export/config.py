@@ -2,26 +2,31 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 from pathlib import Path
 
 from serve.core.errors import DraftsmithError
 from serve.core.ranges import check_ranges
+from serve.core.target_config import TargetConfig
 
 FORMAT_NAMES = ("vllm", "sglang", "speculators")
 
 
 @dataclass
 class ExportConfig:
+    # `target=T` / `--target` set target.spec, `dtype=` the dtype of the validation runs (serve.core.config)
+    ALIASES: ClassVar[dict[str, str]] = {"target": "target.spec", "dtype": "target.dtype", "device": "target.device",
+                                         "threads": "target.threads"}
     RANGES: ClassVar[dict[str, str]] = {"prompts": ">= 1", "max_new_tokens": ">= 2", "k": ">= 0"}
     drafter: str = ""            # native drafter folder (`draftsmith train` output: RUN/drafter)
     format: str = "vllm"         # vllm | sglang | speculators
-    out: str = ""                # folder to write
-    target: str = ""             # "" = the target the drafter was trained with (its config.resolved.yaml)
+    out: str = ""                # folder to write: new or empty, or holding an earlier export with `overwrite`
+    overwrite: bool = False      # replace the earlier export `out` holds (never other files)
+    # spec "" = the target the drafter was trained with (its config.resolved.yaml)
+    target: TargetConfig = field(default_factory=lambda: TargetConfig(spec=""))
     verifier: str = ""           # speculators: the verifier name_or_path vLLM loads; "" = the target's local folder
     engine_version: str = ""     # the engine release to serve with (e.g. 0.33.0); refused if it cannot load the export
-    dtype: str = "float32"       # target dtype for the validation runs
     prompts: int = 3             # validation prompts (built-in, chat-formatted when the target has a template)
     max_new_tokens: int = 32     # tokens generated per validation prompt
     k: int = 0                   # draft tokens per cycle in validation; 0 = the drafter's K (at most 5)
@@ -40,6 +45,7 @@ def check(config: ExportConfig) -> ExportConfig:
 
         parse_version(config.engine_version)
     check_ranges(config)
+    config.target.validate()
     return config
 
 

@@ -27,6 +27,7 @@ class ExportReport:
     layer_ids: dict = field(default_factory=dict)
     package_check: str = ""      # the engine's own package loading the folder, where it runs beside draftsmith
     engine_version: str = ""     # the engine release the export was checked against (--engine-version), if named
+    replaced: str = ""           # the earlier export this one replaced (--overwrite), if any
     checks: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # engine versions and serving caveats, also in README.md
 

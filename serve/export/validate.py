@@ -16,11 +16,12 @@ from serve.export.report import ExportReport
 
 def validate_export(out_dir: str | Path, fmt: str, *, native_dir: str | Path, target, prompts=None,
                     k: int | None = None, max_new_tokens: int = 32, verifier: str | None = None,
-                    report: ExportReport | None = None) -> ExportReport:
-    """Check an exported folder against the engine's schema, then read it back and draft next to the native."""
+                    report: ExportReport | None = None, shown_as: str | Path | None = None) -> ExportReport:
+    """Check an exported folder against the engine's schema, then read it back and draft next to the native.
+    `shown_as`: the path errors name (the folder's final place while a temporary copy is validated)."""
     module = format_module(fmt)
     out = Path(out_dir)
-    where = f"{fmt} export {out}"
+    where = f"{fmt} export {shown_as or out}"
     config = read_native_config(native_dir)
     report = report or ExportReport(format=fmt, method=config.method, out_dir=str(out), target=target.name)
     exported, tensors = read_config(out), read_tensors(out)
