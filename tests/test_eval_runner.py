@@ -295,3 +295,34 @@ def test_each_prompt_is_warmed_up_before_it_is_timed(target, monkeypatch):
     calls.clear()
     runner.run_methods(target, [], [], prompts, decoding, warmup=False, progress=False)
     assert calls == [(3, 24), (5, 24)]
+
+
+def test_cli_refuses_a_missing_drafter_folder_or_prompts_file_before_loading_the_target(tiny_target_dir, tmp_path,
+                                                                                      capsys, monkeypatch):
+    import eval.evaluate as evaluate_module
+    from scripts.cli import main
+
+    def no_target(*args, **kwargs):
+        raise AssertionError("the target loaded before the arguments were checked")
+
+    monkeypatch.setattr(evaluate_module, "_as_target", no_target)
+    with pytest.raises(SystemExit) as err:
+        main(["eval", "--target", str(tiny_target_dir), "--drafter", f"eagle3={tmp_path}/nonexistent"])
+    assert err.value.code == 2
+    assert f"no such drafter folder: {tmp_path}/nonexistent" in capsys.readouterr().err
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(b'{"prompt": "caf\xe9"}\n')
+    with pytest.raises(SystemExit) as err:
+        main(["eval", "--target", str(tiny_target_dir), "--prompts", str(latin1)])
+    assert err.value.code == 2
+    assert "not UTF-8" in capsys.readouterr().err
+
+
+def test_cli_prints_the_sweep(tiny_target_dir, prompt_file, capsys):
+    from scripts.cli import main
+
+    code = main(["eval", "--target", str(tiny_target_dir), "--drafter", "ngram", "--prompts", str(prompt_file),
+                 "--k", "2", "--max-new-tokens", "6", "--limit", "1", "--no-peers", "--no-cost-model", "--quiet",
+                 "--sweep", "k=1,2", "bootstrap_samples=20"])
+    out = capsys.readouterr().out
+    assert code == 0 and "sweep k:" in out and "k=1: ngram mu" in out and "k=2: ngram mu" in out

@@ -82,6 +82,11 @@ def print_summary(result: dict, file=None) -> None:
     timing = timing_line(result["settings"])
     if timing:
         print(f"  {timing}", file=file)
+    for axis, points in (result.get("sweeps") or {}).items():
+        print(f"  sweep {axis}:", file=file)
+        for point in points:
+            cells = ", ".join(f"{name} mu {b['mu']:.2f} {b['speedup']:.2f}x" for name, b in point["overall"].items())
+            print(f"    {axis}={point['value']}: {cells}", file=file)
     ex = result["exactness"]
     if ex.get("checked"):
         audit = ex.get("audit")

@@ -55,7 +55,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default 128")
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=None,
+                        help="sample reproducibly: the same seed gives the same text with or without a drafter")
     parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     parser.add_argument("--tree", action=argparse.BooleanOptionalAction, default=None,
                         help="tree drafting (EAGLE / Medusa folders; default: what the folder records)")

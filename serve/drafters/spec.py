@@ -117,6 +117,9 @@ def parse_drafter_spec(text: str) -> DrafterSpec:
     folder, opts = _path_options(base, text, exists=Path.is_dir)
     if folder:
         return DrafterSpec(kind="folder", path=folder, options=opts, **common)
+    if "/" in base or base.startswith((".", "~")):
+        raise DrafterSpecError(f"no such drafter folder: {base} (from the drafter spec {text!r}); check the path, or "
+                               f"train one with `draftsmith train`")
     raise DrafterSpecError(f"unknown drafter {text!r}: use ngram, ngram:max_n=3, oracle, model:PATH, "
                            f"a trained drafter folder, or hybrid:DIR")
 
