@@ -15,6 +15,11 @@ prefix (a prefill's).
 A divergence whose gap is within its rounding is a rounding flip: the precision cannot tell the two tokens apart,
 and either path's choice is the target's. Anything else, or an output that stopped at another length, is
 unexplained: a bug in the decoder, the drafter's bookkeeping or the cache.
+
+Sampled runs are seeded, and a seeded run picks the token with the most logit / temperature + Gumbel noise, the
+noise keyed by the seed and the output position (serve/core/noise.py): the gap is then the two tokens' perturbed
+scores' distance, the rounding the logits' divided by the temperature. A token top-k or top-p filters out in the
+higher precision has no score there: unexplained.
 """
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ import torch
 
 from serve.core.invariant import make_variant
 from serve.core.kv import cache_kwargs, new_cache
+from serve.core.noise import gumbel
+from serve.core.sampling import process_logits
 
 ROUNDING_FLIP = "rounding flip"
 # the forwards the target's own logits are measured on: the position computed as the last of 1 (plain decoding's
@@ -42,7 +49,8 @@ class Divergence:
     position: int  # index of the first differing output token
     plain_token: int | None  # None: plain decoding's output ended there
     drafter_token: int | None
-    gap: float | None  # |logit(plain) - logit(drafter)| in the higher precision on the shared prefix
+    gap: float | None  # |logit(plain) - logit(drafter)| in the higher precision on the shared prefix (sampled: of
+    # the perturbed scores logit / temperature + noise)
     rounding: float | None  # what the target's precision can move the two logits by there
     kind: str  # ROUNDING_FLIP | UNEXPLAINED
 
@@ -65,7 +73,8 @@ class Auditor:
     """The logits the audit compares, for one target. The higher-precision copy of the target is made on the first
     divergence and kept for the rest of the run."""
 
-    def __init__(self, target: Any):
+    def __init__(self, target: Any, sampling: Mapping[str, Any] | None = None):
+        self.sampling = sampling  # temperature, top_k, top_p of a sampled (seeded) run; None: greedy
         self.model = target.model
         self.dtype = next(self.model.parameters()).dtype
         self._reference = None
@@ -90,6 +99,14 @@ class Auditor:
         model(prefix[:, :-new], logits_to_keep=1, **cache_kwargs(model, cache))
         return model(prefix[:, -new:], **cache_kwargs(model, cache)).logits[0, -1].double().cpu()
 
+    def _sampled_gap(self, exact: torch.Tensor, a: int, b: int, seed: int, position: int) -> float | None:
+        """|score(a) - score(b)| of a seeded run at output `position`: score = processed logit + the position's
+        Gumbel noise (serve/core/noise.py), from the higher-precision logits; None when either is filtered out."""
+        scores = process_logits(exact, **self.sampling).double() + gumbel(seed, position, exact.shape[-1])
+        if not (math.isfinite(float(scores[a])) and math.isfinite(float(scores[b]))):
+            return None
+        return abs(float(scores[a] - scores[b]))
+
     def divergence(self, reference: Mapping[str, Any], candidate: Mapping[str, Any], position: int) -> Divergence:
         """position: the first differing output token; -1 when the outputs agree but a method's repeated runs did
         not (a decoder that does not repeat itself at temperature 0: unexplained)."""
@@ -104,16 +121,20 @@ class Auditor:
             errors = [(self._logits(self.model, prefix, new=new) - exact)[[a, b]].abs() for new in PATHS]
             measured = max(float(e.sum()) for e in errors)
             rounding = max(ulp(self.dtype, max(abs(float(exact[a])), abs(float(exact[b])))), measured)
+            if self.sampling:
+                gap, rounding = self._sampled_gap(exact, a, b, int(candidate["seed"]), position), \
+                    rounding / self.sampling["temperature"]
         return Divergence(id=str(candidate.get("id", "")), drafter=str(candidate.get("drafter", "")),
                           position=position, plain_token=a, drafter_token=b, gap=gap, rounding=rounding,
                           kind=classify(gap, rounding))
 
 
 def audit(target: Any, records: Mapping[str, Sequence[Mapping[str, Any]]], names: Sequence[str], *,
-          baseline: str) -> dict[str, Any]:
+          baseline: str, sampling: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Every record of `names` whose output differs from `baseline`'s (records carry `first_mismatch`, set by
-    eval.runner.mark_exactness) -> {rounding_flips, unexplained, by_drafter: {name: {...}}, divergences: [...]}."""
-    auditor = Auditor(target)
+    eval.runner.mark_exactness) -> {rounding_flips, unexplained, by_drafter: {name: {...}}, divergences: [...]}.
+    sampling: the runs' temperature, top_k and top_p when they sampled (seeded: the records carry `seed`)."""
+    auditor = Auditor(target, sampling)
     found: list[Divergence] = []
     for name in names:
         for ref, rec in zip(records[baseline], records[name]):

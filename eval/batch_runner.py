@@ -140,7 +140,8 @@ def run_batched(target: Any, entries: Sequence[DrafterEntry], prompts: Sequence[
                 for i, row in zip(group, rows):
                     p = prompts[i]
                     records[name][i] = {"id": p.id, "domain": p.domain, "drafter": name,
-                                        "prompt_token_ids": list(p.input_ids), **row, "batch_size": batch_size,
+                                        "prompt_token_ids": list(p.input_ids), "seed": decoding.seed + i, **row,
+                                        "batch_size": batch_size,
                                         "batch": g, "batch_seconds": seconds,
                                         "repeat_seconds": [t for t, _ in tries], "repeats_differ": differ}
     finally:

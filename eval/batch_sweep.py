@@ -33,7 +33,8 @@ def batch_point(target: Any, entries: Sequence[Any], prompts: Sequence[Any], dec
     baseline = BASELINE if ours >= hf else HF_BATCHED
     against = {**records, BASELINE: records[baseline]}
     domains, overall = runner.summarize_methods(against, names, prompts, k=decoding.k, config=config)
-    exactness = runner.exactness_block(records, names, decoding.temperature, target=target)
+    exactness = runner.exactness_block(records, names, decoding.temperature, target=target,
+                                          top_k=decoding.top_k, top_p=decoding.top_p)
     hf_same = sum(r["matches_plain"] for r in records[HF_BATCHED])
     plain = {"ours_tokens_per_second": ours, "hf_generate_tokens_per_second": hf,
              "baseline": "ours" if baseline == BASELINE else "hf_generate",

@@ -136,7 +136,8 @@ def evaluate(target: Any, drafters: Mapping[str, Any], prompts: Any, config: Eva
         "peers": peers_block(records, peers, eval_prompts, k=decoding.k, config=config),
         "cost_model": (cost_model_block(target, records, names, eval_prompts, k=decoding.k, config=config)
                        if config.cost_model else None),
-        "exactness": exactness_block(records, names, decoding.temperature, target=target),
+        "exactness": exactness_block(records, names, decoding.temperature, target=target, top_k=decoding.top_k,
+                                     top_p=decoding.top_p),
         "records": [rec for name in records for rec in records[name]],
     }
     result["settings"]["timing_spread"] = stats.timing_spread(result["records"])

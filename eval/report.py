@@ -102,13 +102,15 @@ def markdown(result: dict, plots: list[Path]) -> str:
                                           [[d["name"], d["kind"], lengths.get(d["name"], "fixed"),
                                             str(d["path"] or "–")] for d in result["drafters"]]) + [""]
     ex = result["exactness"]
-    lines += ["## Exactness at temperature 0", ""]
+    lines += ["## Exactness", ""]
     if ex.get("checked"):
         verdict = exactness_verdict(ex)
         verdict = verdict if ex["identical"] == ex["total"] else f"**{verdict}**"
         invariant = " with batch-invariant target forwards" if s.get("invariant") else ""
-        lines.append(f"{ex['identical']}/{ex['total']} outputs token-identical to plain greedy decoding in "
-                     f"{s.get('dtype')}{invariant} ({verdict}).")
+        seeded = (" (every run seeded: each output position's randomness comes from the seed and the position, so "
+                  "speculation must reproduce plain decoding's tokens)" if ex.get("temperature", 0) > 0 else "")
+        lines.append(f"{ex['identical']}/{ex['total']} outputs token-identical to "
+                     f"{ex.get('against', 'plain greedy decoding')} in {s.get('dtype')}{invariant} ({verdict}){seeded}.")
         audit = ex.get("audit") or {"by_drafter": {}}
         for name, b in (ex.get("by_drafter") or {}).items():
             kinds = audit["by_drafter"].get(name)

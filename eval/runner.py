@@ -151,7 +151,7 @@ def run_methods(target: Any, entries: Sequence[DrafterEntry], peers: Sequence[Pe
             for name in names:
                 rec = fastest_run(runs[name]) if repeats > 1 else runs[name][0]
                 records[name].append({"id": p.id, "domain": p.domain, "drafter": name,
-                                      "prompt_token_ids": list(p.input_ids), **rec})
+                                      "prompt_token_ids": list(p.input_ids), "seed": decoding.seed + i, **rec})
             bar.set_postfix(_running_speedups(records, entries), refresh=False)
     finally:
         bar.close()
@@ -183,17 +183,18 @@ def mark_exactness(records: Mapping[str, list[dict]], names: Sequence[str]) -> N
 
 
 def exactness_block(records: Mapping[str, list[dict]], names: Sequence[str], temperature: float, *,
-                    target: Any = None) -> dict[str, Any]:
-    """{identical, total} over every (prompt, name) pair; only a claim at temperature 0. With `target`, every
-    divergence is audited too (eval/audit.py: a rounding flip of the target's precision, or unexplained)."""
-    if temperature > 0:
-        return {"identical": None, "total": 0, "checked": False,
-                "note": "outputs are only required to match plain decoding at temperature 0"}
+                    target: Any = None, top_k: int = 0, top_p: float = 1.0) -> dict[str, Any]:
+    """{identical, total} over every (prompt, name) pair. Every run is seeded (the record's `seed`), and a seeded
+    run draws each output position's randomness from its seed and position (serve/core/noise.py): at any
+    temperature a drafter's output must be plain decoding's with the same seed, token for token. With `target`,
+    every divergence is audited too (eval/audit.py: a rounding flip of the target's precision, or unexplained)."""
     by = {name: stats.exactness(records[BASELINE], records[name]) for name in names}
     block = {"identical": sum(b["identical"] for b in by.values()), "total": sum(b["total"] for b in by.values()),
-             "checked": True, "by_drafter": by}
+             "checked": True, "by_drafter": by, "temperature": temperature,
+             "against": "plain greedy decoding" if temperature <= 0 else "plain seeded decoding"}
     if target is not None:
-        block["audit"] = audit(target, records, names, baseline=BASELINE)
+        sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p) if temperature > 0 else None
+        block["audit"] = audit(target, records, names, baseline=BASELINE, sampling=sampling)
     return block
 
 

@@ -51,7 +51,8 @@ def run_sweeps(target: Any, entries: Sequence[Any], prompts: Sequence[Any], conf
                 runner.mark_exactness(records, names)
                 domains, overall = runner.summarize_methods(records, names, prompts, k=decoding.k, config=config)
                 point = _point(domains, overall, names,
-                               runner.exactness_block(records, names, decoding.temperature, target=target))
+                               runner.exactness_block(records, names, decoding.temperature, target=target,
+                                                      top_k=decoding.top_k, top_p=decoding.top_p))
             points.append({"value": value, **point})
         out[axis] = points
     return out

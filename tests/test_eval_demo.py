@@ -18,7 +18,8 @@ def test_demo_target_ngram_against_prompt_lookup(demo_target_dir):
     tokenizer = AutoTokenizer.from_pretrained(demo_target_dir)
     assert tokenizer.decode(result["records"][0]["prompt_token_ids"]).endswith("<|im_start|>assistant\n")
     audit = result["exactness"].pop("audit")
-    assert result["exactness"] == {"identical": 1, "total": 1, "checked": True,
+    assert result["exactness"] == {"identical": 1, "total": 1, "checked": True, "temperature": 0.0,
+                                   "against": "plain greedy decoding",
                                    "by_drafter": {"ngram": {"identical": 1, "total": 1}}}
     assert audit["rounding_flips"] == audit["unexplained"] == 0 and audit["divergences"] == []
     lookup = result["peers"]["hf_prompt_lookup"]

@@ -94,3 +94,28 @@ def test_eval_fails_on_unexplained_and_reports_rounding_flips(twin, tiny_target_
     monkeypatch.setattr(serve.decoding, "verify_greedy", junk)
     assert main(args) == 1
     assert "unexplained by rounding (a bug)" in capsys.readouterr().err
+
+
+def test_a_sampled_divergence_is_judged_on_the_seeded_scores(twin, monkeypatch):
+    """At temperature > 0 the runs are seeded: the audit compares the two tokens' logit / temperature plus the
+    position's Gumbel noise. With the noise zeroed the twins tie again (a rounding flip); with the noise a token
+    top-k filters out has no score (unexplained), and the seed and the position pick the noise."""
+    import eval.audit
+
+    target, second = twin
+    prompt = PROMPT[0].tolist()
+    plain = plain_generate(target, PROMPT, max_new_tokens=6, eos_token_ids=()).output_ids
+    flipped = plain[:1] + [max(second, 200)] + plain[2:]
+    records = {"plain": [record(prompt, plain, seed=3)], "flip": [record(prompt, flipped, "flip", first_mismatch=1,
+                                                                         seed=3)]}
+    sampling = dict(temperature=0.5, top_k=0, top_p=1.0)
+    monkeypatch.setattr(eval.audit, "gumbel", lambda seed, position, vocab: torch.zeros(vocab, dtype=torch.float64))
+    tied = audit(target, records, ["flip"], baseline="plain", sampling=sampling)["divergences"][0]
+    assert tied["kind"] == ROUNDING_FLIP and tied["gap"] == 0.0
+    monkeypatch.undo()
+    seen = []
+    monkeypatch.setattr(eval.audit, "gumbel", lambda seed, position, vocab: seen.append((seed, position))
+                        or torch.zeros(vocab, dtype=torch.float64))
+    junk = {**records, "junk": [record(prompt, plain[:3] + [90, 90, 90], "junk", first_mismatch=3, seed=4)]}
+    filtered = audit(target, junk, ["junk"], baseline="plain", sampling={**sampling, "top_k": 1})
+    assert seen == [(4, 3)] and filtered["unexplained"] == 1 and filtered["divergences"][0]["gap"] is None

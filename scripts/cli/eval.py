@@ -92,7 +92,8 @@ def print_summary(result: dict, file=None) -> None:
         audit = ex.get("audit")
         why = (f" ({audit['rounding_flips']} rounding flips, {audit['unexplained']} unexplained)"
                if audit and ex["identical"] != ex["total"] else "")
-        print(f"  exactness: {ex['identical']}/{ex['total']} identical to plain greedy{why}", file=file)
+        print(f"  exactness: {ex['identical']}/{ex['total']} identical to {ex.get('against', 'plain greedy decoding')}"
+              f"{why}", file=file)
 
 
 def run(args) -> int:
@@ -129,7 +130,7 @@ def run(args) -> int:
     if ex.get("checked") and ex["identical"] != ex["total"]:
         from eval.stats import exactness_verdict
 
-        print(f"{ex['identical']}/{ex['total']} outputs identical to plain greedy decoding: "
+        print(f"{ex['identical']}/{ex['total']} outputs identical to {ex.get('against', 'plain greedy decoding')}: "
               f"{exactness_verdict(ex)}", file=sys.stderr)
         # a divergence the target's precision does not explain is a lossy decoder: a failed evaluation, whatever
         # the speed; rounding flips alone are reported, not failed
