@@ -7,6 +7,9 @@ Output folder (`out_dir`):
     config.resolved.yaml                          the DataBuildConfig used
     .work/state.json, .work/part-NNNNN.jsonl      finished rows, batch_size per part (the resume point)
 
+The folder is replaced whole when the dataset is saved (data/out_folder.py): a kill or a full disk then leaves the
+earlier dataset as it was. A dataset whose rows no .work keeps is replaced only with `overwrite`.
+
 Generation (data.generate): batch_size rows decode together, longest prompts first, and a row that ends hands
 its slot to the next prompt at once. Resuming: every batch_size finished rows are written atomically to their
 own part file; a new run reads every part, keeps those rows and answers only the rest. Each answer is sampled
@@ -30,14 +33,15 @@ from data.config import DataBuildConfig, validate
 from data.generate import Answer, ContinuousBatcher, Request
 from data.made_for import TargetRecord
 from data.masks import render_prompt, render_with_mask
+from data.out_folder import WORK, carry_over, check_out
 from data.plan import Conversation, fit_prompt, keeps_answers, plan_conversation
 from data.prompts import PromptRow, read_prompts
 from serve.core.errors import DraftsmithError
 from serve.core.files import write_text_atomic
 from serve.core.target import load_configured
 from serve.core.traffic import read_manifest, traffic_rows
+from serve.core.whole_folder import whole_folder
 
-WORK = ".work"
 BUILD_INFO = "build_info.json"
 # Settings that do not change what the target writes: a build may resume with other values (a smaller batch
 # after running out of memory, another device). With the same values a resumed build equals an uninterrupted one.
@@ -287,17 +291,23 @@ def row_tokens(tokenizer: Any, record: dict, *, chat: bool, eos_token_ids: Seque
 
 def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, progress: bool = True,
                   log: Callable[[str], None] = print,
-                  on_batch: Callable[[int], None] | None = None, deadline: float | None = None) -> BuildResult:
+                  on_batch: Callable[[int], None] | None = None, deadline: float | None = None,
+                  overwrite: bool = False) -> BuildResult:
     """Self-distil `config.prompts` with `target` (a serve.core.target.Target or a spec for load_target) into out_dir.
 
     on_batch(part) runs after each batch is saved as .work/part-<part>.jsonl (tests use it to interrupt a build).
     deadline: a time.monotonic() value (`demo --budget`): past it no new conversation starts, the ones in flight end
     their turn, and the dataset holds the rows answered so far (a rerun without it answers the others).
+    overwrite: replace a dataset in out_dir whose rows no .work keeps (data/out_folder.py).
     """
     validate(config)
     rows = gather_prompts(config)  # bad prompt files fail before the model loads
     for folder in config.traffic:
         read_manifest(folder)  # not a traffic folder: refused before any work
+    out = Path(out_dir)
+    replaced = check_out(out, overwrite=overwrite)
+    if replaced:
+        log(f"data build: {out} holds {replaced}; --overwrite replaces it once this build is saved")
     if isinstance(target, (str, Path)):
         # a server generates: the tokenizer and config suffice
         target = load_configured(replace(config.target, spec=str(target)), require_chat_template=config.chat,
@@ -305,7 +315,6 @@ def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, 
     elif config.chat and not getattr(target.tokenizer, "chat_template", None):
         raise DraftsmithError(f"target {target.name!r} has no chat template; set data.chat=false to build plain "
                               f"prompt + completion data for a base model")
-    out = Path(out_dir)
     context = context_length(target)
     max_length = min(config.max_length, context) if context else config.max_length
     if max_length <= config.max_new_tokens:
@@ -323,7 +332,7 @@ def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, 
     reused = {"reused_rows": len(records), "reused_batches": len(list(work.glob("part-*.jsonl")))}
     stats = _run_rows(target, planned, config, max_length, work, records, progress, on_batch, log, deadline)
     stats.update(reused)
-    result = _write_dataset(target, config, rows, records, counts, out, max_length, stats)
+    result = _write_dataset(target, config, rows, records, counts, out, max_length, stats, log)
     log(f"data build: {result.rows} rows, {result.tokens} tokens ({result.loss_tokens} in the loss), "
         f"{result.generated_batches} batches generated at {result.tokens_per_second:.1f} tok/s, "
         f"{result.reused_rows} rows reused -> {out}")
@@ -442,7 +451,8 @@ def _add_traffic(columns: dict[str, list], target, config: DataBuildConfig, coun
 
 
 def _write_dataset(target, config: DataBuildConfig, rows: list[PromptRow], records: dict[str, dict],
-                   counts: _Counts, out: Path, max_length: int, stats: dict) -> BuildResult:
+                   counts: _Counts, out: Path, max_length: int, stats: dict,
+                   log: Callable[[str], None]) -> BuildResult:
     import datasets
 
     from serve.core.config import save_config, to_dict
@@ -477,10 +487,6 @@ def _write_dataset(target, config: DataBuildConfig, rows: list[PromptRow], recor
                                   "input_ids": datasets.Sequence(datasets.Value("int32")),
                                   "loss_mask": datasets.Sequence(datasets.Value("int8"))})
     dataset = datasets.Dataset.from_dict(columns, features=features)
-    for stale in list(out.glob("data-*.arrow")) + [out / "dataset_info.json", out / "state.json"]:
-        stale.unlink(missing_ok=True)
-    dataset.save_to_disk(str(out))
-    save_config(config, out)
     domains: dict[str, int] = {}
     for domain in columns["domain"]:
         domains[domain] = domains.get(domain, 0) + 1
@@ -512,5 +518,22 @@ def _write_dataset(target, config: DataBuildConfig, rows: list[PromptRow], recor
                            "generated_batches": result.generated_batches, "reused_batches": result.reused_batches,
                            "reused_rows": result.reused_rows},
             "draft_vocab_coverage": result.draft_vocab_coverage}
-    write_text_atomic(out / BUILD_INFO, json.dumps(info, indent=1))
+    _log_replaced(out, info, log)
+    real = out.resolve()  # an --out that is a link keeps pointing at the folder, which is the one replaced
+    with whole_folder(real, replace=True) as folder:  # the earlier dataset stays whole until this one is
+        dataset.save_to_disk(str(folder))
+        save_config(config, folder)
+        write_text_atomic(folder / BUILD_INFO, json.dumps(info, indent=1))
+        carry_over(real, folder)
     return result
+
+
+def _log_replaced(out: Path, info: dict, log: Callable[[str], None]) -> None:
+    """Say so when the dataset this build replaces was made from other prompts (its rows stay in .work)."""
+    try:
+        earlier = json.loads((out / BUILD_INFO).read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(earlier, dict) and earlier.get("prompts") != info["prompts"]:
+        log(f"data build: replacing the dataset of {earlier.get('rows')} rows from {earlier.get('prompts')} in "
+            f"{out} (its answered rows stay in {out / WORK}: a build of those prompts reuses them)")

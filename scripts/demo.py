@@ -107,7 +107,7 @@ def train_if_needed(config: TrainConfig, data_digest: str, log: Callable[[str], 
     if _same_config(out, config, data_digest):
         log(f"[demo] {config.model.method}: reusing {out / 'drafter'}")
         return out / "drafter", True
-    drafter = train_drafter(config)
+    drafter = train_drafter(config, overwrite=True)  # this demo's own drafter of other settings or data
     (out / "train_config.json").write_text(json.dumps(_made_by(config, data_digest), indent=1))
     return drafter, False
 

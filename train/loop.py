@@ -127,8 +127,12 @@ def _gathered(accelerator, model):
 # ----------------------------------------------------------------------------------------- checkpoints
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
-    done = sorted(p for p in (out_dir / CHECKPOINTS).glob("step_*")
-                  if p.suffix != ".tmp" and (p / STATE_NAME).is_file())
+    from serve.core.whole_folder import clean_stale
+
+    root = out_dir / CHECKPOINTS
+    for aside in root.glob(".step_*.old-*"):  # a run killed mid-swap (save_checkpoint): its checkpoint goes back
+        clean_stale(root / aside.name[1:].split(".old-")[0])
+    done = sorted(p for p in root.glob("step_*") if p.suffix != ".tmp" and (p / STATE_NAME).is_file())
     return done[-1] if done else None
 
 
@@ -136,8 +140,10 @@ def save_checkpoint(accelerator, out_dir: Path, step: int, keep: int, extra: dic
                     files: dict[str, dict] | None = None) -> None:
     """accelerate's save_state (model, optimizer, scheduler, RNG) into a temp folder, renamed when complete,
     so a kill -9 mid-save leaves the previous checkpoint intact; a failure or Ctrl-C mid-save removes the temp
-    folder, and a full disk is a DiskFullError. files: name -> tensors saved beside it."""
+    folder, and a full disk is a DiskFullError. An earlier checkpoint of the same step is swapped out, never
+    deleted first (serve/core/whole_folder.py). files: name -> tensors saved beside it."""
     from serve.core.files import disk_full, full_disk_error
+    from serve.core.whole_folder import move_into_place
 
     root = out_dir / CHECKPOINTS
     final, tmp = root / f"step_{step:08d}", root / f"step_{step:08d}.tmp"
@@ -154,8 +160,7 @@ def save_checkpoint(accelerator, out_dir: Path, step: int, keep: int, extra: dic
                 save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / name))
             (tmp / STATE_NAME).write_text(json.dumps({"step": step, **extra}))
             # inside the guard: a Ctrl-C between the write and the rename must not leave the complete temp folder
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)
+            move_into_place(tmp, final, replace=True)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(err, Exception) and disk_full(err, root):

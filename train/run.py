@@ -1,7 +1,10 @@
 """`train_drafter(config) -> Path`: target + rows -> head -> training loop -> native drafter folder.
 
 Output folder (config.out_dir):
-    drafter/                  the native drafter folder (config.json, model.safetensors, config.resolved.yaml)
+    drafter/                  the native drafter folder (config.json, model.safetensors, config.resolved.yaml),
+                              written whole in a temporary sibling and renamed into place; a finished run's
+                              drafter is replaced by the same run, or by another only with `overwrite`
+                              (train/earlier_drafter.py)
     train_log.jsonl           losses per term, agreement per position, lr, tokens/s, ETA
     checkpoints/step_N/       periodic checkpoints (resumed automatically by the same command)
     deepspeed_config.json     written when the DeepSpeed strategy is used (generated from the config)
@@ -9,6 +12,7 @@ Output folder (config.out_dir):
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from functools import partial
@@ -21,13 +25,13 @@ from serve.drafters.folder import build_head, load_head, save_drafter
 from serve.drafters.head_config import HeadConfig
 from serve.core.errors import DraftsmithError
 from serve.core.files import write_text_atomic
+from serve.core.whole_folder import whole_folder
 from train.config import TrainConfig, check
+from train.earlier_drafter import DRAFTER_DIR, check_earlier_drafter
 from train.features import collate, open_rows, split_rows, target_features
 from train.heads import continued_config, head_config, needed_layers
 from train.objectives import TargetParts, build_objective
 from train.preflight import check_data_target, check_rows_fill_a_batch, check_token_ids
-
-DRAFTER_DIR = "drafter"
 
 
 def init_head(cfg: HeadConfig, target, rows, train_idx: list[int], *, vocab_rows: int, seed: int):
@@ -74,8 +78,9 @@ def _batch_maker(config: TrainConfig, target, layers, device, *, online: bool, t
     return make
 
 
-def train_drafter(config: TrainConfig) -> Path:
-    """Train the drafter `config` describes; returns the native drafter folder (written by the main process)."""
+def train_drafter(config: TrainConfig, *, overwrite: bool = False) -> Path:
+    """Train the drafter `config` describes; returns the native drafter folder (written by the main process).
+    overwrite: replace a drafter another run finished in out_dir (and start afresh, not from its checkpoints)."""
     from serve.core.launch_target import check_launch_inputs, load_launch_target
     from serve.core.process_group import launch, start
     from serve.core.target import text_config
@@ -85,6 +90,7 @@ def train_drafter(config: TrainConfig) -> Path:
 
     check(config)
     out_dir = Path(config.out_dir)
+    earlier = check_earlier_drafter(config, overwrite=overwrite)  # before any weight is loaded
     here = launch()
     for note in check_data_target(config):  # before any weight is loaded
         if here.is_main:
@@ -92,6 +98,8 @@ def train_drafter(config: TrainConfig) -> Path:
     device = resolve_device(config)
     backend = config.distributed.backend
     start(device_type=device, command="train --config RECIPE.yaml", backend=backend)
+    if earlier is not None and not earlier.same_run:
+        _start_afresh(out_dir, earlier.description, is_main=here.is_main)
     check_launch_inputs(recipe=to_dict(config), spec=config.target.spec)
     if device == "cuda":
         import os
@@ -148,12 +156,26 @@ def train_drafter(config: TrainConfig) -> Path:
         if missing or unexpected:
             raise DraftsmithError(f"trained state does not match the head: missing {missing[:5]}, "
                                   f"unexpected {unexpected[:5]}")
-        save_drafter(final, cfg, drafter_dir)
-        save_config(config, drafter_dir)
         lengths = rows.row_lengths()
         train_tokens = sum(min(lengths[i], config.data.max_length) for i in train_idx)
-        write_text_atomic(drafter_dir / "training_summary.json", json.dumps(
-            {"steps": result.steps, "eval": result.eval, "draft_vocab_coverage": coverage,
-             "train_rows": len(train_idx), "eval_rows": len(eval_idx), "train_tokens": train_tokens,
-             "epochs": round(result.epochs, 4), "token_epochs": round(train_tokens * result.epochs)}, indent=2))
+        # whole or not at all: a kill or a full disk never leaves new weights beside an earlier config
+        with whole_folder(drafter_dir, replace=earlier is not None) as folder:
+            save_drafter(final, cfg, folder)
+            save_config(config, folder)
+            write_text_atomic(folder / "training_summary.json", json.dumps(
+                {"steps": result.steps, "eval": result.eval, "draft_vocab_coverage": coverage,
+                 "train_rows": len(train_idx), "eval_rows": len(eval_idx), "train_tokens": train_tokens,
+                 "epochs": round(result.epochs, 4), "token_epochs": round(train_tokens * result.epochs)}, indent=2))
     return drafter_dir
+
+
+def _start_afresh(out_dir: Path, replaced: str, *, is_main: bool) -> None:
+    """--overwrite of another run's drafter: its checkpoints would be resumed (and outlive this run's pruning)."""
+    from train.loop import CHECKPOINTS
+
+    if is_main:
+        print(f"train: {out_dir} holds {replaced} of another run: --overwrite replaces it when this run ends; its "
+              f"checkpoints are removed so that this run starts from step 0", file=sys.stderr)
+        shutil.rmtree(out_dir / CHECKPOINTS, ignore_errors=True)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()  # no process looks for a checkpoint before they are gone

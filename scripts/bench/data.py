@@ -11,6 +11,8 @@
 
 Each stage runs in a child process of this script (`--stage NAME`), so its peak RSS is its own.
 Prompts: the shared training prompts, the first --per-domain rows of each domain.
+--out must be new, empty, or this script's own earlier output (its marker file says so): only what the script
+wrote there is removed before a run.
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ from serve.core.target_config import TargetConfig
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_PROMPTS = ROOT.parent / "shared" / "data" / "train" / "prompts.jsonl"
 KINDS = {"eagle3": "eagle3", "eagle1": "eagle1", "medusa": "medusa"}
+MARKER = ".draftsmith-bench-data"  # written first into --out: the folder is this script's own
+# what the stages and the report write in --out (each stage must do its work, not resume an earlier run's)
+OWN = ("data", "data-small", "data-b*-*", "cache-*", "bench_data.json", MARKER)
 DTYPES = ("bf16", "fp16", "fp32")
 
 
@@ -190,6 +195,25 @@ def run_stage(args) -> dict:
     return {"batch_vs_1": stage_batch_vs_1, "capture": stage_capture, "capture_vs_forward": stage_capture_vs_forward, "sizes": stage_sizes}[args.stage](args)
 
 
+def prepare_out(out: Path) -> Path:
+    """`out`, emptied of what an earlier run of this script wrote there; SystemExit for a folder it did not make."""
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"--out {out} is a file, not a folder: choose another path")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
+        names = sorted(p.name for p in out.iterdir())
+        raise SystemExit(f"--out {out} already holds {names[:6]}{' ...' if len(names) > 6 else ''}, not an output "
+                         f"of this benchmark: choose a new or empty folder (nothing was removed)")
+    for pattern in OWN:
+        for path in out.glob(pattern):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("scripts/bench/data.py writes this folder; a rerun removes what it wrote here\n")
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="demo")
@@ -209,9 +233,7 @@ def main() -> int:
         sys.path.insert(0, str(ROOT))
         print(json.dumps(run_stage(args)))
         return 0
-    out = Path(args.out)
-    shutil.rmtree(out, ignore_errors=True)  # every stage must do its work, not resume an earlier run's
-    out.mkdir(parents=True)
+    out = prepare_out(Path(args.out))
     figures: dict = {"target": args.target, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens}
     forwarded = [a for a in sys.argv[1:]]
     for stage in STAGES:

@@ -12,6 +12,9 @@ def add_arguments(parser) -> None:
                         help="JSONL file (DOMAIN=file sets its rows' domain), HF datasets folder/name, builtin or "
                              "builtin:<domain>; repeatable (default: data.prompts of the recipe)")
     parser.add_argument("--out", required=True, help="dataset folder (datasets.load_from_disk); resumable")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a dataset in --out whose answered rows no earlier build kept (its .work); "
+                             "without it such a folder is refused before any work")
     parser.add_argument("--limit", type=int, default=None, help="first N prompts of each source (= data.limit)")
     parser.add_argument("--domain-field", default=None, help="row field naming the domain (default: domain)")
     parser.add_argument("--server", default=None, metavar="URL",
@@ -37,7 +40,7 @@ def run(args) -> int:
     check_output_path(args.out, what="dataset folder", folder=True)
     config.target.apply_threads()
     result = build_dataset(config.target.spec, config, out_dir=args.out, progress=not args.no_progress,
-                           log=lambda msg: print(msg, file=sys.stderr))
+                           log=lambda msg: print(msg, file=sys.stderr), overwrite=args.overwrite)
     if result.draft_vocab_coverage is not None:
         print(f"a draft vocabulary of {config.draft_vocab_size} tokens would cover {result.draft_vocab_coverage:.2%} "
               f"of the loss tokens (training picks its own: model.draft_vocab_size)", file=sys.stderr)

@@ -17,6 +17,9 @@ def add_arguments(parser) -> None:
                         help="train on a dataset or cache made for another target of the same tokenizer and hidden "
                              "size (this target is a fine-tune of it); without it such data is refused before any "
                              "work, naming both targets (= data.allow_other_target)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a drafter another run finished in out_dir (without it such a run is refused "
+                             "before any work; the same command again needs no flag and resumes)")
     add_plan_arguments(parser)
 
 
@@ -43,7 +46,7 @@ def run(args) -> int:
         return 0
     check_output_path(config.out_dir, what="out_dir", folder=True)
     config.target.apply_threads()
-    path = train_drafter(config)
+    path = train_drafter(config, overwrite=args.overwrite)
     if int(os.environ.get("RANK", "0")) == 0:  # one line from a multi-process run, not one per process
         print(path)
     return 0

@@ -22,7 +22,7 @@ from typing import Iterator
 from serve.core.errors import DraftsmithError
 from serve.core.files import DiskFullError, disk_full, full_disk_error
 
-__all__ = ["FolderTakenError", "clean_stale", "whole_folder"]
+__all__ = ["FolderTakenError", "clean_stale", "move_into_place", "whole_folder"]
 
 
 class FolderTakenError(DraftsmithError):
@@ -111,6 +111,13 @@ def _move_in(tmp: Path, path: Path, *, replace: bool) -> None:
         os.rename(aside, path)
         raise
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def move_into_place(tmp: str | Path, path: str | Path, *, replace: bool) -> None:
+    """Rename the finished folder `tmp` (made beside `path`) to `path`. A non-empty `path` is replaced only with
+    `replace` (else FolderTakenError), swapped so that a whole folder is at `path` at every moment (one a killed
+    run had moved aside goes back at the next clean_stale); the old folder is then removed."""
+    _move_in(Path(tmp), Path(path), replace=replace)
 
 
 @contextmanager
