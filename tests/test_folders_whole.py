@@ -105,6 +105,13 @@ def test_another_run_replaces_a_finished_drafter_only_with_overwrite(capsys, tra
     assert _siblings(out / "drafter") == []
 
 
+def test_a_finished_run_given_more_steps_trains_on_without_overwrite(capsys, train_inputs, tmp_path):
+    out = tmp_path / "run"
+    assert _train(capsys, train_inputs, out, "optim.max_steps=2")[0] == 0
+    assert _train(capsys, train_inputs, out, "optim.max_steps=4")[0] == 0  # the same run, trained further
+    assert json.loads((out / "drafter" / "training_summary.json").read_text())["steps"] == 4
+
+
 def test_a_drafter_folder_holding_something_else_is_refused(capsys, train_inputs, tmp_path):
     out = tmp_path / "run"
     (out / "drafter").mkdir(parents=True)

@@ -20,6 +20,9 @@ RESOLVED_NAME = "config.resolved.yaml"  # serve.core.config.save_config, written
 # How a run is watched, saved or spread over processes, not what it trains: runs that differ only here are one run.
 _NOT_TRAINING = ("log", "tracking", "checkpoint", "distributed")
 _NOT_TRAINING_TARGET = ("threads", "device")
+# How long it trains: a finished run given more steps, epochs or seconds goes on from its last checkpoint (the
+# same run, trained further), as the same command resumes an interrupted one.
+_LENGTH = ("optim.epochs", "optim.max_steps", "optim.max_seconds")
 
 
 @dataclass
@@ -47,7 +50,7 @@ def changed_settings(saved: Path, config: TrainConfig) -> list[str]:
     old = _flat(_trained(OmegaConf.to_container(OmegaConf.load(saved), resolve=True)))
     new = _flat(_trained(OmegaConf.to_container(OmegaConf.create(OmegaConf.to_yaml(OmegaConf.structured(config))),
                                                 resolve=True)))
-    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in _LENGTH)
 
 
 def _describe(folder: Path) -> str:
