@@ -25,7 +25,8 @@ def add_arguments(parser) -> None:
                         help="plain decoding, for comparison")
     parser.add_argument("--served-model-name", default=None,
                         help="the model id /v1/models lists and responses carry (default: the target's folder or hub "
-                             "repository name, e.g. SmolLM2-135M-Instruct); requests may also name the target as given")
+                             "repository name, e.g. SmolLM2-135M-Instruct); requests may also name the target as given "
+                             "to --target (e.g. demo, a path or a hub id)")
     parser.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     parser.add_argument("--record", default=None, metavar="DIR",
                         help="keep every answered request in DIR as training data (serve/core/traffic.py; a request "

@@ -12,6 +12,8 @@ self-distillation (data/generate.py, one new token per row).
 """
 from __future__ import annotations
 
+import math
+import mmap
 from typing import Any, Sequence
 
 import torch
@@ -75,8 +77,20 @@ def check_fits(config: Any, dtype: torch.dtype, device: torch.device, *, slots: 
                           f"fewer new tokens per request")
 
 
+def reserve_zeros(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    """A zero tensor of `like`'s dtype and device. On the CPU it lies in a private anonymous mapping, whose pages
+    the kernel zero-fills when first written: a cache reserved for a request's whole `max_tokens` costs memory only
+    for the tokens it holds (zero-filling 3 GB up front took 1.5 s on a 2-core machine), and freeing it unmaps it."""
+    nbytes = math.prod(shape) * like.element_size()
+    if like.device.type != "cpu" or nbytes == 0 or not hasattr(mmap, "MAP_PRIVATE"):
+        return like.new_zeros(shape)
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # -1: anonymous; private: not shared after a fork
+    return torch.frombuffer(pages, dtype=like.dtype).view(*shape)  # the tensor keeps the mapping alive
+
+
 class SlotCache:
-    """The KV buffers: (slots, kv_heads, capacity, head_dim) per layer, allocated on first use."""
+    """The KV buffers: (slots, kv_heads, capacity, head_dim) per layer, allocated on first use (reserved: on the
+    CPU only the columns written take memory)."""
 
     def __init__(self, slots: int, capacity: int):
         self.slots = slots
@@ -99,7 +113,7 @@ class SlotCache:
             return
         for store in (self.keys, self.values):
             for layer, old in store.items():
-                new = old.new_zeros(old.shape[0], old.shape[1], capacity, old.shape[3])
+                new = reserve_zeros((old.shape[0], old.shape[1], capacity, old.shape[3]), old)
                 new[:, :, : self.capacity] = old
                 store[layer] = new
         self.capacity = capacity
@@ -123,8 +137,8 @@ class SlotCache:
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         if layer_idx not in self.keys:
             shape = (self.slots, key_states.shape[1], self.capacity, key_states.shape[3])
-            self.keys[layer_idx] = key_states.new_zeros(shape)
-            self.values[layer_idx] = value_states.new_zeros(shape)
+            self.keys[layer_idx] = reserve_zeros(shape, key_states)
+            self.values[layer_idx] = reserve_zeros(shape, value_states)
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         if self._plan[0] == "prefill":
             _, rows, lengths = self._plan

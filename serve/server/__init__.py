@@ -32,7 +32,7 @@ def build_app(config: ServeConfig, *, log=None) -> Any:
     if log and drafter is not None:
         log(f"drafting {settings.describe()}")
     engine = Engine(target, drafter, k=settings.k, tree=settings.tree, max_queue=config.max_queue,
-                    max_batch=config.max_batch)
+                    max_batch=config.max_batch, keep_cache_bytes=int(config.keep_cache_mb * (1 << 20)))
     recorder = None
     if config.record:
         from serve.core.traffic import TrafficRecorder
@@ -41,8 +41,9 @@ def build_app(config: ServeConfig, *, log=None) -> Any:
                                    max_segment_bytes=int(config.record_segment_mb * (1 << 20)))
         if log:
             log(f"recording answered requests into {config.record} (a request with \"store\": false is not kept)")
-    return create_app(engine, model_name=config.served_model_name, context_length=config.context_length,
-                      recorder=recorder, max_body_mb=config.max_body_mb, max_prompt_chars=config.max_prompt_chars)
+    return create_app(engine, model_name=config.served_model_name, aliases=(config.target.spec,),
+                      context_length=config.context_length, recorder=recorder, max_body_mb=config.max_body_mb,
+                      max_prompt_chars=config.max_prompt_chars)
 
 
 def serve_forever(config: ServeConfig, *, log=None) -> None:
@@ -50,12 +51,14 @@ def serve_forever(config: ServeConfig, *, log=None) -> None:
     import uvicorn
 
     from serve.server.bind import bind_socket
+    from serve.server.drain import DrainingServer
 
     config.validate()
     sock = bind_socket(config.host, config.port)  # before loading: a busy port is reported at once
     try:
         app = build_app(config, log=log)
-        server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level))
+        server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level),
+                                drain_seconds=config.drain_seconds, cancel=app.state.server.engine.stop)
         if log:  # uvicorn says where it listens only when it binds the socket itself
             host, port = sock.getsockname()[:2]
             log(f"serving on http://{f'[{host}]' if ':' in host else host}:{port} (Ctrl+C to stop)")

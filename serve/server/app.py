@@ -32,8 +32,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve.server.config import ServeConfig
-from serve.server.engine import (Cancelled, Engine, Event, Failed, Finished, GenerationParams, Job, QueueFull,
-                                 Started, Tokens)
+from serve.server.bodies import body_problem
+from serve.server.engine import (Cancelled, Engine, Event, Failed, Finished, GenerationParams, Job, Started, Tokens,
+                                 Unavailable)
 from serve.server.limits import BodyLimit, check_prompt_chars, longest_token_chars
 from serve.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from serve.server.prompts import (check_token_ids, completion_prompt, encode_text_prompt, render_chat,
@@ -98,7 +99,7 @@ def _endpoint(path: str) -> str:
 
 
 def _error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status_code)
+    return JSONResponse(err.body(), status_code=err.status_code, headers=err.headers)
 
 
 def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
@@ -126,15 +127,17 @@ def short_model_name(target_name: str) -> str:
 class Server:
     """Holds what the routes share: engine, tokenizer copies, metrics, names and limits."""
 
-    def __init__(self, engine: Engine, *, model_name: str | None = None, context_length: int | None = None,
-                 recorder: TrafficRecorder | None = None, max_prompt_chars: int | None = None):
+    def __init__(self, engine: Engine, *, model_name: str | None = None, aliases: tuple[str, ...] = (),
+                 context_length: int | None = None, recorder: TrafficRecorder | None = None,
+                 max_prompt_chars: int | None = None):
         self.engine = engine
         self.recorder = recorder
         target = engine.target
         # As vLLM's --served-model-name: responses and /v1/models carry one id, requests may name any of these; the
-        # target as given (path or hub id) stays accepted beside the short default.
+        # target as given (`aliases`: the --target spec, e.g. `demo`; its path or hub id) stays accepted beside the
+        # short default.
         self.model_name = model_name or short_model_name(str(target.name))
-        self.model_names = {self.model_name, str(target.name), str(target.path)}
+        self.model_names = {self.model_name, str(target.name), str(target.path), *aliases}
         self.root = str(target.name)
         # The worker thread uses target.tokenizer (stop strings), the event loop a copy (response text) and the
         # prompt thread another, since a Rust tokenizer borrowed from two threads at once can raise "Already
@@ -188,9 +191,11 @@ class Server:
                                   ignore_eos=body.ignore_eos)
         try:
             job = self.engine.submit(prompt_ids, params, asyncio.get_running_loop())
-        except QueueFull as err:
-            raise APIError(503, f"server overloaded: {err}; retry later", type="server_error",
-                           code="queue_full") from None
+        except Unavailable as err:
+            retry = self.engine.retry_after()
+            why = "server overloaded: " if err.code == "queue_full" else ""
+            raise APIError(503, f"{why}{err}; retry in {retry} s", type="server_error", code=err.code,
+                           headers={"Retry-After": str(retry)}) from None
         return Call(endpoint=endpoint, body=body, prompt_ids=prompt_ids, max_tokens=max_tokens, job=job,
                     assembler=TextAssembler(self.tokenizer, body.stop_strings), timing=Timing(arrival))
 
@@ -319,14 +324,15 @@ class Server:
                 if isinstance(event, Cancelled):
                     done = True
                     self.metrics.request(call.endpoint, "cancelled")
-                    raise APIError(503, "the request was cancelled (server shutting down)", type="server_error")
+                    raise APIError(503, event.message, type="server_error", code="shutting_down",
+                                   headers={"Retry-After": str(self.engine.retry_after())})
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
         finally:
             if getter is not None:
                 getter.cancel()
             if not done:
-                call.job.cancel.set()
+                self.engine.cancel(call.job)
                 self.metrics.request(call.endpoint, "cancelled")
 
     async def stream(self, call: Call) -> AsyncIterator[str]:
@@ -360,14 +366,15 @@ class Server:
                     failed = isinstance(event, Failed)
                     bad = failed and event.bad_request
                     self.metrics.request(call.endpoint, "rejected" if bad else "error" if failed else "cancelled")
-                    message = failure_message(event) if failed else "the request was cancelled (server shutting down)"
+                    message = failure_message(event) if failed else event.message
                     kind = "invalid_request_error" if bad else "server_error"
-                    yield f"data: {json.dumps(error_body(message, type=kind))}\n\n"
+                    code = None if failed else "shutting_down"
+                    yield f"data: {json.dumps(error_body(message, type=kind, code=code))}\n\n"
                     yield "data: [DONE]\n\n"
                     return
         finally:
             if not done:  # the client went away (Starlette cancelled us) or the send failed
-                call.job.cancel.set()
+                self.engine.cancel(call.job)
                 self.metrics.request(call.endpoint, "cancelled")
 
     async def answer(self, call: Call, request: Request) -> Response:
@@ -382,14 +389,14 @@ class Server:
                          if self.engine.speculation else 0)
 
 
-def create_app(engine: Engine, *, model_name: str | None = None, context_length: int | None = None,
-               recorder: TrafficRecorder | None = None, max_body_mb: float = ServeConfig.max_body_mb,
-               max_prompt_chars: int | None = None) -> FastAPI:
+def create_app(engine: Engine, *, model_name: str | None = None, aliases: tuple[str, ...] = (),
+               context_length: int | None = None, recorder: TrafficRecorder | None = None,
+               max_body_mb: float = ServeConfig.max_body_mb, max_prompt_chars: int | None = None) -> FastAPI:
     """The ASGI app; it starts the engine's worker on startup and stops it on shutdown. `model_name`: the id it
-    serves (default: the target's short name); `recorder` keeps every answered request (serve.core.traffic);
-    the limits are ServeConfig's."""
-    server = Server(engine, model_name=model_name, context_length=context_length, recorder=recorder,
-                    max_prompt_chars=max_prompt_chars)
+    serves (default: the target's short name); `aliases`: other names requests may give it (the target as given on
+    the command line); `recorder` keeps every answered request (serve.core.traffic); the limits are ServeConfig's."""
+    server = Server(engine, model_name=model_name, aliases=aliases, context_length=context_length,
+                    recorder=recorder, max_prompt_chars=max_prompt_chars)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -414,7 +421,9 @@ def create_app(engine: Engine, *, model_name: str | None = None, context_length:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, err: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(err)
+        problem = body_problem(err.errors(), content_type=request.headers.get("content-type"),
+                               body=await request.body(), endpoint=_endpoint(request.url.path))
+        message, param = problem if problem is not None else _validation_message(err)
         server.metrics.request(_endpoint(request.url.path), "rejected")
         return _error_response(APIError(400, message, param=param))
 

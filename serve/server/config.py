@@ -26,7 +26,8 @@ class ServeConfig:
                                          "threads": "target.threads", "target": "target.spec"}
     RANGES: ClassVar[dict[str, str]] = {"k": ">= 1", "port": "[0, 65535]", "context_length": ">= 2",
                                         "max_queue": ">= 1", "max_batch": ">= 1", "max_body_mb": "> 0",
-                                        "max_prompt_chars": ">= 1", "record_segment_mb": "> 0"}
+                                        "max_prompt_chars": ">= 1", "record_segment_mb": "> 0",
+                                        "drain_seconds": ">= 0", "keep_cache_mb": ">= 0"}
     target: TargetConfig = field(default_factory=TargetConfig)  # `--target` sets target.spec
     drafter: str = "ngram"  # ngram[:max_n=8], model:PATH, oracle, a trained drafter folder, or hybrid:DIR
     # draft tokens per cycle (at most: the length is chosen per step unless SPEC:length=fixed); default: the K
@@ -43,7 +44,14 @@ class ServeConfig:
     # requests decoding together (continuous batching: a request joins at the next step, leaves when it ends);
     # 1: one request at a time
     max_batch: int = 8
-    max_queue: int = 64  # requests waiting for a slot beyond this get a 503
+    # live requests waiting for a slot beyond this get a 503 with Retry-After (a client that left frees its place)
+    max_queue: int = 64
+    # on SIGTERM / Ctrl+C, the seconds running and queued requests get to finish; then they are cancelled, each client
+    # answered with an error (a 503, or an error event on a stream)
+    drain_seconds: float = 30.0
+    # once no request is decoding, a KV slot cache larger than this (grown for a long request) is freed and its memory
+    # given back to the system; the next request allocates one of its own size (0: free it after every request)
+    keep_cache_mb: float = 256.0
     # a larger request body gets a 413 while it arrives (serve.server.limits); a full 128k-token context of English
     # text is about 0.5 MB of JSON
     max_body_mb: float = 4.0

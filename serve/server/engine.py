@@ -1,25 +1,27 @@
 """One worker thread owns the model and a BatchDecoder (serve/batch/decoder.py) with `max_batch` slots: concurrent
 requests decode together (continuous batching).
 
-Requests wait in a bounded FIFO queue (beyond `max_queue`, `QueueFull`: a 503). Before each decoder step the worker
-moves as many waiting requests into the decoder as it has free slots, then steps it: a step either prefills the
-newcomers (one forward) or runs one speculative cycle for every running row. A request joins at the next step and
-leaves when it ends, its slot going to the next one. Each row drafts with its own fork of the drafter and samples
-with its own generator, so its tokens do not depend on the rows beside it: at temperature 0 they are plain
-decoding's. Only the requests beyond the free slots stay in the queue, so the queue's bound keeps its meaning.
+Requests wait in a bounded FIFO queue (beyond `max_queue`, `QueueFull`: a 503) that counts live clients only: a
+queued request whose client went away leaves it at once (`Engine.cancel`; serve/server/waiting.py). Before each
+decoder step the worker moves as many waiting requests into the decoder as it has free slots, then steps it: a step
+either prefills the newcomers (one forward) or runs one speculative cycle for every running row. A request joins at
+the next step and leaves when it ends, its slot going to the next one. Each row drafts with its own fork of the
+drafter and samples with its own generator, so its tokens do not depend on the rows beside it: at temperature 0 they
+are plain decoding's. Only the requests beyond the free slots stay in the queue, so the queue's bound keeps its meaning.
 
 Results travel back to the asyncio side as events through `loop.call_soon_threadsafe`. A request is cancelled by
-setting its `cancel` flag: a queued one is dropped, a running one leaves the batch at the next step and frees its
-slot while the others go on. A step that raises fails every request in the batch (a 500) and the decoder starts
+`Engine.cancel`: a queued one is dropped at once, a running one leaves the batch at the next step and frees its
+slot while the others go on. `stop` (the end of a drain, serve/server/drain.py) cancels everything, and each
+client is told why. A step that raises fails every request in the batch (a 500) and the decoder starts
 afresh, so the server keeps serving; a request the decoder refuses (a DraftsmithError from `add`) fails alone, as a
 bad request (a 400).
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,6 +30,10 @@ from typing import Any, Union
 from serve.batch import decoder as batch
 from serve.batch.costs import batch_bucket
 from serve.core.errors import DraftsmithError
+from serve.server.slot_memory import DEFAULT_KEEP_MB, release_slot_cache
+from serve.server.waiting import QueueFull, ShuttingDown, Unavailable, WaitingQueue, retry_after_seconds
+
+__all__ = ["Engine", "QueueFull", "ShuttingDown", "Unavailable"]
 
 log = logging.getLogger("draftsmith.serve")
 
@@ -66,16 +72,15 @@ class Failed:
     bad_request: bool = False  # the decoder refused the request itself (a 400), not a failed step (a 500)
 
 
+SHUTDOWN_MESSAGE = "the request was cancelled (server shutting down)"
+
+
 @dataclass(frozen=True)
 class Cancelled:
-    pass
+    message: str = SHUTDOWN_MESSAGE  # what a client still listening is told
 
 
 Event = Union[Started, Tokens, Finished, Failed, Cancelled]
-
-
-class QueueFull(Exception):
-    pass
 
 
 @dataclass(eq=False)
@@ -122,7 +127,8 @@ class Engine:
     """Decodes up to `max_batch` requests together on one worker thread. `drafter=None` means plain decoding."""
 
     def __init__(self, target: Any, drafter: Any | None, *, k: int = 5, tree: Any = None, max_queue: int = 64,
-                 max_batch: int = 8):
+                 max_batch: int = 8,
+                 keep_cache_bytes: int | None = int(DEFAULT_KEEP_MB * (1 << 20))):
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if max_batch < 1:
@@ -133,8 +139,13 @@ class Engine:
         self.tree = tree
         self.max_batch = max_batch
         self.drafter_name = drafter.kind if drafter is not None else "none"
+        # once the batch is empty, a slot cache larger than this is freed (serve/server/slot_memory.py); None: kept
+        self.keep_cache_bytes = keep_cache_bytes
+        self.released_bytes = 0  # slot cache memory given back so far
         self.decoder = self._new_decoder(costs=None)
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._queue = WaitingQueue(max_queue)
+        self._stop_message = SHUTDOWN_MESSAGE
+        self._durations: collections.deque[float] = collections.deque(maxlen=32)  # recent requests, admission to end
         self._ids = itertools.count(1)
         self._active: dict[int, Job] = {}  # id -> request in the decoder (its queue or a row); the worker's alone
         self._stopping = threading.Event()
@@ -157,7 +168,13 @@ class Engine:
     @property
     def waiting(self) -> int:
         """Requests queued, not yet in the batch."""
-        return self._queue.qsize() + len(self.decoder.queue)
+        return len(self._queue) + len(self.decoder.queue)
+
+    def retry_after(self) -> int:
+        """Seconds a client refused with a 503 should wait before retrying (serve/server/waiting.py)."""
+        with self._lock:
+            durations = list(self._durations)
+        return retry_after_seconds(durations, slots=self.max_batch)
 
     @property
     def speculation(self) -> bool:
@@ -175,6 +192,8 @@ class Engine:
         if self._thread is not None:
             return
         self._stopping.clear()
+        self._queue.reopen()
+        self._stop_message = SHUTDOWN_MESSAGE
         self._thread = threading.Thread(target=self._work, name="draftsmith-engine", daemon=True)
         self._thread.start()
 
@@ -188,38 +207,42 @@ class Engine:
         costs.warm(sizes)
         log.info("verify costs measured in %.1f s", time.perf_counter() - t0)
 
+    def stop(self, message: str = SHUTDOWN_MESSAGE) -> None:
+        """Without waiting: refuse new requests, cancel the queued ones now and the running ones after the worker's
+        current step; each client still listening is told `message`."""
+        if self._thread is None:
+            return
+        self._stop_message = message
+        self._stopping.set()
+        for job in self._queue.close():  # also wakes a worker waiting for work
+            self._count("cancelled")
+            job.post(Cancelled(message))
+
     def close(self, timeout: float = 10.0) -> None:
         """Cancel what is running and queued, and stop the worker after its current step."""
         if self._thread is None:
             return
-        self._stopping.set()
-        self._drop_queued()
-        try:
-            self._queue.put_nowait(None)  # wakes a worker waiting for work
-        except queue.Full:  # a request came in meanwhile: the worker is not waiting, it sees the flag
-            pass
+        if not self._stopping.is_set():
+            self.stop()
         self._thread.join(timeout)
         self._thread = None
-        self._drop_queued()
 
-    def _drop_queued(self) -> None:
-        while True:  # their coroutines see Cancelled
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if job is not None:
-                self._count("cancelled")
-                job.post(Cancelled())
+    def cancel(self, job: Job) -> None:
+        """The client of `job` went away (called on the event loop): a queued request leaves the queue now, a
+        running one the batch at the worker's next step."""
+        job.cancel.set()
+        if self._queue.drop(job):
+            self._count("cancelled")
+            job.post(Cancelled())
 
     def submit(self, input_ids: list[int], params: GenerationParams, loop: asyncio.AbstractEventLoop) -> Job:
+        """Queue a request; QueueFull when `max_queue` live requests already wait, ShuttingDown once stopped."""
         if self._thread is None:
             raise RuntimeError("engine not started")
+        if self._stopping.is_set():
+            raise ShuttingDown("the server is shutting down")
         job = Job(input_ids=list(input_ids), params=params, loop=loop, id=next(self._ids))
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFull(f"{self._queue.maxsize} requests are already waiting") from None
+        self._queue.put(job)
         return job
 
     # ---- the worker thread ------------------------------------------------------------------------
@@ -229,8 +252,10 @@ class Engine:
             self._cancel_flagged()
             if self.decoder.busy:
                 self._step()
+            if not self.decoder.busy:
+                self._release_cache(self.keep_cache_bytes)
         for job in list(self._active.values()):
-            self._end(job, Cancelled())
+            self._end(job, Cancelled(self._stop_message))
         self.decoder = self._new_decoder(self.decoder.costs)  # drops the rows' caches
         self._set_running(0)
 
@@ -240,12 +265,9 @@ class Engine:
         while not self._stopping.is_set():
             if self.max_batch - self.decoder.running - len(self.decoder.queue) <= 0:
                 return True
-            try:
-                job = self._queue.get(block=not self.decoder.busy)
-            except queue.Empty:
-                return True
-            if job is None:
-                return False
+            job = self._queue.get(block=not self.decoder.busy)
+            if job is None:  # nothing waiting (the decoder has work), or the queue closed
+                return not self._stopping.is_set()
             self._add(job)
         return False
 
@@ -304,8 +326,17 @@ class Engine:
             job = self._active[finished.job.key]
             self._end(job, Cancelled() if finished.reason == "cancelled" else Finished(finished.result, now))
 
+    def _release_cache(self, keep_bytes: int | None) -> None:
+        released = release_slot_cache(self.decoder, keep_bytes=keep_bytes)
+        if released:
+            self.released_bytes += released
+            log.info("batch idle: freed its %.0f MB slot cache (more than serve.keep_cache_mb)", released / 2**20)
+
     def _end(self, job: Job, event: Event) -> None:
         del self._active[job.id]
+        if isinstance(event, Finished) and job.started is not None:
+            with self._lock:
+                self._durations.append(event.time - job.started)
         self._count({Cancelled: "cancelled", Failed: "failed", Finished: "completed"}[type(event)])
         job.post(event)
 
