@@ -294,6 +294,31 @@ def test_sampling_with_a_seed_is_reproducible_and_matches_the_decoder(target, cl
     assert texts == [expected, expected]
 
 
+def test_seeded_requests_give_plain_seeded_text_alone_and_concurrently(target):
+    """With the default drafter (its length chosen per step, from timing) and a batch of 4, each seeded request's
+    text is plain seeded decoding's, sent alone or beside the others (serve/core/noise.py)."""
+    from serve.decoding import plain_generate
+
+    prompts = [f"seeded {i} " + "abc " * i for i in range(6)]
+    expected = {}
+    for i, prompt in enumerate(prompts):
+        ids = torch.tensor([target.tokenizer(prompt)["input_ids"]])
+        out = plain_generate(target, ids, max_new_tokens=20, temperature=0.8, seed=100 + i).output_ids
+        expected[i] = target.tokenizer.decode(out, skip_special_tokens=True)
+    app = create_app(Engine(target, build_drafter("ngram", target), k=K, max_batch=4), model_name=MODEL)
+    got: dict[int, list[str]] = {i: [] for i in expected}
+    with running_server(app) as base:
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+
+        def ask(i: int) -> None:
+            got[i].append(c.completions.create(model=MODEL, prompt=prompts[i], max_tokens=20, temperature=0.8,
+                                               seed=100 + i).choices[0].text)
+
+        ask(0)
+        assert run_threads(ask, list(range(6)) * 2) == []
+    assert all(texts == [expected[i]] * len(texts) for i, texts in got.items()), (got, expected)
+
+
 def test_build_app_from_config(tiny_target_dir):
     from serve.core.config import load_config
     from serve.server import ServeConfig, build_app
