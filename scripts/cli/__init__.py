@@ -28,7 +28,8 @@ COMMANDS = [
 
 def add_common(parser: argparse.ArgumentParser) -> None:
     """Options every subcommand takes: a YAML recipe and `a.b=value` overrides."""
-    parser.add_argument("--config", default=None, help="YAML recipe (see configs/)")
+    parser.add_argument("--config", default=None, help="YAML recipe: a file, or a built-in recipe by name "
+                        "(e.g. smollm2-135m/eagle3, demo/quick; a wrong name lists them)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides, e.g. train.lr=3e-4 (unknown keys are errors)")
 

@@ -2,11 +2,7 @@
 default; `--model gemma3-270m` runs configs/demo/gemma3-270m.yaml on Gemma-3-270M)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from serve.core.threads import THREADS_HELP
-
-CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "demo"
 
 
 def add_arguments(parser) -> None:
@@ -25,8 +21,10 @@ def run(args) -> int:
     from scripts.demo import DemoConfig, run_demo
     from serve.core.config import load_config
     from serve.core.files import check_output_path
+    from serve.core.recipes import builtin_dir
 
-    recipe = args.config or CONFIGS / ("quick.yaml" if args.quick else "full.yaml")
+    demo_recipes = builtin_dir() / "demo"  # the built-in recipes: package data, found from any folder
+    recipe = args.config or demo_recipes / ("quick.yaml" if args.quick else "full.yaml")
     flags = {"out_dir": args.out, "target.threads": args.threads, "budget": args.budget}
     if args.model:
         from serve.core.demo_target import DEFAULT_MODEL, DEMO_MODELS
@@ -36,7 +34,7 @@ def run(args) -> int:
             raise DraftsmithError(f"--model {args.model!r}: choose one of {', '.join(sorted(DEMO_MODELS))}")
         if args.model != DEFAULT_MODEL:
             if not args.config and not args.quick:
-                recipe = CONFIGS / f"{args.model}.yaml"
+                recipe = demo_recipes / f"{args.model}.yaml"
             elif args.quick and not DEMO_MODELS[args.model].chat:
                 flags["data.chat"] = False  # the quick recipe's prompts as plain text for a base model
             flags["target.spec"] = f"demo:{args.model}"

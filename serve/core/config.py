@@ -4,7 +4,8 @@ command-line flags, type-checked and validated when built.
     config = load_config(ServeConfig, config_file=args.config, section="serve", overrides=args.overrides,
                          flags={"k": args.k, "target.spec": args.target})
 
-- a recipe holds the command's `section` (`data:`, `capture:`, `eval:`, `serve:`, ...) or is its config as a whole;
+- the recipe is a file or a built-in recipe's name (`--config smollm2-135m/eagle3`, serve/core/recipes.py); it
+  holds the command's `section` (`data:`, `capture:`, `eval:`, `serve:`, ...) or is its config as a whole;
   an override may carry the section's prefix (`data.batch_size=4`) or not; a prefix naming another section is
   an error;
 - flags are dotted keys; the ones left unset (None) do not count;
@@ -30,6 +31,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from serve.core.errors import ConfigError
 from serve.core.files import write_text_atomic
 from serve.core.ranges import check_ranges
+from serve.core.recipes import resolve_recipe
 
 __all__ = ["ConfigError", "load_config", "save_config", "to_dict"]
 
@@ -126,9 +128,7 @@ def load_config(schema: type[T], *, config_file: str | Path | None = None, secti
     prefix = f"{section}." if section else ""
     layers = []
     if config_file is not None:
-        path = Path(config_file)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
+        path = resolve_recipe(config_file)  # a file, or a built-in recipe by name (`smollm2-135m/eagle3`)
         try:
             loaded = OmegaConf.to_container(OmegaConf.load(path))
         except (OmegaConfBaseException, yaml.YAMLError) as err:
