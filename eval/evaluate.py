@@ -17,8 +17,8 @@ from eval.config import EvalConfig
 from eval.drafters import BASELINE, DrafterEntry, build_entries, length_policy
 from eval.peers import Peer, build_peers
 from eval.prompts import EvalPrompt, group_by_domain, prepare_prompts
-from eval.runner import (Decoding, baseline_block, cost_model_block, exactness_block, mark_exactness, peers_block,
-                         run_methods, summarize_methods)
+from eval.runner import (Decoding, baseline_block, cost_model_block, drafted_by_block, exactness_block, mark_exactness,
+                         peers_block, run_methods, summarize_methods)
 from eval.sweep_axes import parse_sweeps
 from eval.sweeps import batch_crossover, run_sweeps
 from eval.winners import winners
@@ -138,6 +138,7 @@ def evaluate(target: Any, drafters: Mapping[str, Any], prompts: Any, config: Eva
                        if config.cost_model else None),
         "exactness": exactness_block(records, names, decoding.temperature, target=target, top_k=decoding.top_k,
                                      top_p=decoding.top_p),
+        "drafted_by": drafted_by_block(records, names),
         "records": [rec for name in records for rec in records[name]],
     }
     result["settings"]["timing_spread"] = stats.timing_spread(result["records"])

@@ -148,6 +148,13 @@ def markdown(result: dict, plots: list[Path]) -> str:
                 for d, w in result["winners"].items()]
         lines += _table(["domain", "drafter", "length", "measured", "predicted", "μ", "runner-up"], rows) + [""]
 
+    for name, by in (result.get("drafted_by") or {}).items():
+        lines += [f"## Which part of {name} drafted, and why (cycles)", ""]
+        reasons = list(by["overall"])
+        lines += _table(["domain"] + reasons, [[d] + [str(c.get(r, 0)) for r in reasons]
+                                              for d, c in by["domains"].items()]
+                        + [["all"] + [str(by["overall"][r]) for r in reasons]]) + [""]
+
     lines += ["## Accepted draft tokens per cycle (histogram, all prompts)", ""]
     width = max((len(result["overall"][n]["accept_length_histogram"]) for n in names), default=0)
     lines += _table(["drafter"] + [str(m) for m in range(width)],

@@ -7,6 +7,7 @@ recomputed from the per-prompt records it carries (eval/stats.py).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -63,10 +64,13 @@ def _speculative(target: Any, entry: DrafterEntry, input_ids: torch.Tensor, d: D
     from serve.decoding import speculative_generate
 
     drafter = BeginTimed(entry.drafter) if entry.kind == "oracle" else entry.drafter
+    reasons = Counter(getattr(drafter, "reasons", {}))  # a hybrid's (part, why) per cycle, before this prompt
     res = speculative_generate(target, drafter, input_ids, max_new_tokens=d.max_new_tokens, k=d.k,
                                temperature=d.temperature, top_k=d.top_k, top_p=d.top_p, seed=seed,
                                tree=entry.tree)
     out = _from_result(res)
+    if hasattr(drafter, "reasons"):
+        out["drafted_by"] = {f"{part}: {why}": n for (part, why), n in (Counter(drafter.reasons) - reasons).items()}
     if isinstance(drafter, BeginTimed):
         # the oracle precomputes the target's own answer in begin(); that is not a cost a real drafter has
         out["excluded_seconds"] = drafter.begin_seconds
@@ -180,6 +184,24 @@ def mark_exactness(records: Mapping[str, list[dict]], names: Sequence[str]) -> N
             pos = stats.first_mismatch(ref["output_token_ids"], rec["output_token_ids"])
             rec["matches_plain"] = stats.same_output(ref, rec)
             rec["first_mismatch"] = pos
+
+
+def drafted_by_block(records: Mapping[str, list[dict]], names: Sequence[str]) -> dict[str, Any]:
+    """A hybrid's cycles by the part that drafted them and why ("ngram: its expected rate above the head's"), over
+    every prompt and per domain; drafters that do not choose (no `drafted_by` in their records) are left out."""
+    out: dict[str, Any] = {}
+    for name in names:
+        recs = [rec for rec in records[name] if "drafted_by" in rec]
+        if not recs:
+            continue
+        overall: Counter = Counter()
+        domains: dict[str, Counter] = {}
+        for rec in recs:
+            overall.update(rec["drafted_by"])
+            domains.setdefault(rec["domain"], Counter()).update(rec["drafted_by"])
+        out[name] = {"overall": dict(overall.most_common()),
+                     "domains": {d: dict(c.most_common()) for d, c in domains.items()}}
+    return out
 
 
 def exactness_block(records: Mapping[str, list[dict]], names: Sequence[str], temperature: float, *,

@@ -329,3 +329,24 @@ def test_cli_prints_the_sweep(tiny_target_dir, prompt_file, capsys):
                  "--sweep", "k=1,2", "bootstrap_samples=20"])
     out = capsys.readouterr().out
     assert code == 0 and "sweep k:" in out and "k=1: ngram mu" in out and "k=2: ngram mu" in out
+
+
+def test_the_report_says_which_part_of_a_hybrid_drafted_and_why(target, tiny_target_dir, prompt_file, tmp_path):
+    from serve.drafters.eagle3 import eagle3_config
+    from serve.drafters.folder import build_head, save_drafter
+
+    torch.manual_seed(0)
+    cfg = eagle3_config(target, aux_layer_ids=[0, 1, 1])
+    folder = save_drafter(build_head(cfg), cfg, tmp_path / "head")
+    config = EvalConfig(**{**FAST, "peers": False, "cost_model": False})
+    out = evaluate(target, {"hybrid": f"hybrid:{folder}", "ngram": "ngram"}, [str(prompt_file)], config)
+    by = out["drafted_by"]
+    assert list(by) == ["hybrid"]  # the drafters that choose a part each cycle
+    records = [r for r in out["records"] if r["drafter"] == "hybrid"]
+    cycles = sum(r["cycles"] for r in records)  # a last cycle with one token left to make asks for no draft
+    assert cycles - len(records) <= sum(by["hybrid"]["overall"].values()) <= cycles
+    assert all(reason.split(":")[0] in ("ngram", "head", "tree", "none") for reason in by["hybrid"]["overall"])
+    assert set(by["hybrid"]["domains"]) == set(out["domains"])
+    assert out["exactness"]["identical"] == out["exactness"]["total"]
+    report = write_report(out, tmp_path / "rep")["markdown"].read_text()
+    assert "## Which part of hybrid drafted, and why (cycles)" in report

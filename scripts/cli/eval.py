@@ -75,6 +75,13 @@ def print_summary(result: dict, file=None) -> None:
     for name, b in result["overall"].items():
         per = ", ".join(f"{d} {result['domains'][d][name]['mu']:.2f}" for d in result["domains"])
         print(f"  {name:<16} mu {b['mu']:.2f}  speedup {b['speedup']:.2f}x  ({per})", file=file)
+    for name, by in (result.get("drafted_by") or {}).items():
+        total = sum(by["overall"].values()) or 1
+        parts: dict[str, int] = {}
+        for reason, n in by["overall"].items():
+            parts[reason.split(":")[0]] = parts.get(reason.split(":")[0], 0) + n
+        print(f"  {name:<16} cycles drafted by " + ", ".join(f"{part} {n / total:.0%}" for part, n in parts.items()),
+              file=file)
     for name, p in (result.get("peers") or {}).items():
         print(f"  {name:<16} mu {p['mu']:.2f}  speedup {p['speedup']:.2f}x", file=file)
     for line in engine_lines(result):

@@ -56,6 +56,7 @@ class HybridDrafter(Drafter):
         self.policy = head.policy
         self.default_k, self.default_tree = head.default_k, head.default_tree  # what the head's folder records
         self.choices: Counter = Counter()  # cycles drafted by "ngram", "head", "tree" (both), "none"
+        self.reasons: Counter = Counter()  # (part, why) per cycle: what eval's report says of the hybrid's choices
         # after this many n-gram proposals in a row whose first token was wrong, the head drafts (the n-gram's
         # chain joins its tree where that pays) until an n-gram proposal is right again: in retrieval, multi-turn
         # and chat answers the context holds long matches that the answer only resembles, and the calibration,
@@ -130,33 +131,50 @@ class HybridDrafter(Drafter):
     def chain_acceptance(self, draft: Draft) -> list[float] | None:
         return self._source.chain_acceptance(draft) if self._source is not None else None
 
+    def _chose(self, part: str, why: str) -> None:
+        self.choices[part] += 1
+        self.reasons[(part, why)] += 1
+
+    def _why_head(self, ngram: Draft, doubted: bool, probed: bool) -> str:
+        if not len(ngram):
+            return "no n-gram match"
+        if doubted:
+            return f"the n-gram's last {self.doubt_after}+ proposals missed"
+        if probed:
+            return f"the head on trial after {self.explore} n-gram cycles"
+        return "the head's rate above the n-gram draft's"
+
     def propose(self, k, *, temperature=0.0, generator=None, tree=None) -> Draft:
         self._source = None
         ngram = self.ngram.propose(k, temperature=temperature, generator=generator)
         doubted = self.ngram.misses >= self.doubt_after
-        if not doubted and self._ngram_wins(ngram) and not self._probe_head():
+        wins = not doubted and self._ngram_wins(ngram)
+        probed = wins and self._probe_head()
+        if wins and not probed:
             self._ngram_run += 1
-            self.choices["ngram"] += 1
+            self._chose("ngram", "its expected rate above the head's" if self._gains() is not None
+                        else "a match (fixed lengths)")
             self._source = self.ngram
             return ngram
+        why = self._why_head(ngram, doubted, probed)
         self._ngram_run = 0
         self.ngram.last.verified = False  # learn how it would have fared, but it is not this cycle's draft
         head_k = k if self._head_k is None else min(k, self._head_k)
         draft = self.head.propose(head_k, temperature=temperature, generator=generator, tree=tree)
         if len(ngram) and draft.is_tree and tree is not None:  # the head drafted a tree: the n-gram chain joins it
             tokens, parents = add_chain(draft.tokens, draft.parents, ngram.tokens)
-            self.choices["tree"] += 1
+            self._chose("tree", "the n-gram chain joins the head's tree")
             return Draft(tokens=tokens, parents=parents)
         if len(ngram) and temperature <= 0 and self.trees and self._tree_pays(ngram, draft):
             # one-hot proposals in a tree verify exactly; greedy only, so a sampled head chain keeps its q. A
             # greedy chain may carry leaves (serve/drafters/leaves.py): the n-gram chain joins them as a branch
             parents = draft.parents if draft.is_tree else chain_parents(len(draft))
             tokens, parents = add_chain(draft.tokens, parents, ngram.tokens)
-            self.choices["tree"] += 1
+            self._chose("tree", f"{why}; both chains in one tree pay")
             if not self.head.last.worked:  # a paused head would time the n-gram's verify as a plain step
                 self.head.last.verified = False
             return Draft(tokens=tokens, parents=parents)
-        self.choices["head" if len(draft) else "none"] += 1
+        self._chose("head" if len(draft) else "none", why if len(draft) else f"{why}, but the head paused")
         self._source = self.head
         return draft
 
