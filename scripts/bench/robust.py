@@ -1,0 +1,108 @@
+"""Robustness: every drafter on public prompt sets nothing in the project was tuned on, side by side.
+
+The sets (each a domain group of one eval run, every method interleaved per prompt): GSM8K's test questions and
+HumanEval's prompts (../shared/data/eval), the roleplay and general prompts of GPTeacher and self-instruct
+(../shared/data/train/prompts.jsonl; the demo trains on the built-in prompts, not these), the demo's held-out
+prompts when a demo ran, and, given `--specbench PATH`, Spec-Bench's question.jsonl (github.com/hemingkx/Spec-Bench,
+data/spec_bench/question.jsonl: MT-bench turns, translation, summarization, QA, math reasoning, RAG). Prints each
+drafter's speedup and μ per set and domain, and for a hybrid whether it held the better of its two parts.
+
+    python -m scripts.bench.robust --drafter ngram --drafter eagle3=runs/demo/eagle3/drafter \\
+        --drafter hybrid=hybrid:runs/demo/eagle3/drafter --specbench /path/to/question.jsonl --limit 2 --threads 1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from data.prompts import PromptRow, read_prompts
+from eval.config import EvalConfig
+from eval.evaluate import evaluate
+from eval.report import write_json
+from serve.core.target_config import TargetConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED = ROOT.parent / "shared" / "data"
+SPECBENCH_TASKS = ("translation", "summarization", "qa", "math_reasoning", "rag")  # the rest are MT-bench's
+
+
+def public_rows(limit: int, specbench: str | None, held_out: str | None) -> list[PromptRow]:
+    """Rows tagged `set/domain`, at most `limit` per domain."""
+    rows: list[PromptRow] = []
+
+    def add(name: str, found: list[PromptRow], domain=lambda r: r.domain) -> None:
+        rows.extend(PromptRow(id=f"{name}/{r.id}", domain=f"{name}/{domain(r)}", messages=r.messages) for r in found)
+
+    add("gsm8k", read_prompts([f"math={SHARED / 'eval/gsm8k_test.jsonl'}"], per_domain_limit=limit))
+    add("humaneval", read_prompts([f"code={SHARED / 'eval/humaneval.jsonl'}"], per_domain_limit=limit))
+    train = read_prompts([str(SHARED / "train/prompts.jsonl")], per_domain_limit=limit)
+    add("gpteacher", [r for r in train if r.domain in ("roleplay", "general")])
+    if specbench:
+        add("specbench", read_prompts([specbench], domain_field="category"),
+            domain=lambda r: r.domain if r.domain in SPECBENCH_TASKS else "multiturn")
+        rows = _limit(rows, limit)
+    if held_out and Path(held_out).is_file():
+        add("demo", read_prompts([held_out], per_domain_limit=limit))
+    return rows
+
+
+def _limit(rows: list[PromptRow], limit: int) -> list[PromptRow]:
+    seen: dict[str, int] = {}
+    kept = []
+    for row in rows:
+        seen[row.domain] = seen.get(row.domain, 0) + 1
+        if seen[row.domain] <= limit:
+            kept.append(row)
+    return kept
+
+
+def hybrid_holds(result: dict, hybrid: str, parts: tuple[str, str], domain: str | None) -> str:
+    """'μ ok / speed ok' against the better part in `domain` (None: overall), within the run's timing spread."""
+    block = result["domains"][domain] if domain else result["overall"]
+    mu = max(block[p]["mu"] for p in parts)
+    speed = max(block[p]["speedup"] for p in parts)
+    h = block[hybrid]
+    return f"μ {h['mu'] / mu:.2f} of the better part, speedup {h['speedup'] / speed:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="demo")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--drafter", action="append", default=[], metavar="[NAME=]SPEC")
+    parser.add_argument("--specbench", default=None, metavar="question.jsonl")
+    parser.add_argument("--held-out", default=str(ROOT / "runs/demo/prompts_eval.jsonl"))
+    parser.add_argument("--limit", type=int, default=2, help="prompts per domain of each set")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", default=None, metavar="OUT.json")
+    args = parser.parse_args()
+    from serve.drafters.spec import parse_named_specs
+
+    drafters = parse_named_specs(args.drafter or ["ngram"])
+    rows = public_rows(args.limit, args.specbench, args.held_out)
+    config = EvalConfig(target=TargetConfig(spec=args.target, dtype=args.dtype, threads=args.threads),
+                        max_new_tokens=args.max_new_tokens, repeats=args.repeats, peers=False, cost_model=False)
+    result = evaluate(args.target, drafters, rows, config)
+    names = list(result["overall"])
+    print(f"\n{result['target']['name']} {args.dtype}, {len(rows)} prompts, {args.max_new_tokens} tokens, "
+          f"{args.threads} thread(s), repeats {args.repeats}; timing spread {result['settings']['timing_spread']}")
+    print(f"{'set/domain':<26}" + "".join(f"{n:>22}" for n in names) + "   (speedup, μ)")
+    for domain, block in list(result["domains"].items()) + [("all", result["overall"])]:
+        print(f"{domain:<26}" + "".join(f"{block[n]['speedup']:>13.2f}x {block[n]['mu']:>6.2f}" for n in names))
+    for hybrid, by in (result.get("drafted_by") or {}).items():
+        spec = drafters[hybrid]
+        head = next((n for n, s in drafters.items() if n != hybrid and s == spec.partition(":")[2]), None)
+        if head and "ngram" in drafters:
+            print(f"\n{hybrid} against the better of ngram and {head}:")
+            for domain in list(result["domains"]) + [None]:
+                print(f"  {domain or 'all':<24} {hybrid_holds(result, hybrid, ('ngram', head), domain)}")
+        print(f"{hybrid} cycles: " + json.dumps(by["overall"]))
+    if args.json:
+        write_json(result, args.json)
+
+
+if __name__ == "__main__":
+    main()
