@@ -22,7 +22,7 @@ from eval.runner import (Decoding, baseline_block, cost_model_block, drafted_by_
 from eval.sweep_axes import parse_sweeps
 from eval.sweeps import batch_crossover, run_sweeps
 from eval.winners import winners
-from serve.drafters.spec import parse_drafter_spec
+from serve.drafters.early import check_before_loading
 from serve.drafters.settings import resolve_k
 from serve.core.errors import DraftsmithError
 from serve.core.invariant import is_invariant
@@ -107,9 +107,7 @@ def evaluate(target: Any, drafters: Mapping[str, Any], prompts: Any, config: Eva
     started = time.perf_counter()
     # a missing or unreadable prompts file or a drafter spec naming no folder fails before the target loads
     rows, sources = _as_rows(prompts, config)
-    for value in drafters.values():
-        if isinstance(value, str):
-            parse_drafter_spec(value)
+    check_before_loading([value for value in drafters.values() if isinstance(value, str)], target)
     target = _as_target(target, config)
     eval_prompts = prepare_prompts(target.tokenizer, rows)
     if not eval_prompts:

@@ -350,3 +350,29 @@ def test_the_report_says_which_part_of_a_hybrid_drafted_and_why(target, tiny_tar
     assert out["exactness"]["identical"] == out["exactness"]["total"]
     report = write_report(out, tmp_path / "rep")["markdown"].read_text()
     assert "## Which part of hybrid drafted, and why (cycles)" in report
+
+
+def test_a_drafter_for_another_target_is_refused_before_the_target_loads(target, tiny_target_factory, tmp_path,
+                                                                        capsys, monkeypatch):
+    import serve.core.target
+    from scripts.cli import main
+    from serve.drafters.eagle3 import eagle3_config
+    from serve.drafters.folder import build_head, save_drafter
+
+    torch.manual_seed(0)
+    cfg = eagle3_config(target, aux_layer_ids=[0, 1, 1])
+    folder = save_drafter(build_head(cfg), cfg, tmp_path / "for-llama")
+    other = tiny_target_factory("llama", hidden_size=48)  # another architecture, the same tokenizer
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the target loaded before the drafter was checked")
+
+    monkeypatch.setattr(serve.core.target, "load_configured", no_load)
+    monkeypatch.setattr("eval.evaluate.load_configured", no_load)
+    for command in (["eval", "--target", str(other), "--drafter", str(folder)],
+                    ["generate", "--target", str(other), "--drafter", f"hybrid:{folder}", "--prompt", "hi"]):
+        with pytest.raises(SystemExit) as err:
+            main(command)
+        assert err.value.code == 2, command
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "trained for target" in line and str(other) in line, line

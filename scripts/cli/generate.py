@@ -100,7 +100,9 @@ def run(args) -> int:
         check_output_path(args.json, what="--json file")
     config.target.apply_threads()
     from serve.core.target import load_configured
+    from serve.drafters.early import check_before_loading
 
+    check_before_loading([config.drafter], config.target.spec)  # a missing or mismatched drafter: before the load
     target = load_configured(config.target, require_chat_template=config.chat)
     drafter = build_drafter(config.drafter, target)
     settings = draft_settings(drafter, k=config.k, tree=config.tree)

@@ -18,6 +18,10 @@ def build_app(config: ServeConfig, *, log=None) -> Any:
 
     config.validate()  # a config built by hand is checked too
     config.target.apply_threads()
+    if config.speculation:  # a drafter folder that is missing or for another target: refused before the load
+        from serve.drafters.early import check_before_loading
+
+        check_before_loading([config.drafter], config.target.spec)
     if log:
         log(f"loading target {config.target.spec} ({config.target.dtype}, {config.target.device})")
     target = load_configured(config.target)
