@@ -90,7 +90,11 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def _move_in(tmp: Path, path: Path, *, replace: bool) -> None:
+def move_into_place(tmp: str | Path, path: str | Path, *, replace: bool) -> None:
+    """Rename the finished folder `tmp` (made beside `path`) to `path`. A non-empty `path` is replaced only with
+    `replace` (else FolderTakenError), swapped so that a whole folder is at `path` at every moment (one a killed
+    run had moved aside goes back at the next clean_stale); the old folder is then removed."""
+    tmp, path = Path(tmp), Path(path)
     try:
         os.rename(tmp, path)  # a missing or empty destination is taken in one step
         return
@@ -113,13 +117,6 @@ def _move_in(tmp: Path, path: Path, *, replace: bool) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def move_into_place(tmp: str | Path, path: str | Path, *, replace: bool) -> None:
-    """Rename the finished folder `tmp` (made beside `path`) to `path`. A non-empty `path` is replaced only with
-    `replace` (else FolderTakenError), swapped so that a whole folder is at `path` at every moment (one a killed
-    run had moved aside goes back at the next clean_stale); the old folder is then removed."""
-    _move_in(Path(tmp), Path(path), replace=replace)
-
-
 @contextmanager
 def whole_folder(path: str | Path, *, replace: bool = False) -> Iterator[Path]:
     """An empty temporary folder beside `path` to write into; it becomes `path` when the block ends, and is removed
@@ -131,7 +128,7 @@ def whole_folder(path: str | Path, *, replace: bool = False) -> Iterator[Path]:
     tmp = _sibling(path, "tmp")
     try:
         yield tmp
-        _move_in(tmp, path, replace=replace)
+        move_into_place(tmp, path, replace=replace)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(err, DiskFullError) or (isinstance(err, Exception) and not isinstance(err, DraftsmithError)
