@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from data.prompts import PromptRow, read_prompts
+from data.prompts import PromptRow, limit_per_domain, read_prompts
 from eval.config import EvalConfig
 from eval.evaluate import evaluate
 from eval.report import write_json
@@ -41,20 +41,10 @@ def public_rows(limit: int, specbench: str | None, held_out: str | None) -> list
     if specbench:
         add("specbench", read_prompts([specbench], domain_field="category"),
             domain=lambda r: r.domain if r.domain in SPECBENCH_TASKS else "multiturn")
-        rows = _limit(rows, limit)
+        rows = limit_per_domain(rows, limit)  # Spec-Bench's domains are known once renamed
     if held_out and Path(held_out).is_file():
         add("demo", read_prompts([held_out], per_domain_limit=limit))
     return rows
-
-
-def _limit(rows: list[PromptRow], limit: int) -> list[PromptRow]:
-    seen: dict[str, int] = {}
-    kept = []
-    for row in rows:
-        seen[row.domain] = seen.get(row.domain, 0) + 1
-        if seen[row.domain] <= limit:
-            kept.append(row)
-    return kept
 
 
 def hybrid_holds(result: dict, hybrid: str, parts: tuple[str, str], domain: str | None) -> str:
