@@ -7,7 +7,8 @@ import torch
 from serve.core.costs import VerifyCosts
 from serve.drafters import DrafterSpecError, build_drafter
 from serve.drafters.base import Draft, Drafter
-from serve.drafters.hybrid import HybridDrafter, hybrid_of, tree_tokens
+from serve.drafters.arms import ArmLedger, accepted_depth
+from serve.drafters.hybrid import HybridDrafter, hybrid_of
 from serve.drafters.length import ExpectedGain, FixedLength, LastDraft
 from serve.drafters.ngram import NgramDrafter
 from serve.core.errors import DraftsmithError
@@ -35,19 +36,34 @@ class StubHead(Drafter):
         self.last.settle(self.policy, next_tokens)
 
 
-def hybrid(chain, context, *, head_rate=1.0):
-    head = StubHead(chain)
+def hybrid(chain, context, *, head_rate=1.0, costs=FLAT):
+    head = StubHead(chain, costs)
     head.policy.rate = head_rate
-    drafter = HybridDrafter(head, NgramDrafter(policy=ExpectedGain(FLAT)))
+    drafter = HybridDrafter(head, NgramDrafter(policy=ExpectedGain(costs)))
     ids = torch.tensor(context)
     drafter.begin(ids[:-1], ids[1:], {})
     return drafter, head
 
 
-def test_tree_tokens_counts_shared_drafts_once_and_parted_ones_exclusively():
-    assert tree_tokens([0.5], [0.8], 0) == pytest.approx(2.0)  # 0.5 + 0.8 > 1: scaled to one token at most
-    assert tree_tokens([0.9, 0.5], [0.9, 0.3], 1) == pytest.approx(1.9 + 0.9 * 0.5 + 0.9 * 0.3)
-    assert tree_tokens([0.9, 0.8], [0.9], 1) == pytest.approx(1.9 + 0.9 * 0.8)
+def test_accepted_depth_follows_the_produced_tokens_through_a_chain_or_a_tree():
+    assert accepted_depth([4, 5, 6], None, [4, 5, 9]) == 2
+    assert accepted_depth([4, 5], None, [4, 5, 6]) == 2  # every draft right, the bonus token after them
+    assert accepted_depth([7], None, [4]) == 0
+    # a tree: 4 -> 5 -> 6 and 4 -> 8; the produced tokens go down the second branch
+    assert accepted_depth([4, 5, 6, 8], [-1, 0, 1, 0], [4, 8, 1]) == 2
+    assert accepted_depth([4, 5, 6, 8], [-1, 0, 1, 0], [4, 5, 6, 7]) == 3
+
+
+def test_the_ledger_is_neutral_until_a_cycle_is_scored_then_picks_the_best_rate():
+    ledger = ArmLedger()
+    assert ledger.best(("tree", "head", "ngram")) is None
+    ledger.add({"ngram": (3, 1.2), "head": (2, 1.3), "tree": (3, 1.5)})
+    assert ledger.best(("tree", "head", "ngram")) == "ngram" and ledger.rate("ngram") == pytest.approx(2.5)
+    ledger.add({"ngram": (1, 1.2), "head": (4, 1.3), "tree": (4, 1.5)})
+    assert ledger.best(("tree", "head", "ngram")) == "tree"  # 7/3.0 against 6/2.6 and 4/2.4
+    assert ledger.best(("head", "ngram")) == "head"
+    ledger.clear()
+    assert ledger.best(("head", "ngram")) is None and ledger.rate("head") == 0.0
 
 
 def test_add_chain_shares_the_common_prefix():
@@ -58,11 +74,56 @@ def test_add_chain_shares_the_common_prefix():
     assert add_chain(torch.tensor([1, 2]), chain_parents(2), torch.tensor([1]))[0].tolist() == [1, 2]
 
 
-def test_a_long_match_drafts_the_ngram_continuation_and_the_head_rests():
+def test_a_request_starts_neutral_both_chains_in_one_tree_and_every_arm_scored():
+    # greedy: before any scored cycle a match drafts both; the cycle's tokens score all three arms
+    costs = VerifyCosts(ratios={0: 1.0, 1: 1.1, 3: 1.3, 8: 1.8}, step_seconds=0.01)
+    drafter, head = hybrid([9, 9, 9], [5, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6], costs=costs)
+    drafter.draft_cap(3)
+    draft = drafter.propose(3)
+    assert draft.is_tree and head.proposals == 1 and drafter.choices == {"tree": 1}
+    assert draft.tokens.tolist() == [9, 9, 9, 7, 8, 1]  # the head's chain, then the n-gram's beside it
+    drafter.commit(torch.tensor([7, 8, 5]), {})  # the n-gram's first two right, the head's first wrong
+    ledger = drafter.ledger
+    assert ledger.cycles == 1 and ledger.tokens == {"ngram": 3, "head": 1, "tree": 3}
+    work = ledger.cost["head"] - costs.ratio(3)  # the head's timed work, in target steps
+    assert work >= 0 and ledger.cost["tree"] == pytest.approx(work + costs.ratio(6))
+    assert ledger.cost["ngram"] == pytest.approx(costs.ratio(3))
+    # a new request starts neutral again
+    ids = torch.tensor([5, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6])
+    drafter.begin(ids[:-1], ids[1:], {})
+    assert drafter.ledger.cycles == 0
+
+
+def test_sampled_the_head_chain_is_verified_and_the_ngram_scored_beside_it():
     drafter, head = hybrid([9, 9, 9], [5, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6])
-    draft = drafter.propose(4)
-    assert draft.tokens.tolist() == [7, 8, 1, 2] and not draft.is_tree
-    assert head.proposals == 0 and drafter.choices == {"ngram": 1}
+    drafter.draft_cap(3)
+    draft = drafter.propose(3, temperature=0.7)
+    assert not draft.is_tree and draft.tokens.tolist() == [9, 9, 9] and drafter.choices == {"head": 1}
+    drafter.commit(torch.tensor([7, 2]), {})
+    assert drafter.ledger.tokens["ngram"] == 2 and drafter.ledger.tokens["head"] == 1
+
+
+def test_the_head_rests_only_while_the_ngram_leads_and_is_copying():
+    context = [5, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6]
+    drafter, head = hybrid([9, 9, 9], context)
+    drafter.draft_cap(2)
+    drafter.ledger.add({"ngram": (3, 1.0), "head": (1, 1.2), "tree": (3, 1.4)})  # the n-gram leads this request
+    draft = drafter.propose(2)  # but it is not known to be copying yet: the head drafts and is scored
+    assert head.proposals == 1 and draft.tokens.tolist() == [7, 8] and drafter.choices == {"ngram": 1}
+    drafter.commit(torch.tensor([7, 8, 1]), {})  # all right: a copy in progress
+    assert drafter.ledger.cycles == 2 and drafter.ngram.copying
+    assert drafter.propose(2).tokens.tolist() == [2, 3] and head.proposals == 1  # the head rests
+    drafter.commit(torch.tensor([2, 9]), {})  # the n-gram's second token wrong: the copy has ended
+    assert drafter.ledger.cycles == 2  # a cycle the head rested through is not scored
+    drafter.propose(2)
+    assert head.proposals == 2  # the head drafts again, and this cycle is scored
+
+
+def test_the_head_alone_when_it_leads():
+    drafter, head = hybrid([9, 8, 7], [1, 2, 3, 4, 5, 1, 2])
+    drafter.ledger.add({"ngram": (1, 1.0), "head": (4, 1.3), "tree": (4, 1.6)})
+    draft = drafter.propose(3)
+    assert not draft.is_tree and draft.tokens.tolist() == [9, 8, 7] and drafter.choices == {"head": 1}
 
 
 def test_without_a_match_the_head_drafts():
@@ -81,42 +142,16 @@ def test_the_ngram_side_may_draft_past_k_but_the_head_keeps_k():
     assert head.proposals == 1 and draft.tokens.tolist() == [9, 9, 9]
     drafter, head = hybrid([9] * 12, [5, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6])
     drafter.draft_cap(3)
-    assert drafter.propose(16).tokens.tolist() == [7, 8, 1]  # a match, not yet known to be copied: K
+    drafter.ledger.add({"ngram": (3, 1.0), "head": (1, 1.1), "tree": (3, 1.2)})  # the n-gram leads this request
+    draft = drafter.propose(16)  # a match, not yet known to be copied: K (the head drafts to be scored)
+    assert draft.tokens.tolist() == [7, 8, 1] and head.proposals == 1
     drafter.commit(torch.tensor([7, 8, 1, 2]), {})  # all right: the text copies, and the n-gram side drafts on
     assert drafter.propose(16).tokens.tolist() == [3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2]  # a loop, flat costs
 
 
-def test_after_explore_ngram_cycles_in_a_row_the_head_is_put_on_trial():
-    # the head's rate was last measured low (0.5), so every n-gram match wins; its rate is stale
-    context = [5, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6]
-    drafter, head = hybrid([9, 9, 9], context, head_rate=0.5)
-    drafter.explore, drafter.trees = 3, False
-    for _ in range(3):
-        assert drafter.propose(2).tokens.tolist() == [7, 8]
-    assert head.proposals == 0 and drafter.choices == {"ngram": 3}
-    head.policy.trial = 2
-    assert drafter.propose(2).tokens.tolist() == [9, 9]  # the 4th: the head drafts, on trial
-    assert head.proposals == 1 and head.policy.should_draft()  # a paused head drafts while on trial
-    assert drafter.propose(2).tokens.tolist() == [7, 8]  # the run starts over: the n-gram side again
-
-
-def test_after_ngram_misses_in_a_row_the_head_drafts_until_the_ngram_is_right_again():
-    # the head's rate was last measured low (0.5): every n-gram match wins, unless the n-gram keeps missing
-    drafter, head = hybrid([9, 9, 9], [5, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6], head_rate=0.5)
-    drafter.doubt_after = 2
-    assert drafter.propose(2).tokens.tolist() == [7, 8]
-    drafter.commit(torch.tensor([3]), {})  # its first token wrong: one miss
-    assert drafter.propose(2).tokens.tolist() == [4, 5] and head.proposals == 0  # one miss is not doubt
-    drafter.commit(torch.tensor([1]), {})  # two in a row: the text only resembles the context
-    draft = drafter.propose(2)  # the n-gram still has a match (-> 2 3), but the head drafts, the n-gram beside it
-    assert head.proposals == 1 and 9 in draft.tokens.tolist() and drafter.choices["ngram"] == 2
-    drafter.commit(torch.tensor([2, 3, 4]), {})  # the n-gram's proposal was right: it drafts alone again
-    assert drafter.propose(2).tokens.tolist() == [5, 6] and head.proposals == 1
-
-
-def test_a_tree_holds_both_when_verification_is_cheap():
-    # a short match the head (at a high realized rate) beats on its own, but verifying both costs nothing extra
-    drafter, head = hybrid([9, 8, 7], [1, 2, 3, 4, 5, 1, 2], head_rate=5.0)
+def test_a_tree_holds_both_when_the_tree_leads():
+    drafter, head = hybrid([9, 8, 7], [1, 2, 3, 4, 5, 1, 2])
+    drafter.ledger.add({"ngram": (1, 1.0), "head": (2, 1.3), "tree": (4, 1.6)})
     draft = drafter.propose(3)
     assert draft.is_tree and drafter.choices == {"tree": 1}
     assert draft.tokens.tolist() == [9, 8, 7, 3, 4, 5] and draft.parents.tolist() == [-1, 0, 1, -1, 3, 4]
@@ -196,7 +231,7 @@ def test_a_paused_head_does_not_time_the_ngram_verify_as_a_plain_step():
     ids = torch.tensor([1, 2, 3, 4, 5, 1, 2])
     drafter.begin(ids[:-1], ids[1:], {})
     draft = drafter.propose(3)
-    assert draft.is_tree and draft.tokens.tolist() == [3, 4, 5]  # the n-gram chain alone, as a one-branch tree
+    assert draft.tokens.tolist() == [3, 4, 5] and drafter.choices == {"ngram": 1}  # the n-gram chain alone
     assert not head.last.worked and not head.last.verified
     drafter.commit(torch.tensor([3, 4, 5, 6]), {})  # verified 3 drafts: not a plain step's time
     assert head.policy.plain_seconds == 0.05 and head.policy._refreshing  # the plain step is timed on a later cycle
@@ -210,12 +245,12 @@ def test_a_paused_head_leaves_the_choice_to_the_ngram_chain_against_a_plain_step
     head.policy._accept = [0.95, 0.95, 0.95]  # its last working cycle's estimates: not this cycle's
     head.policy.rate, head.policy._wait = 0.5, 10 ** 6  # paused, and not retried this cycle
     drafter = HybridDrafter(head, NgramDrafter(policy=ExpectedGain(costs)))
-    drafter.doubt_after = 0  # every cycle goes to the head first, which is paused
     ids = torch.tensor([1, 2, 3, 4, 5, 1, 2])
     drafter.begin(ids[:-1], ids[1:], {})
     draft = drafter.propose(3)
     assert not head.last.worked
-    # with the stale estimates, the head's three "drafts" (3.71 tokens expected at a plain step's cost) outran the
-    # n-gram's chain and the cycle was left plain; a paused head drafts nothing, so the n-gram chain is weighed
-    # against one token per step
-    assert draft.tokens.tolist() == [3, 4, 5] and drafter.choices == {"tree": 1}
+    # a neutral request asks the head first; paused, it drafts nothing, so the n-gram chain goes alone and the cycle
+    # scores no arm (there is no head draft to score)
+    assert draft.tokens.tolist() == [3, 4, 5] and drafter.choices == {"ngram": 1}
+    drafter.commit(torch.tensor([3, 4, 9]), {})
+    assert drafter.ledger.cycles == 0

@@ -44,11 +44,6 @@ def test_arm_options_are_checked(tiny_target_dir, tmp_path):
     assert policy_sim.build_arm("HEAD@trial=2", head, target).policy.trial == 2
     waits = policy_sim.build_arm("hybrid:HEAD@wait=3,max_wait=24", head, target).head.policy
     assert (waits.explore, waits.max_explore, waits._wait) == (3, 24, 3)
-    assert policy_sim.build_arm("hybrid:HEAD@explore=0", head, target).explore > 10 ** 6
-    assert policy_sim.build_arm("hybrid:HEAD@doubt=2", head, target).doubt_after == 2
-    assert policy_sim.build_arm("hybrid:HEAD@doubt=0", head, target).doubt_after > 10 ** 6
-    with pytest.raises(DraftsmithError, match="doubt=N"):
-        policy_sim.build_arm("HEAD@doubt=3", head, target)
     with pytest.raises(DraftsmithError, match="takes trial=N"):
         policy_sim.build_arm("HEAD@explore=3", head, target)
     ngram = policy_sim.build_arm("ngram@max_k=0,reach=always", head, target)

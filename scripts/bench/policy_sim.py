@@ -9,13 +9,11 @@ here. Arms then differ only by their policy; each keeps its drafter (and its lea
 eval does. Prefill is left out (the same for every arm): the speedups are the decode phase's.
 
     python scripts/bench/policy_sim.py --head runs/demo/eagle3/drafter --prompts held.jsonl --limit 3 \
-        --arm e3-old=HEAD@trial=1 --arm e3=HEAD --arm hybrid-old=hybrid:HEAD@trial=1,explore=0 --arm hybrid=hybrid:HEAD
+        --arm e3-old=HEAD@trial=1 --arm e3=HEAD --arm hybrid-trees=hybrid:HEAD --arm hybrid-chains=hybrid:HEAD@trees=0
 
 HEAD in an arm's spec stands for --head, with the spec's options (`--arm chains=HEAD:leaves=0`: chains without
 runner-up leaves). `@trial=N` sets the head's trial length (1: one-cycle retries, the previous behaviour), `@wait=N`
-and `@max_wait=N` the paused cycles before its first retry and the most it waits between retries, `@explore=N` the
-hybrid's n-gram run before its head is tried (0: never), `@doubt=N` the n-gram
-misses in a row after which the hybrid's head drafts (0: never), `@max_k=N` caps the n-gram side's drafts at max(K, N)
+and `@max_wait=N` the paused cycles before its first retry and the most it waits between retries, `@max_k=N` caps the n-gram side's drafts at max(K, N)
 (0: K), `@reach=always` lets them run past K in any cycle, not only while the text copies, `@local=W` weighs the
 n-gram side's acceptance estimate pooled over every prompt as W of the current prompt's drafts (0: the pooled
 estimate alone), `@gen=W` scales the n-gram side's pooled estimates by how the current prompt's drafts of every key
@@ -99,6 +97,7 @@ def modelled(stack: ExitStack, clock: ModelledClock, target, costs, head) -> Non
     """Patch the decoder so that `clock` advances by the modelled cost of every target forward and head forward."""
     import serve.decoding
     import serve.drafters.length
+    import serve.drafters.hybrid
     from serve.drafters.eagle_drafter import EagleDrafter
 
     seconds = costs.step_seconds
@@ -110,6 +109,7 @@ def modelled(stack: ExitStack, clock: ModelledClock, target, costs, head) -> Non
     fake = types.SimpleNamespace(perf_counter=clock.perf_counter)
     stack.enter_context(mock.patch.object(serve.drafters.length, "time", fake))
     stack.enter_context(mock.patch.object(serve.decoding, "time", fake))
+    stack.enter_context(mock.patch.object(serve.drafters.hybrid, "time", fake))  # it times the head's work
     inside = {"catch_up": False}
     run, logits, consume = EagleDrafter._run, EagleDrafter._logits_of, EagleDrafter._consume
 
@@ -172,7 +172,7 @@ class PromptLookup:
 
 
 def build_arm(spec: str, head: str, target):
-    """`SPEC[@trial=N,wait=N,max_wait=N,explore=N,doubt=N,max_k=N,reach=R,local=W,gen=W,trees=B]` -> the drafter,
+    """`SPEC[@trial=N,wait=N,max_wait=N,max_k=N,reach=R,local=W,gen=W,trees=B]` -> the drafter,
     with its policy settings applied; `prompt_lookup` is transformers' prompt lookup."""
     from serve.drafters import build_drafter
     from serve.drafters.hybrid import HybridDrafter
@@ -192,10 +192,6 @@ def build_arm(spec: str, head: str, target):
         elif key in ("wait", "max_wait") and hasattr(policy, "max_explore"):
             setattr(policy, "explore" if key == "wait" else "max_explore", int(value))
             policy._wait = policy.explore
-        elif key == "explore" and isinstance(drafter, HybridDrafter):
-            drafter.explore = int(value) if int(value) > 0 else 10 ** 9
-        elif key == "doubt" and isinstance(drafter, HybridDrafter):
-            drafter.doubt_after = int(value) if int(value) > 0 else 10 ** 9
         elif key == "max_k" and isinstance(ngram, NgramDrafter):
             ngram.max_k = int(value)
         elif key == "reach" and isinstance(ngram, NgramDrafter) and value in ("copying", "always"):
@@ -208,7 +204,6 @@ def build_arm(spec: str, head: str, target):
             ngram.policy.generation_weight = float(value)
         else:
             raise DraftsmithError(f"arm option {option!r}: takes trial=N, wait=N or max_wait=N (auto length), "
-                                  "explore=N or doubt=N (hybrid), "
                                   "max_k=N, reach=copying|always, local=W or gen=W (n-gram, hybrid), "
                                   "trees=0|1 (hybrid)")
     return drafter
@@ -237,8 +232,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--head", required=True, help="a trained EAGLE drafter folder (HEAD in the arms' specs)")
     parser.add_argument("--arm", action="append", required=True,
-                        metavar="NAME=SPEC[@trial=N,wait=N,max_wait=N,explore=N,doubt=N,max_k=N,reach=R,local=W,"
-                                "gen=W,trees=B]")
+                        metavar="NAME=SPEC[@trial=N,wait=N,max_wait=N,max_k=N,reach=R,local=W,gen=W,trees=B]")
     parser.add_argument("--prompts", action="append", default=[], help="prompt sources (default: builtin)")
     parser.add_argument("--target", default="demo")
     parser.add_argument("--limit", type=int, default=None, help="prompts per domain")
