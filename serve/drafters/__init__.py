@@ -25,7 +25,7 @@ def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
         unknown = set(options) - {"max_n", "min_n", "max_k", "length"}
         if unknown:
             raise DrafterSpecError(f"unknown ngram option(s) {sorted(unknown)}; valid: max_n, min_n, max_k, length")
-        policy = _ngram_policy(target, str(options.pop("length", "auto")), alone=True)
+        policy = _ngram_policy(target, str(options.pop("length", "auto")))
         try:
             sizes = {k: int(v) for k, v in options.items()}
         except ValueError:
@@ -68,13 +68,13 @@ def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
     return drafter
 
 
-def _ngram_policy(target, length: str, *, alone: bool = False):
-    """An n-gram drafter's length policy (alone or a hybrid's side): per step, it also learns from the current
-    generation (serve/drafters/ngram.py, LOCAL_WEIGHT); alone, its estimates also follow how the generation's drafts
-    fared (GENERATION_WEIGHT; a hybrid has its head draft after a run of n-gram misses instead)."""
+def _ngram_policy(target, length: str):
+    """An n-gram drafter's length policy, alone or a hybrid's side (the same, so that a hybrid's n-gram arm is the
+    n-gram drafter): per step, it also learns from the current generation (serve/drafters/ngram.py, LOCAL_WEIGHT), and
+    its estimates follow how the generation's drafts fared (GENERATION_WEIGHT)."""
     from serve.drafters.ngram import GENERATION_WEIGHT, LOCAL_WEIGHT
 
-    return _policy(target, length, local_weight=LOCAL_WEIGHT, generation_weight=GENERATION_WEIGHT if alone else 0.0)
+    return _policy(target, length, local_weight=LOCAL_WEIGHT, generation_weight=GENERATION_WEIGHT)
 
 
 def _policy(target, length: str, **gain_options):

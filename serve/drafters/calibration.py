@@ -11,8 +11,12 @@ from typing import Hashable
 class Calibration:
     """P(accepted | key): Beta-binomial per key with the drafter's prior as pseudo-counts, learned from the
     drafter's own verified drafts. Old evidence decays, so the estimate follows the current text."""
+    # the prior is worth 3 drafts: a key's own evidence outweighs it from its fourth verified draft, whatever the
+    # text (a weak prior, there to keep one early accept or reject from reading as certainty)
     prior_weight: float = 3.0
-    decay: float = 0.995  # per observation of the same key
+    # per observation of the same key: evidence ~200 drafts old weighs 1/e, so a long-running server follows a drift
+    # in its traffic while any one key still pools hundreds of drafts (an estimate of p to about ±0.05)
+    decay: float = 0.995
     counts: dict = field(default_factory=dict)  # key -> [accepted, tried]
 
     def predict(self, key: Hashable, prior: float) -> float:

@@ -148,6 +148,16 @@ class ExpectedGain(PauseRule, LengthPolicy):
     second). c and o are measured as the drafter runs (seconds over the target's step); `step_cost` and
     `overhead_cost` set starting values in target steps. `explore`, `max_explore`, `trial`, `refresh` and
     `refresh_weight` are the pause rule's.
+
+    The defaults, and why none depends on the traffic (none was fitted to a prompt set): each sets how fast an
+    estimate follows evidence or how much trying costs, bounded by its own value, not by what the text is.
+    - smoothing 0.1: the timing averages (c, o, the realized rate) weigh the last ~10 cycles; one cycle's wall time
+      is noise (a page fault, a scheduler tick), ten average it out, and text changes over hundreds of tokens.
+    - explore 8, max_explore 64, trial 4: a paused drafter is retried for 4 cycles after 8 paused ones, backing off
+      to one trial per 64; a drafter that never pays thus works at most 4 cycles in 68 (6%), while one that pays
+      again is noticed within 8 cycles. A cost bound and a reaction time, the same for any text.
+    - refresh 32, refresh_weight 0.5: one plain cycle in 33 re-times the plain step (3% of cycles drafted nothing),
+      so the reference follows the machine's speed, which drifts with load, not with the text.
     """
 
     name = "auto"
@@ -190,7 +200,9 @@ class ExpectedGain(PauseRule, LengthPolicy):
         return self.overhead_cost + n * self.step_cost + self.costs.ratio(n if nodes is None else nodes)
 
     def work_is_negligible(self) -> bool:
-        return self.overhead_cost + self.step_cost < 0.02  # n-gram lookup: never worth pausing
+        # n-gram lookup: never worth pausing. 2% of a target step is below what one cycle's timing can resolve
+        # (the decoder's own bookkeeping costs more), so pausing such a drafter could never be measured to pay
+        return self.overhead_cost + self.step_cost < 0.02
 
     def measured_step_seconds(self) -> float:
         return self.costs.step_seconds
