@@ -66,6 +66,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=2, help="prompts per domain of each set")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--k", type=int, default=None, help="draft tokens per cycle (default: what the folders record)")
+    parser.add_argument("--cost-model", action="store_true",
+                        help="fit the cost model and print each drafter's best fixed K (what `length=fixed` is held to)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None, metavar="OUT.json")
     args = parser.parse_args()
@@ -74,7 +77,8 @@ def main() -> None:
     drafters = parse_named_specs(args.drafter or ["ngram"])
     rows = public_rows(args.limit, args.specbench, args.held_out)
     config = EvalConfig(target=TargetConfig(spec=args.target, dtype=args.dtype, threads=args.threads),
-                        max_new_tokens=args.max_new_tokens, repeats=args.repeats, peers=False, cost_model=False)
+                        max_new_tokens=args.max_new_tokens, repeats=args.repeats, peers=False, cost_model=args.cost_model,
+                        k=args.k)
     result = evaluate(args.target, drafters, rows, config)
     names = list(result["overall"])
     print(f"\n{result['target']['name']} {args.dtype}, {len(rows)} prompts, {args.max_new_tokens} tokens, "
@@ -90,6 +94,10 @@ def main() -> None:
             for domain in list(result["domains"]) + [None]:
                 print(f"  {domain or 'all':<24} {hybrid_holds(result, hybrid, ('ngram', head), domain)}")
         print(f"{hybrid} cycles: " + json.dumps(by["overall"]))
+    fitted = (result.get("cost_model") or {}).get("drafters") or {}
+    for name, block in fitted.items():
+        best = block["overall"]["best_k"]
+        print(f"cost model: {name} at a fixed K pays most at K={best['k']} (predicted {best['predicted_speedup']:.2f}x)")
     if args.json:
         write_json(result, args.json)
 
