@@ -154,6 +154,17 @@ def markdown(result: dict, plots: list[Path]) -> str:
         lines += _table(["domain"] + reasons, [[d] + [str(c.get(r, 0)) for r in reasons]
                                               for d, c in by["domains"].items()]
                         + [["all"] + [str(by["overall"][r]) for r in reasons]]) + [""]
+        if by.get("arms"):
+            lines += [f"What each arm of {name} would have yielded on the cycles in which both parts proposed "
+                      "(tokens and target steps per scored cycle; the tree's extra steps are what holding both chains "
+                      "costs over one):", ""]
+            arms = list(by["arms"]["overall"]["tokens"])
+            rows = []
+            for d, block in list(by["arms"]["domains"].items()) + [("all", by["arms"]["overall"])]:
+                n = max(block["cycles"], 1)
+                rows.append([d, str(block["cycles"])] + [
+                    f"{block['tokens'][a] / n:.2f} / {block['cost'][a] / n:.2f}" for a in arms])
+            lines += _table(["domain", "scored cycles"] + arms, rows) + [""]
 
     lines += ["## Accepted draft tokens per cycle (histogram, all prompts)", ""]
     width = max((len(result["overall"][n]["accept_length_histogram"]) for n in names), default=0)

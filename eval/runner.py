@@ -71,6 +71,9 @@ def _speculative(target: Any, entry: DrafterEntry, input_ids: torch.Tensor, d: D
     out = _from_result(res)
     if hasattr(drafter, "reasons"):
         out["drafted_by"] = {f"{part}: {why}": n for (part, why), n in (Counter(drafter.reasons) - reasons).items()}
+    ledger = getattr(drafter, "ledger", None)  # a hybrid's arms scored on this prompt (serve/drafters/arms.py)
+    if ledger is not None:
+        out["arms"] = {"cycles": ledger.cycles, "tokens": dict(ledger.tokens), "cost": dict(ledger.cost)}
     if isinstance(drafter, BeginTimed):
         # the oracle precomputes the target's own answer in begin(); that is not a cost a real drafter has
         out["excluded_seconds"] = drafter.begin_seconds
@@ -187,8 +190,9 @@ def mark_exactness(records: Mapping[str, list[dict]], names: Sequence[str]) -> N
 
 
 def drafted_by_block(records: Mapping[str, list[dict]], names: Sequence[str]) -> dict[str, Any]:
-    """A hybrid's cycles by the part that drafted them and why ("ngram: its expected rate above the head's"), over
-    every prompt and per domain; drafters that do not choose (no `drafted_by` in their records) are left out."""
+    """A hybrid's cycles by the part that drafted them and why, over every prompt and per domain, and (`arms`) what
+    each way of drafting would have yielded on the cycles it scored; drafters that do not choose (no `drafted_by` in
+    their records) are left out."""
     out: dict[str, Any] = {}
     for name in names:
         recs = [rec for rec in records[name] if "drafted_by" in rec]
@@ -201,7 +205,22 @@ def drafted_by_block(records: Mapping[str, list[dict]], names: Sequence[str]) ->
             domains.setdefault(rec["domain"], Counter()).update(rec["drafted_by"])
         out[name] = {"overall": dict(overall.most_common()),
                      "domains": {d: dict(c.most_common()) for d, c in domains.items()}}
+        scored = [rec for rec in recs if "arms" in rec]
+        if scored:
+            out[name]["arms"] = {"overall": sum_arms(scored),
+                                 "domains": {d: sum_arms([r for r in scored if r["domain"] == d]) for d in domains}}
     return out
+
+
+def sum_arms(records: Sequence[dict]) -> dict[str, Any]:
+    """A hybrid's arm scores summed over records: scored cycles, and per arm the tokens it would have produced and
+    the target steps it would have cost on them."""
+    total = {"cycles": 0, "tokens": Counter(), "cost": Counter()}
+    for rec in records:
+        total["cycles"] += rec["arms"]["cycles"]
+        total["tokens"].update(rec["arms"]["tokens"])
+        total["cost"].update(rec["arms"]["cost"])
+    return {"cycles": total["cycles"], "tokens": dict(total["tokens"]), "cost": dict(total["cost"])}
 
 
 def exactness_block(records: Mapping[str, list[dict]], names: Sequence[str], temperature: float, *,

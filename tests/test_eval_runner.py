@@ -348,8 +348,16 @@ def test_the_report_says_which_part_of_a_hybrid_drafted_and_why(target, tiny_tar
     assert all(reason.split(":")[0] in ("ngram", "head", "tree", "none") for reason in by["hybrid"]["overall"])
     assert set(by["hybrid"]["domains"]) == set(out["domains"])
     assert out["exactness"]["identical"] == out["exactness"]["total"]
+    # every cycle both parts proposed in scored all three arms: the tree yields at least either chain
+    arms = by["hybrid"]["arms"]["overall"]
+    assert arms["cycles"] == sum(r["arms"]["cycles"] for r in records)
+    assert arms["cycles"] <= sum(by["hybrid"]["overall"].values())
+    assert arms["cycles"] > 0  # the tiny prompts repeat themselves: the n-gram side matches
+    assert arms["tokens"]["tree"] >= max(arms["tokens"]["ngram"], arms["tokens"]["head"])
+    assert arms["cost"]["tree"] >= arms["cost"]["head"] > 0
     report = write_report(out, tmp_path / "rep")["markdown"].read_text()
     assert "## Which part of hybrid drafted, and why (cycles)" in report
+    assert "What each arm of hybrid would have yielded" in report
 
 
 def test_a_drafter_for_another_target_is_refused_before_the_target_loads(target, tiny_target_factory, tmp_path,

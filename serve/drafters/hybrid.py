@@ -128,13 +128,15 @@ class HybridDrafter(Drafter):
         started = time.perf_counter()
         draft = self.head.propose(head_k, temperature=temperature, generator=generator, tree=tree)
         work = (time.perf_counter() - started) / costs.step_seconds if costs.step_seconds > 0 else 0.0
-        if not len(draft):  # the head paused (its own pause rule): no score, the n-gram chain alone, and the cycle
-            self.ngram.last.verified = True  # is not the head's plain step to time
-            self.head.last.verified = False
-            return self._ngram_alone(ngram, "the head paused")
+        worked = bool(len(draft)) or getattr(getattr(self.head, "last", None), "worked", False)
         parents = draft.parents if draft.is_tree else None
-        self._scoring = (ngram.tokens.tolist(), draft.tokens.tolist(),
-                         None if parents is None else parents.tolist(), work)
+        if worked:  # a head that chose to draft nothing is scored too: its arm is a plain step after its work
+            self._scoring = (ngram.tokens.tolist(), draft.tokens.tolist(),
+                             None if parents is None else parents.tolist(), work)
+        if not len(draft):  # the n-gram chain alone; the cycle is not the head's plain step to time
+            self.ngram.last.verified = True
+            self.head.last.verified = False
+            return self._ngram_alone(ngram, "the head drafted nothing" if worked else "the head paused")
         why = WHY.get(best, "no scored cycle on this request yet: both drafted")
         if draft.is_tree and tree is not None:  # the head drafted a tree (@tree): the n-gram chain joins it
             tokens, parents = add_chain(draft.tokens, draft.parents, ngram.tokens)
