@@ -57,11 +57,13 @@ def test_accepted_depth_follows_the_produced_tokens_through_a_chain_or_a_tree():
 def test_the_ledger_is_neutral_until_a_cycle_is_scored_then_picks_the_best_rate():
     ledger = ArmLedger()
     assert ledger.best(("tree", "head", "ngram")) is None
-    ledger.add({"ngram": (3, 1.2), "head": (2, 1.3), "tree": (3, 1.5)})
+    ledger.add({"ngram": (3, 1.2, 1.2), "head": (2, 1.3, 1.2), "tree": (3, 1.5, 1.4)})
     assert ledger.best(("tree", "head", "ngram")) == "ngram" and ledger.rate("ngram") == pytest.approx(2.5)
-    ledger.add({"ngram": (1, 1.2), "head": (4, 1.3), "tree": (4, 1.5)})
+    ledger.add({"ngram": (1, 1.2, 1.2), "head": (4, 1.3, 1.2), "tree": (4, 1.5, 1.4)})
     assert ledger.best(("tree", "head", "ngram")) == "tree"  # 7/3.0 against 6/2.6 and 4/2.4
     assert ledger.best(("head", "ngram")) == "head"
+    # with the head's work spent (0.1 a cycle), the comparison is of the verify forwards alone
+    assert ledger.rate("head", sunk=True) == pytest.approx(6 / 2.4)
     ledger.clear()
     assert ledger.best(("head", "ngram")) is None and ledger.rate("head") == 0.0
 
@@ -87,7 +89,8 @@ def test_a_request_starts_neutral_both_chains_in_one_tree_and_every_arm_scored()
     assert ledger.cycles == 1 and ledger.tokens == {"ngram": 3, "head": 1, "tree": 3}
     work = ledger.cost["head"] - costs.ratio(3)  # the head's timed work, in target steps
     assert work >= 0 and ledger.cost["tree"] == pytest.approx(work + costs.ratio(6))
-    assert ledger.cost["ngram"] == pytest.approx(costs.ratio(3))
+    assert ledger.cost["ngram"] == ledger.verify["ngram"] == pytest.approx(costs.ratio(3))
+    assert ledger.verify["tree"] == pytest.approx(costs.ratio(6))
     # a new request starts neutral again
     ids = torch.tensor([5, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6])
     drafter.begin(ids[:-1], ids[1:], {})
@@ -107,7 +110,7 @@ def test_the_head_rests_only_while_the_ngram_leads_and_is_copying():
     context = [5, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6]
     drafter, head = hybrid([9, 9, 9], context)
     drafter.draft_cap(2)
-    drafter.ledger.add({"ngram": (3, 1.0), "head": (1, 1.2), "tree": (3, 1.4)})  # the n-gram leads this request
+    drafter.ledger.add({"ngram": (3, 1.0, 1.0), "head": (1, 1.2, 1.1), "tree": (3, 1.4, 1.3)})  # the n-gram leads this request
     draft = drafter.propose(2)  # but it is not known to be copying yet: the head drafts and is scored
     assert head.proposals == 1 and draft.tokens.tolist() == [7, 8] and drafter.choices == {"ngram": 1}
     drafter.commit(torch.tensor([7, 8, 1]), {})  # all right: a copy in progress
@@ -119,9 +122,19 @@ def test_the_head_rests_only_while_the_ngram_leads_and_is_copying():
     assert head.proposals == 2  # the head drafts again, and this cycle is scored
 
 
+def test_once_the_head_has_drafted_its_work_is_sunk_and_the_verify_forwards_decide():
+    # the n-gram chain leads counting the head's dear work (3/1.0 against 4/2.2), but the n-gram is not copying, so the
+    # head drafts; its work spent, the tree's verify (4/1.3) beats the n-gram's (3/1.0)
+    drafter, head = hybrid([9, 8, 7], [1, 2, 3, 4, 5, 1, 2])
+    drafter.ledger.add({"ngram": (3, 1.0, 1.0), "head": (2, 2.0, 1.1), "tree": (4, 2.2, 1.3)})
+    draft = drafter.propose(3)
+    assert head.proposals == 1 and draft.is_tree and drafter.choices == {"tree": 1}
+    assert any("work spent" in why for _, why in drafter.reasons)
+
+
 def test_the_head_alone_when_it_leads():
     drafter, head = hybrid([9, 8, 7], [1, 2, 3, 4, 5, 1, 2])
-    drafter.ledger.add({"ngram": (1, 1.0), "head": (4, 1.3), "tree": (4, 1.6)})
+    drafter.ledger.add({"ngram": (1, 1.0, 1.0), "head": (4, 1.3, 1.2), "tree": (4, 1.6, 1.5)})
     draft = drafter.propose(3)
     assert not draft.is_tree and draft.tokens.tolist() == [9, 8, 7] and drafter.choices == {"head": 1}
 
@@ -142,7 +155,7 @@ def test_the_ngram_side_may_draft_past_k_but_the_head_keeps_k():
     assert head.proposals == 1 and draft.tokens.tolist() == [9, 9, 9]
     drafter, head = hybrid([9] * 12, [5, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6])
     drafter.draft_cap(3)
-    drafter.ledger.add({"ngram": (3, 1.0), "head": (1, 1.1), "tree": (3, 1.2)})  # the n-gram leads this request
+    drafter.ledger.add({"ngram": (3, 1.0, 1.0), "head": (1, 1.1, 1.0), "tree": (3, 1.2, 1.1)})  # the n-gram leads this request
     draft = drafter.propose(16)  # a match, not yet known to be copied: K (the head drafts to be scored)
     assert draft.tokens.tolist() == [7, 8, 1] and head.proposals == 1
     drafter.commit(torch.tensor([7, 8, 1, 2]), {})  # all right: the text copies, and the n-gram side drafts on
@@ -151,7 +164,7 @@ def test_the_ngram_side_may_draft_past_k_but_the_head_keeps_k():
 
 def test_a_tree_holds_both_when_the_tree_leads():
     drafter, head = hybrid([9, 8, 7], [1, 2, 3, 4, 5, 1, 2])
-    drafter.ledger.add({"ngram": (1, 1.0), "head": (2, 1.3), "tree": (4, 1.6)})
+    drafter.ledger.add({"ngram": (1, 1.0, 1.0), "head": (2, 1.3, 1.2), "tree": (4, 1.6, 1.5)})
     draft = drafter.propose(3)
     assert draft.is_tree and drafter.choices == {"tree": 1}
     assert draft.tokens.tolist() == [9, 8, 7, 3, 4, 5] and draft.parents.tolist() == [-1, 0, 1, -1, 3, 4]

@@ -34,31 +34,36 @@ def accepted_depth(tokens: Sequence[int], parents: Sequence[int] | None, produce
 
 @dataclass
 class ArmLedger:
-    """Per arm, the tokens produced and target steps spent over the cycles it was scored on (one request)."""
+    """Per arm, the tokens produced and target steps spent over the cycles it was scored on (one request); `verify`:
+    the steps of its verify forwards alone, for the choice made once the head's work is spent."""
     tokens: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ARMS, 0.0))
     cost: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ARMS, 0.0))
+    verify: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ARMS, 0.0))
     cycles: int = 0  # cycles that scored every arm
 
-    def add(self, scored: dict[str, tuple[float, float]]) -> None:
-        """scored: arm -> (tokens, cost) of one cycle."""
-        for arm, (tokens, cost) in scored.items():
+    def add(self, scored: dict[str, tuple[float, float, float]]) -> None:
+        """scored: arm -> (tokens, cost, verify cost) of one cycle."""
+        for arm, (tokens, cost, verify) in scored.items():
             self.tokens[arm] += tokens
             self.cost[arm] += cost
+            self.verify[arm] += verify
         self.cycles += 1
 
-    def rate(self, arm: str) -> float:
-        """Tokens per target step of `arm` on the scored cycles (0 before any)."""
-        return self.tokens[arm] / self.cost[arm] if self.cost[arm] > 0 else 0.0
+    def rate(self, arm: str, *, sunk: bool = False) -> float:
+        """Tokens per target step of `arm` on the scored cycles (0 before any); sunk: the head's work left out."""
+        cost = (self.verify if sunk else self.cost)[arm]
+        return self.tokens[arm] / cost if cost > 0 else 0.0
 
-    def best(self, arms: Iterable[str]) -> str | None:
-        """The arm with the highest rate on this request so far; None before any cycle scored them (neutral)."""
+    def best(self, arms: Iterable[str], *, sunk: bool = False) -> str | None:
+        """The arm with the highest rate on this request so far; None before any cycle scored them (neutral). sunk:
+        the head has drafted this cycle, so its work is spent whichever arm is verified: compare verify costs."""
         arms = list(arms)
         if not self.cycles:
             return None
-        return max(arms, key=lambda arm: (self.rate(arm), -arms.index(arm)))
+        return max(arms, key=lambda arm: (self.rate(arm, sunk=sunk), -arms.index(arm)))
 
     def clear(self) -> None:
-        for table in (self.tokens, self.cost):
+        for table in (self.tokens, self.cost, self.verify):
             for arm in table:
                 table[arm] = 0.0
         self.cycles = 0

@@ -11,10 +11,11 @@ The choice rests on no constant fitted to any text. Every cycle in which both pa
 holding both chains produces the more of the two), against each one's cost in target steps (the verify forward over
 its nodes, measured on the target, plus the head's work as timed). A request starts neutral: until a cycle has been
 scored, a cycle with an n-gram proposal drafts both (the tree at temperature 0, the head's chain beside the n-gram's
-counterfactual when sampling). From then on the arm with the best rate on the request's scored cycles is verified.
-The head rests (the n-gram chain goes alone, unscored) only while that arm is the n-gram's and the n-gram's last
-proposal was right on every token it could be checked on: a copy in progress. The first n-gram miss brings the head
-back, so its score is retaken as soon as the text stops being copied.
+counterfactual when sampling). From then on the head rests (the n-gram chain goes alone, unscored) only while the
+n-gram's arm has the best rate on the request's scored cycles and its last proposal was right on every token it
+could be checked on: a copy in progress. The first n-gram miss brings the head back, so the scores are retaken as
+soon as the text stops being copied. Once the head has drafted, its work is spent whichever arm is verified: the arm
+verified is the one whose tokens best paid for their verify forward alone on the scored cycles.
 """
 from __future__ import annotations
 
@@ -32,9 +33,11 @@ from serve.core.errors import DraftsmithError
 from serve.tree import add_chain, chain_parents
 
 HEAD_KINDS = ("eagle1", "eagle3", "medusa", "model")
-WHY = {"ngram": "the n-gram copying, and its chain alone led this request's scored cycles",
-       "head": "the head's draft alone led this request's scored cycles",
-       "tree": "the tree of both chains led this request's scored cycles"}
+RESTS = "the n-gram copying, and its chain alone led this request's scored cycles: the head rested"
+WHY = {"ngram": "the head's work spent, the n-gram chain led this request's scored cycles per verify step",
+       "head": "the head's work spent, its draft led this request's scored cycles per verify step",
+       "tree": "the head's work spent, the tree of both led this request's scored cycles per verify step",
+       None: "no scored cycle on this request yet: both drafted"}
 
 
 class HybridDrafter(Drafter):
@@ -88,9 +91,11 @@ class HybridDrafter(Drafter):
         d_ngram = accepted_depth(ngram, None, produced)
         d_head = accepted_depth(head_tokens, head_parents, produced)
         tokens, parents = add_chain(torch_long(head_tokens), parents_of(head_tokens, head_parents), torch_long(ngram))
-        self.ledger.add({"ngram": (d_ngram + 1, costs.ratio(len(ngram))),
-                         "head": (d_head + 1, work + costs.ratio(len(head_tokens))),
-                         "tree": (max(d_ngram, d_head) + 1, work + costs.ratio(len(tokens)))})
+        verify = {"ngram": costs.ratio(len(ngram)), "head": costs.ratio(len(head_tokens)),
+                  "tree": costs.ratio(len(tokens))}
+        self.ledger.add({"ngram": (d_ngram + 1, verify["ngram"], verify["ngram"]),
+                         "head": (d_head + 1, work + verify["head"], verify["head"]),
+                         "tree": (max(d_ngram, d_head) + 1, work + verify["tree"], verify["tree"])})
 
     # ---------------------------------------------------------------------------------------- choosing
     def _chose(self, part: str, why: str) -> None:
@@ -122,7 +127,7 @@ class HybridDrafter(Drafter):
         arms = ("tree", "head", "ngram") if greedy and self.trees else ("head", "ngram")
         best = self.ledger.best(arms)
         if best == "ngram" and self.ngram.copying:
-            return self._ngram_alone(ngram, WHY["ngram"])
+            return self._ngram_alone(ngram, RESTS)
         # the head drafts: its work buys this cycle's score of every arm
         self.ngram.last.verified = False  # learned from as a proposal, timed only if verified below
         started = time.perf_counter()
@@ -137,12 +142,13 @@ class HybridDrafter(Drafter):
             self.ngram.last.verified = True
             self.head.last.verified = False
             return self._ngram_alone(ngram, "the head drafted nothing" if worked else "the head paused")
-        why = WHY.get(best, "no scored cycle on this request yet: both drafted")
         if draft.is_tree and tree is not None:  # the head drafted a tree (@tree): the n-gram chain joins it
             tokens, parents = add_chain(draft.tokens, draft.parents, ngram.tokens)
             self._chose("tree", "the n-gram chain joins the head's tree")
             return Draft(tokens=tokens, parents=parents)
-        verified = best or arms[0]
+        # the head's work is spent: verify the arm whose tokens best pay for their verify forward on this request
+        sunk = self.ledger.best(arms, sunk=True)
+        why, verified = WHY[sunk], sunk or arms[0]
         if not greedy or verified == "head":  # sampled: the head's chain keeps its q and is what gets verified
             self._chose("head", why)
             self._source = self.head
@@ -150,7 +156,7 @@ class HybridDrafter(Drafter):
         if verified == "ngram":  # the n-gram not copying: the head was scored, the n-gram chain is verified
             self.head.last.verified = False
             self.ngram.last.verified = True
-            return self._ngram_alone(ngram, f"{why}, the head scored (the n-gram's last proposal missed)")
+            return self._ngram_alone(ngram, why)
         # one-hot proposals in a tree verify exactly. A greedy chain may carry leaves (serve/drafters/leaves.py):
         # the n-gram chain joins them as a branch
         tokens, parents = add_chain(draft.tokens, parents_of(draft.tokens.tolist(), parents), ngram.tokens)

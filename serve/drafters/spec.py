@@ -8,8 +8,8 @@
               model:PATH                       a small causal LM with the target's tokenizer
               DIR | DIR:min_confidence=0.3     a trained drafter folder (options override what it records;
                                                DIR:leaves=0 drafts EAGLE chains without runner-up leaves)
-              hybrid:DIR | hybrid:model:PATH   the n-gram continuation where the context holds a good match,
-                                               that drafter's draft elsewhere (its options as above)
+              hybrid:DIR | hybrid:model:PATH   the n-gram continuation, that drafter's draft (its options as
+                                               above) or a tree of both, the best so far on the request
     :length=  auto (default): the draft length is chosen per step; fixed: K every cycle (ngram, model, DIR,
               hybrid:DIR:length=fixed; serve/drafters/length.py)
     @tree     draft trees (EAGLE and Medusa folders): the folder's recorded shape, or EAGLE-2's default,
