@@ -23,8 +23,6 @@ import time
 from collections import Counter
 from typing import ClassVar
 
-import torch
-
 from serve.drafters.arms import ArmLedger, accepted_depth
 from serve.drafters.base import Draft, Drafter
 from serve.drafters.length import ExpectedGain
@@ -86,13 +84,12 @@ class HybridDrafter(Drafter):
     def _score(self, produced: list[int]) -> None:
         """Score every arm on this cycle's tokens (greedy: exact; sampled: the head's chain was the one verified,
         and the n-gram's one-hot chain is right on a token as often as the target samples it)."""
-        ngram, head_tokens, head_parents, work = self._scoring
+        ngram, head_tokens, head_parents, work, tree_nodes = self._scoring
         costs = self._costs()
         d_ngram = accepted_depth(ngram, None, produced)
         d_head = accepted_depth(head_tokens, head_parents, produced)
-        tokens, parents = add_chain(torch_long(head_tokens), parents_of(head_tokens, head_parents), torch_long(ngram))
         verify = {"ngram": costs.ratio(len(ngram)), "head": costs.ratio(len(head_tokens)),
-                  "tree": costs.ratio(len(tokens))}
+                  "tree": costs.ratio(tree_nodes)}
         self.ledger.add({"ngram": (d_ngram + 1, verify["ngram"], verify["ngram"]),
                          "head": (d_head + 1, work + verify["head"], verify["head"]),
                          "tree": (max(d_ngram, d_head) + 1, work + verify["tree"], verify["tree"])})
@@ -134,18 +131,19 @@ class HybridDrafter(Drafter):
         draft = self.head.propose(head_k, temperature=temperature, generator=generator, tree=tree)
         work = (time.perf_counter() - started) / costs.step_seconds if costs.step_seconds > 0 else 0.0
         worked = bool(len(draft)) or getattr(getattr(self.head, "last", None), "worked", False)
-        parents = draft.parents if draft.is_tree else None
+        # the tree of both, built once: scored below and verified when it is the arm chosen. A greedy chain may carry
+        # leaves (serve/drafters/leaves.py), an @tree head drafts a tree: the n-gram chain joins either as a branch
+        parents = draft.parents if draft.is_tree else chain_parents(len(draft))
+        tokens, tree_parents = add_chain(draft.tokens, parents, ngram.tokens)
         if worked:  # a head that chose to draft nothing is scored too: its arm is a plain step after its work
-            self._scoring = (ngram.tokens.tolist(), draft.tokens.tolist(),
-                             None if parents is None else parents.tolist(), work)
+            self._scoring = (ngram.tokens.tolist(), draft.tokens.tolist(), parents.tolist(), work, len(tokens))
         if not len(draft):  # the n-gram chain alone; the cycle is not the head's plain step to time
             self.ngram.last.verified = True
             self.head.last.verified = False
             return self._ngram_alone(ngram, "the head drafted nothing" if worked else "the head paused")
         if draft.is_tree and tree is not None:  # the head drafted a tree (@tree): the n-gram chain joins it
-            tokens, parents = add_chain(draft.tokens, draft.parents, ngram.tokens)
             self._chose("tree", "the n-gram chain joins the head's tree")
-            return Draft(tokens=tokens, parents=parents)
+            return Draft(tokens=tokens, parents=tree_parents)
         # the head's work is spent: verify the arm whose tokens best pay for their verify forward on this request
         sunk = self.ledger.best(arms, sunk=True)
         why, verified = WHY[sunk], sunk or arms[0]
@@ -157,20 +155,8 @@ class HybridDrafter(Drafter):
             self.head.last.verified = False
             self.ngram.last.verified = True
             return self._ngram_alone(ngram, why)
-        # one-hot proposals in a tree verify exactly. A greedy chain may carry leaves (serve/drafters/leaves.py):
-        # the n-gram chain joins them as a branch
-        tokens, parents = add_chain(draft.tokens, parents_of(draft.tokens.tolist(), parents), ngram.tokens)
-        self._chose("tree", why)
-        return Draft(tokens=tokens, parents=parents)
-
-
-def torch_long(values) -> torch.Tensor:
-    return torch.tensor(list(values), dtype=torch.long)
-
-
-def parents_of(tokens, parents):
-    """A draft's parents as a tensor (a chain's when None)."""
-    return chain_parents(len(tokens)) if parents is None else torch_long(parents)
+        self._chose("tree", why)  # one-hot proposals in a tree verify exactly
+        return Draft(tokens=tokens, parents=tree_parents)
 
 
 def hybrid_of(head: Drafter, ngram_policy) -> HybridDrafter:
