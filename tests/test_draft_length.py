@@ -255,6 +255,29 @@ def test_a_trial_that_does_not_pay_pauses_the_drafter_at_its_rate():
     assert active.rate == pytest.approx(0.5) and not active.should_draft()
 
 
+def test_a_new_request_starts_neutral_a_paused_drafter_is_tried_at_once():
+    policy = ExpectedGain(CPU, overhead_cost=0.2, explore=2, max_explore=16, trial=2)
+    policy.plain_seconds, policy.rate = 0.1, 0.6
+    for _ in range(2 + 4 + 8):  # paused through two failed retries: the wait has grown to 8
+        if policy.should_draft():
+            policy.record_cycle(0.2, 1, worked=True)
+    assert policy.rate < 1.0 and policy._wait == 8
+    policy.new_context()  # the next request (a drafter's `begin`)
+    assert policy.should_draft() and policy._wait == 2  # on trial at once, the back-off forgotten
+    policy.record_cycle(0.1, 3, worked=True)
+    assert policy.should_draft()
+    policy.record_cycle(0.1, 3, worked=True)  # 6 tokens in 2 steps: it pays on this request
+    assert policy.rate == pytest.approx(3.0) and policy.should_draft()
+    paying = ExpectedGain(CPU, overhead_cost=0.2, trial=2)
+    paying.rate = 1.5
+    paying.new_context()
+    assert paying._trial_left == 0  # a drafter that pays is not put on trial
+    negligible = ExpectedGain(CPU)
+    negligible.rate = 0.5
+    negligible.new_context()
+    assert negligible._trial_left == 0  # nor one whose work costs nothing (it always runs)
+
+
 def test_the_rate_is_realized_wall_time_against_a_plain_cycle():
     policy = ExpectedGain(CPU, overhead_cost=0.2)  # step_seconds 0.1 stands in for a plain cycle until one is timed
     policy.record_cycle(0.2, 3, worked=True)  # 3 tokens in two steps' time: 1.5 tokens per step

@@ -239,6 +239,7 @@ class ExpectedGain(PauseRule, LengthPolicy):
             self.local[sampled].update(key, accepted)
 
     def new_context(self) -> None:
+        self.restart()
         for table in self.local.values():
             table.counts.clear()
         for tally in self.generation.values():

@@ -4,9 +4,9 @@ Each cycle's wall time, from the start of drafting to the end of its verificatio
 a cycle in which the drafter did no work (a plain step). That realized rate covers what the length model leaves out
 (the decoder's own work per cycle, a context longer than the one the costs were measured on, a machine busier than
 then); a drafter whose cycles yield less than a plain step's one token per step's time pauses, and is retried ever
-less often while it keeps not paying. The plain cycle is re-timed while the drafter works: after `refresh` working
-cycles in a row one cycle is left plain, so the reference follows the machine's speed (docs/results.md, "Draft
-length per step", has the measurement).
+less often while it keeps not paying; each new request starts the back-off over with a trial. The plain cycle is
+re-timed while the drafter works: after `refresh` working cycles in a row one cycle is left plain, so the reference
+follows the machine's speed (docs/results.md, "Draft length per step", has the measurement).
 """
 from __future__ import annotations
 
@@ -71,6 +71,15 @@ class PauseRule:
             self.probe()
             return True
         return False
+
+    def restart(self) -> None:
+        """A new request begins: its text owes nothing to the last one's, so the back-off starts over and a paused
+        drafter is put on trial at once. A rate learned on other requests' text would otherwise keep the drafter
+        off a request where it pays (a head paused on chat stays paused through a following math answer); the
+        trial costs at most `trial` cycles of a request on which it still does not pay."""
+        self._idle, self._wait, self._paying = 0, self.explore, 0
+        if self.rate < 1.0 and not self.work_is_negligible():
+            self.probe()
 
     def probe(self) -> None:
         """Put the drafter on trial: it drafts the next `trial` cycles it is asked for, and their joint realized
