@@ -29,18 +29,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from data.config import DataBuildConfig, validate
-from data.generate import Answer, ContinuousBatcher, Request
-from data.made_for import TargetRecord
-from data.masks import render_prompt, render_with_mask
-from data.out_folder import WORK, carry_over, check_out
-from data.plan import Conversation, fit_prompt, keeps_answers, plan_conversation
-from data.prompts import PromptRow, read_prompts
-from serve.core.errors import DraftsmithError
-from serve.core.files import write_text_atomic
-from serve.core.target import load_configured
-from serve.core.traffic import read_manifest, traffic_rows
-from serve.core.whole_folder import whole_folder
+from draftsmith.data.config import DataBuildConfig, validate
+from draftsmith.data.generate import Answer, ContinuousBatcher, Request
+from draftsmith.data.made_for import TargetRecord
+from draftsmith.data.masks import render_prompt, render_with_mask
+from draftsmith.data.out_folder import WORK, carry_over, check_out
+from draftsmith.data.plan import Conversation, fit_prompt, keeps_answers, plan_conversation
+from draftsmith.data.prompts import PromptRow, read_prompts
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.files import write_text_atomic
+from draftsmith.serve.core.target import load_configured
+from draftsmith.serve.core.traffic import read_manifest, traffic_rows
+from draftsmith.serve.core.whole_folder import whole_folder
 
 BUILD_INFO = "build_info.json"
 # Settings that do not change what the target writes: a build may resume with other values (a smaller batch
@@ -108,7 +108,7 @@ def gather_prompts(config: DataBuildConfig) -> list[PromptRow]:
 
 
 def context_length(target: Any) -> int | None:
-    from serve.core.target import text_config
+    from draftsmith.serve.core.target import text_config
 
     return getattr(text_config(target.config), "max_position_embeddings", None)
 
@@ -345,7 +345,7 @@ def _batcher(target, config: DataBuildConfig, stats: dict, log: Callable[[str], 
         stats["engine"] = {"kind": "in-process"}
         return ContinuousBatcher(target, slots=config.batch_size, max_new_tokens=config.max_new_tokens,
                                  temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
-    from data.endpoint import Endpoint, EndpointBatcher, check_identity
+    from draftsmith.data.endpoint import Endpoint, EndpointBatcher, check_identity
 
     endpoint = Endpoint(config.server)
     model = check_identity(endpoint, target)
@@ -455,7 +455,7 @@ def _write_dataset(target, config: DataBuildConfig, rows: list[PromptRow], recor
                    log: Callable[[str], None]) -> BuildResult:
     import datasets
 
-    from serve.core.config import save_config, to_dict
+    from draftsmith.serve.core.config import save_config, to_dict
 
     columns: dict[str, list] = {"id": [], "domain": [], "input_ids": [], "loss_mask": []}
     for row in rows:  # the prompts' own order, not the batches'
@@ -499,8 +499,8 @@ def _write_dataset(target, config: DataBuildConfig, rows: list[PromptRow], recor
     if config.draft_vocab_size:
         # A figure for choosing model.draft_vocab_size; training picks the vocabulary itself, from its training
         # rows only (train/run.py), so nothing is written here.
-        from data.vocab import select_draft_vocab
-        from serve.core.target import text_config
+        from draftsmith.data.vocab import select_draft_vocab
+        from draftsmith.serve.core.target import text_config
 
         vocab_size = text_config(target.config).vocab_size
         _, _, result.draft_vocab_coverage = select_draft_vocab(dataset, vocab_size, config.draft_vocab_size)

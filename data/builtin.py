@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serve.core.errors import DraftsmithError
+from draftsmith.serve.core.errors import DraftsmithError
 
 BUILTIN_DIR = Path(__file__).with_name("builtin")
 BUILTIN_DOMAINS = ("code", "math", "chat", "extraction", "creative", "summarization", "edit",

@@ -27,10 +27,10 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from serve.core.errors import DraftsmithError
-from serve.core.files import write_text_atomic
-from serve.core.identity import sha256_file
-from serve.core.layers import FINAL
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.files import write_text_atomic
+from draftsmith.serve.core.identity import sha256_file
+from draftsmith.serve.core.layers import FINAL
 
 FORMAT = "draftsmith-hidden-cache/1"
 MANIFEST = "manifest.json"

@@ -20,15 +20,15 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from data.cache import (FORMAT, MANIFEST, CacheError, CacheReader, PackedShard, ShardInfo, bytes_per_token,
+from draftsmith.data.cache import (FORMAT, MANIFEST, CacheError, CacheReader, PackedShard, ShardInfo, bytes_per_token,
                         check_shard_file, shard_name, sidecar_path, storage_dtype, write_json_atomic,
                         write_shard)
-from data.config import CaptureConfig, validate
-from data.layers import CONVENTION, LayerSpec, resolve_layers
-from data.made_for import TargetRecord, check_made_for, dataset_record, describe, probe_target
-from serve.core.errors import DraftsmithError
-from serve.core.invariant import suspended
-from serve.core.layers import FINAL, pick_hidden_states
+from draftsmith.data.config import CaptureConfig, validate
+from draftsmith.data.layers import CONVENTION, LayerSpec, resolve_layers
+from draftsmith.data.made_for import TargetRecord, check_made_for, dataset_record, describe, probe_target
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.invariant import suspended
+from draftsmith.serve.core.layers import FINAL, pick_hidden_states
 
 __all__ = ["CacheReader", "CaptureResult", "capture_hidden_states", "check_cache_current", "check_disk",
            "dataset_digest",
@@ -134,8 +134,8 @@ def forward_sharded(target: Any, sequences: list[list[int]],
 
 def capture_workload(config: CaptureConfig, hf_config: Any):
     """What a capture asks of each device (serve/core/memory_plan.py), from the target's config alone."""
-    from serve.core.memory_plan import Workload
-    from serve.core.target import text_config
+    from draftsmith.serve.core.memory_plan import Workload
+    from draftsmith.serve.core.target import text_config
 
     text = text_config(hf_config)
     layers = resolve_layers(config.layers, text.num_hidden_layers)
@@ -220,15 +220,15 @@ def capture_hidden_states(target: Any, dataset_dir: str | Path, out_dir: str | P
                           on_shard: Callable[[int], None] | None = None) -> CaptureResult:
     """Capture `config.layers` of `target` over the dataset written by `data build` into `out_dir`.
 
-    target: a serve.core.target.Target or a spec for load_target. on_shard(index) runs after each shard is
+    target: a draftsmith.serve.core.target.Target or a spec for load_target. on_shard(index) runs after each shard is
     written (tests use it to interrupt a capture).
     """
     import datasets
 
-    from data import dist as dist_mod
-    from serve.core.launch_target import check_launch_inputs, load_launch_target
-    from serve.core.process_group import start as start_process_group
-    from serve.core.target import text_config
+    from draftsmith.data import dist as dist_mod
+    from draftsmith.serve.core.launch_target import check_launch_inputs, load_launch_target
+    from draftsmith.serve.core.process_group import start as start_process_group
+    from draftsmith.serve.core.target import text_config
 
     validate(config)
     on_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
@@ -337,7 +337,7 @@ def _capture_shard(target: Any, block: Any, layer_ids: tuple[int, ...], max_leng
                    dtype: torch.dtype) -> PackedShard:
     """Forward the shard's rows in token-budgeted batches, copying each row's states straight into the
     preallocated shard (memory: one shard in the cache dtype plus one batch's activations)."""
-    from serve.core.target import text_config
+    from draftsmith.serve.core.target import text_config
 
     ids = [list(x)[:max_length] for x in block["input_ids"]]
     masks = [list(x)[:max_length] for x in block["loss_mask"]]
@@ -374,7 +374,7 @@ def _merge_manifest(out: Path, shards: list[tuple[int, int, int]], target: Any, 
         if not sidecar.is_file():
             raise CacheError(f"shard {index} of {out} was not written (a process failed?); run the capture again")
         entries.append(json.loads(sidecar.read_text())["shard"])
-    from serve.core.target import text_config
+    from draftsmith.serve.core.target import text_config
 
     text = text_config(target.config)
     truncated = sum(len(x) > identity["max_length"] for x in dataset.select_columns(["input_ids"])["input_ids"])

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-from serve.core.errors import ConfigError
-from serve.core.ranges import check_ranges
-from serve.core.target_config import TargetConfig
+from draftsmith.serve.core.errors import ConfigError
+from draftsmith.serve.core.ranges import check_ranges
+from draftsmith.serve.core.target_config import TargetConfig
 
 LONG_PROMPT_POLICIES = ("skip", "truncate")
 
@@ -33,7 +33,7 @@ class EndpointConfig:
 @dataclass
 class DataBuildConfig:
     """Self-distillation: the target answers every prompt; the answers become the training data."""
-    # the spellings of earlier versions keep working (serve.core.config.load_config)
+    # the spellings of earlier versions keep working (draftsmith.serve.core.config.load_config)
     ALIASES: ClassVar[dict[str, str]] = {"target": "target.spec", "dtype": "target.dtype", "device": "target.device"}
     RANGES: ClassVar[dict[str, str]] = {"limit": ">= 1", "per_domain_limit": ">= 1", "keep_answers": "[0, 1]",
                                         "max_new_tokens": ">= 1", "temperature": ">= 0", "top_k": ">= 0",
@@ -69,7 +69,7 @@ class DataBuildConfig:
 class CaptureConfig:
     """Hidden-state capture for offline training."""
     # `dtype` was the storage dtype here while it is the compute dtype everywhere else: now `storage_dtype`, with
-    # the compute dtype in target.dtype; the old spellings keep working (serve.core.config.load_config)
+    # the compute dtype in target.dtype; the old spellings keep working (draftsmith.serve.core.config.load_config)
     ALIASES: ClassVar[dict[str, str]] = {"target": "target.spec", "dtype": "storage_dtype",
                                          "target_dtype": "target.dtype", "device": "target.device"}
     RANGES: ClassVar[dict[str, str]] = {"batch_tokens": ">= 1", "rows_per_shard": ">= 1", "max_length": ">= 2",

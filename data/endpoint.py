@@ -21,9 +21,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable
 
-from data.config import EndpointConfig
-from data.generate import Answer, Request, RequestQueue
-from serve.core.errors import DraftsmithError
+from draftsmith.data.config import EndpointConfig
+from draftsmith.data.generate import Answer, Request, RequestQueue
+from draftsmith.serve.core.errors import DraftsmithError
 
 # Unusual characters, digits, code and whitespace runs: two different tokenizers almost never agree on all of it.
 PROBE_TEXT = "Probe: naïve café, 12345 + 0.75 → ∑x²; `def f(x): return x[::-1]`\n\t  «done» 日本語 🙂"

@@ -24,8 +24,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
-from serve.batch.decoder import BatchDecoder, Job
-from serve.core.invariant import suspended
+from draftsmith.serve.batch.decoder import BatchDecoder, Job
+from draftsmith.serve.core.invariant import suspended
 
 
 @dataclass

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serve.core.errors import DraftsmithError
-from serve.core.layers import CONVENTION, FINAL, default_eagle3_layers
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.layers import CONVENTION, FINAL, default_eagle3_layers
 
 __all__ = ["CONVENTION", "LAYER_SETS", "LayerSpec", "resolve_layers"]
 

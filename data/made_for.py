@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from serve.core.errors import DraftsmithError
+from draftsmith.serve.core.errors import DraftsmithError
 
 ALLOW_FLAG = "--allow-other-target"
 
@@ -32,9 +32,9 @@ class TargetRecord:
 
     @classmethod
     def of(cls, target: Any) -> "TargetRecord":
-        """The record of a loaded serve.core.target.Target (with or without its weights)."""
-        from serve.core.identity import weights_fingerprint
-        from serve.core.target import text_config
+        """The record of a loaded draftsmith.serve.core.target.Target (with or without its weights)."""
+        from draftsmith.serve.core.identity import weights_fingerprint
+        from draftsmith.serve.core.target import text_config
 
         where = Path(target.name) if Path(target.name).is_file() else Path(target.path)  # a .gguf: that file alone
         return cls(name=target.name, tokenizer_hash=target.tokenizer_hash, config_hash=target.config_hash,
@@ -52,7 +52,7 @@ class TargetRecord:
 
 def probe_target(spec: str) -> Any:
     """The target `spec` names, config and tokenizer only (seconds, whatever its size): enough for its record."""
-    from serve.core.target import load_target
+    from draftsmith.serve.core.target import load_target
 
     return load_target(spec, weights=False)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from serve.core.errors import DraftsmithError
-from serve.core.prompts import has_chat_template, render_chat
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.prompts import has_chat_template, render_chat
 
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 PLAIN_SEPARATOR = "\n\n"  # between a completion and the next prompt in plain (template-less) rendering

@@ -12,8 +12,8 @@ import os
 import shutil
 from pathlib import Path
 
-from serve.core.errors import DraftsmithError
-from serve.core.whole_folder import clean_stale
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.whole_folder import clean_stale
 
 WORK = ".work"
 # What a build writes at the top of its folder (datasets' save_to_disk, then build_info.json and the config)

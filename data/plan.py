@@ -14,8 +14,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from data.masks import render_prompt
-from data.prompts import PromptRow
+from draftsmith.data.masks import render_prompt
+from draftsmith.data.prompts import PromptRow
 
 
 @dataclass

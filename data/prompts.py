@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from serve.core.errors import DraftsmithError
-from serve.core.traffic import is_traffic_folder, traffic_prompt_records
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.traffic import is_traffic_folder, traffic_prompt_records
 
 FORMS = ("messages", "conversations", "turns", "prompt", "question", "instruction")
 ROLES = ("system", "user", "assistant")
@@ -193,7 +193,7 @@ def load_prompts(source: str | Path, *, domain_field: str = "domain", split: str
         raise DraftsmithError(f"limit must be positive, got {limit}")
     text = str(source)
     if text == "builtin" or text.startswith("builtin:"):
-        from data.builtin import builtin_files
+        from draftsmith.data.builtin import builtin_files
 
         rows: list[PromptRow] = []
         for path in builtin_files(text.partition(":")[2] or None):

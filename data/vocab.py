@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from serve.core.errors import DraftsmithError
+from draftsmith.serve.core.errors import DraftsmithError
 
 def token_counts(dataset: Any, vocab_size: int) -> np.ndarray:
     """(V,) int64 counts of the tokens under loss_mask == 1 in an HF dataset, a dataset folder, or rows."""

@@ -30,10 +30,10 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from serve.core.invariant import make_variant
-from serve.core.kv import cache_kwargs, new_cache
-from serve.core.noise import gumbel
-from serve.core.sampling import process_logits
+from draftsmith.serve.core.invariant import make_variant
+from draftsmith.serve.core.kv import cache_kwargs, new_cache
+from draftsmith.serve.core.noise import gumbel
+from draftsmith.serve.core.sampling import process_logits
 
 ROUNDING_FLIP = "rounding flip"
 # the forwards the target's own logits are measured on: the position computed as the last of 1 (plain decoding's

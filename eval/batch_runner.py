@@ -14,10 +14,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from eval.drafters import BASELINE, DrafterEntry
-from eval.prompts import EvalPrompt, group_by_domain
-from eval.runner import WARMUP_TOKENS, Decoding, _from_result, _progress
-from serve.core.errors import DraftsmithError
+from draftsmith.eval.drafters import BASELINE, DrafterEntry
+from draftsmith.eval.prompts import EvalPrompt, group_by_domain
+from draftsmith.eval.runner import WARMUP_TOKENS, Decoding, _from_result, _progress
+from draftsmith.serve.core.errors import DraftsmithError
 
 HF_BATCHED = "hf_plain"  # transformers' batched generate: the other plain baseline
 
@@ -42,7 +42,7 @@ def _record(result: Any) -> dict[str, Any]:
 
 def _decoder_run(decoder: Any, prompts: Sequence[EvalPrompt], group: Sequence[int], d: Decoding
                  ) -> list[dict[str, Any]]:
-    from serve.batch.decoder import Job
+    from draftsmith.serve.batch.decoder import Job
 
     for i in group:
         decoder.add(Job(i, prompts[i].input_ids, max_new_tokens=d.max_new_tokens, temperature=d.temperature,
@@ -65,7 +65,7 @@ def left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, tor
 
 @torch.inference_mode()
 def _hf_run(target: Any, prompts: Sequence[EvalPrompt], group: Sequence[int], d: Decoding) -> list[dict[str, Any]]:
-    from eval.peers import generation_config
+    from draftsmith.eval.peers import generation_config
 
     model = target.model
     config = generation_config(target, max_new_tokens=d.max_new_tokens, temperature=d.temperature, top_k=d.top_k,
@@ -99,7 +99,7 @@ def run_batched(target: Any, entries: Sequence[DrafterEntry], prompts: Sequence[
     """Plain (ours and transformers'), then every drafter, on every batch of `batch_size` prompts, interleaved
     batch by batch; with `repeats` > 1 each method's fastest run of a batch is kept. Returns method name ->
     records aligned with `prompts` (each also carries `batch_size`, `batch` and the batch's `batch_seconds`)."""
-    from serve.batch.decoder import BatchDecoder
+    from draftsmith.serve.batch.decoder import BatchDecoder
 
     decoding.check()
     if batch_size < 1:

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
-from eval import runner
-from eval.batch_runner import HF_BATCHED, run_batched
-from eval.config import EvalConfig
-from eval.drafters import BASELINE
-from eval.stats import tokens_per_second
+from draftsmith.eval import runner
+from draftsmith.eval.batch_runner import HF_BATCHED, run_batched
+from draftsmith.eval.config import EvalConfig
+from draftsmith.eval.drafters import BASELINE
+from draftsmith.eval.stats import tokens_per_second
 
 
 def batch_point(target: Any, entries: Sequence[Any], prompts: Sequence[Any], decoding: runner.Decoding,

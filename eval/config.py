@@ -4,14 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-from eval.sweep_axes import parse_sweeps
-from serve.core.ranges import check_ranges
-from serve.core.target_config import TargetConfig
+from draftsmith.eval.sweep_axes import parse_sweeps
+from draftsmith.serve.core.ranges import check_ranges
+from draftsmith.serve.core.target_config import TargetConfig
 
 
 @dataclass
 class EvalConfig:
-    # the spellings of earlier versions keep working (serve.core.config.load_config)
+    # the spellings of earlier versions keep working (draftsmith.serve.core.config.load_config)
     ALIASES: ClassVar[dict[str, str]] = {"dtype": "target.dtype", "device": "target.device",
                                          "threads": "target.threads", "target": "target.spec",
                                          "limit": "per_domain_limit"}

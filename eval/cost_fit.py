@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from eval import cost_model as cm
-from eval import stats
-from eval.drafters import BASELINE
+from draftsmith.eval import cost_model as cm
+from draftsmith.eval import stats
+from draftsmith.eval.drafters import BASELINE
 
 FORMULA = ("speedup(K) = (e + (1-e) * (1 - alpha^(K+1)) / (1 - alpha)) / (e + (1-e) * (K*c + verify_ratio(K))), "
            "e = share of cycles that drafted nothing, alpha fitted to the others; at the run's K, "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from serve.core.costs import verify_ratio_at
+from draftsmith.serve.core.costs import verify_ratio_at
 
 
 def tokens_per_cycle(alpha: float, k: int) -> float:

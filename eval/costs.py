@@ -1,7 +1,7 @@
 """Measuring the costs the cost model needs, on the target itself, in the same run as the timings.
 
 A target forward over n new tokens on a cached context of `context_tokens` tokens, for each n, the
-n's interleaved across repeats so a noisy machine hits them alike (serve.core.costs.forward_times, the same
+n's interleaved across repeats so a noisy machine hits them alike (draftsmith.serve.core.costs.forward_times, the same
 measurement the draft-length policy starts from). The cost model uses the fastest repeat of each (the least
 disturbed by other work; timeit's advice), the median is kept for the record.
 """
@@ -12,8 +12,9 @@ from typing import Sequence
 
 import torch
 
-from serve.core.costs import forward_times
-from serve.core.invariant import LOW_PRECISION, is_invariant, make_invariant, make_variant, unsupported_reason
+from draftsmith.serve.core.costs import forward_times
+from draftsmith.serve.core.invariant import (LOW_PRECISION, is_invariant, make_invariant, make_variant,
+                                             unsupported_reason)
 
 __all__ = ["context_ids", "fastest", "forward_times", "invariance_costs", "median"]
 

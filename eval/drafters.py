@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from serve.drafters.settings import describe_tree
-from serve.drafters.spec import parse_drafter_spec, spec_path
-from serve.core.errors import DraftsmithError
+from draftsmith.serve.drafters.settings import describe_tree
+from draftsmith.serve.drafters.spec import parse_drafter_spec, spec_path
+from draftsmith.serve.core.errors import DraftsmithError
 
 BASELINE = "plain"  # the name of plain decoding in results and records
 RESERVED_NAMES = (BASELINE,)
@@ -23,8 +23,8 @@ class DrafterEntry:
     kind: str
     path: str | None  # the drafter's folder or model path, None for ngram / oracle
     spec: str | None  # what the user passed, None when given a built drafter
-    drafter: Any  # a serve.drafters.base.Drafter
-    tree: Any = None  # a serve.tree.TreeSpec: this entry drafts trees
+    drafter: Any  # a draftsmith.serve.drafters.base.Drafter
+    tree: Any = None  # a draftsmith.serve.tree.TreeSpec: this entry drafts trees
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "path": self.path, "spec": self.spec,
@@ -63,7 +63,7 @@ def build_entries(target: Any, drafters: Mapping[str, Any], *, max_new_tokens: i
 
     max_new_tokens: the longest generation of the run (the oracle precomputes that many tokens).
     """
-    from serve.drafters import build_drafter
+    from draftsmith.serve.drafters import build_drafter
 
     entries = []
     for name, value in drafters.items():

@@ -11,22 +11,22 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from data.prompts import limit_per_domain, read_prompts
-from eval import stats
-from eval.config import EvalConfig
-from eval.drafters import BASELINE, DrafterEntry, build_entries, length_policy
-from eval.peers import Peer, build_peers
-from eval.prompts import EvalPrompt, group_by_domain, prepare_prompts
-from eval.runner import (Decoding, baseline_block, cost_model_block, drafted_by_block, exactness_block, mark_exactness,
-                         peers_block, run_methods, summarize_methods)
-from eval.sweep_axes import parse_sweeps
-from eval.sweeps import batch_crossover, run_sweeps
-from eval.winners import winners
-from serve.drafters.early import check_before_loading
-from serve.drafters.settings import resolve_k
-from serve.core.errors import DraftsmithError
-from serve.core.invariant import is_invariant
-from serve.core.target import load_configured
+from draftsmith.data.prompts import limit_per_domain, read_prompts
+from draftsmith.eval import stats
+from draftsmith.eval.config import EvalConfig
+from draftsmith.eval.drafters import BASELINE, DrafterEntry, build_entries, length_policy
+from draftsmith.eval.peers import Peer, build_peers
+from draftsmith.eval.prompts import EvalPrompt, group_by_domain, prepare_prompts
+from draftsmith.eval.runner import (Decoding, baseline_block, cost_model_block, drafted_by_block, exactness_block,
+                                    mark_exactness, peers_block, run_methods, summarize_methods)
+from draftsmith.eval.sweep_axes import parse_sweeps
+from draftsmith.eval.sweeps import batch_crossover, run_sweeps
+from draftsmith.eval.winners import winners
+from draftsmith.serve.drafters.early import check_before_loading
+from draftsmith.serve.drafters.settings import resolve_k
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.invariant import is_invariant
+from draftsmith.serve.core.target import load_configured
 
 
 def _as_target(target: Any, config: EvalConfig) -> Any:
@@ -89,8 +89,8 @@ def target_block(target: Any) -> dict[str, Any]:
 def evaluate(target: Any, drafters: Mapping[str, Any], prompts: Any, config: EvalConfig | None = None) -> dict:
     """Evaluate `drafters` on `target` over `prompts`; returns the OUT.json dict.
 
-    target:   a serve.core.target.Target or a spec for load_target (e.g. "demo").
-    drafters: name -> spec string for serve.drafters.build_drafter ("ngram", "model:PATH", "oracle", a
+    target:   a draftsmith.serve.core.target.Target or a spec for load_target (e.g. "demo").
+    drafters: name -> spec string for draftsmith.serve.drafters.build_drafter ("ngram", "model:PATH", "oracle", a
               drafter folder) or an already built Drafter.
     prompts:  sources for data.prompts.load_prompts (a string or a list; `DOMAIN=source` tags a source),
               or rows with `id`, `domain`, `messages`.

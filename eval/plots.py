@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from serve.core.files import atomic_path  # noqa: E402
+from draftsmith.serve.core.files import atomic_path  # noqa: E402
 
 
 def _finite(x: Any) -> bool:

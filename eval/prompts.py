@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from serve.core.errors import DraftsmithError
-from serve.core.prompts import encode_prompt, has_chat_template, render_chat
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.prompts import encode_prompt, has_chat_template, render_chat
 
 
 @dataclass

@@ -7,9 +7,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from eval.plots import write_plots
-from eval.stats import exactness_verdict
-from serve.core.files import write_text_atomic
+from draftsmith.eval.plots import write_plots
+from draftsmith.eval.stats import exactness_verdict
+from draftsmith.serve.core.files import write_text_atomic
 
 ANCHORS = ("Published anchors (other targets, GPUs): EAGLE-3 μ ≈ 6.2 and 4.4× on LLaMA-3.1-8B (T=0, dynamic "
            "tree); EAGLE-2 μ ≈ 4.6–4.7; EAGLE-1 μ ≈ 3.6–4.0 on MT-bench; Medusa-1/2 ≈ 2.2× / 2.8×. Speedups on a "

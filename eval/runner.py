@@ -13,15 +13,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from eval import stats
-from eval.audit import audit
-from eval.config import EvalConfig
-from eval.cost_fit import fit_cost_model
-from eval.costs import context_ids, fastest, forward_times, invariance_costs, median
-from eval.drafters import BASELINE, BeginTimed, DrafterEntry
-from eval.peers import Peer, run_peer
-from eval.prompts import EvalPrompt, group_by_domain
-from serve.core.errors import DraftsmithError
+from draftsmith.eval import stats
+from draftsmith.eval.audit import audit
+from draftsmith.eval.config import EvalConfig
+from draftsmith.eval.cost_fit import fit_cost_model
+from draftsmith.eval.costs import context_ids, fastest, forward_times, invariance_costs, median
+from draftsmith.eval.drafters import BASELINE, BeginTimed, DrafterEntry
+from draftsmith.eval.peers import Peer, run_peer
+from draftsmith.eval.prompts import EvalPrompt, group_by_domain
+from draftsmith.serve.core.errors import DraftsmithError
 
 WARMUP_TOKENS = 16  # the untimed runs before timing: one per method at the start, one plain run per prompt
 
@@ -53,7 +53,7 @@ class Decoding:
 # ---------------------------------------------------------------------------------------------- running
 
 def _plain(target: Any, input_ids: torch.Tensor, d: Decoding, seed: int) -> dict[str, Any]:
-    from serve.decoding import plain_generate
+    from draftsmith.serve.decoding import plain_generate
 
     res = plain_generate(target, input_ids, max_new_tokens=d.max_new_tokens, temperature=d.temperature,
                          top_k=d.top_k, top_p=d.top_p, seed=seed)
@@ -61,7 +61,7 @@ def _plain(target: Any, input_ids: torch.Tensor, d: Decoding, seed: int) -> dict
 
 
 def _speculative(target: Any, entry: DrafterEntry, input_ids: torch.Tensor, d: Decoding, seed: int) -> dict[str, Any]:
-    from serve.decoding import speculative_generate
+    from draftsmith.serve.decoding import speculative_generate
 
     drafter = BeginTimed(entry.drafter) if entry.kind == "oracle" else entry.drafter
     reasons = Counter(getattr(drafter, "reasons", {}))  # a hybrid's (part, why) per cycle, before this prompt

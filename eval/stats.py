@@ -52,7 +52,7 @@ def acceptance_by_position(accepted: Sequence[int], k: int, drafted: Sequence[in
     """P(draft token i accepted | tokens 1..i-1 accepted) for i = 1..k, from per-cycle accepted lengths.
 
     A cycle that accepted m tokens reached positions 1..m+1. With `drafted` (tokens proposed per cycle),
-    only cycles that proposed at least i tokens count at position i, as in serve.decoding.SpecStats: a
+    only cycles that proposed at least i tokens count at position i, as in draftsmith.serve.decoding.SpecStats: a
     drafter that proposes nothing (n-gram without a match) is neither accepted nor rejected there.
     Without it, a missing proposal counts as a rejection. Positions no cycle reached are NaN.
     """

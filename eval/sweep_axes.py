@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from serve.core.errors import DraftsmithError
+from draftsmith.serve.core.errors import DraftsmithError
 
 AXES: dict[str, type] = {"k": int, "temperature": float, "max_new_tokens": int, "top_p": float, "top_k": int,
                          "batch_size": int}

@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Sequence
 
-from eval import runner
-from eval.batch_sweep import batch_point, crossovers
-from eval.config import EvalConfig
-from eval.sweep_axes import parse_sweeps
+from draftsmith.eval import runner
+from draftsmith.eval.batch_sweep import batch_point, crossovers
+from draftsmith.eval.config import EvalConfig
+from draftsmith.eval.sweep_axes import parse_sweeps
 
 _POINT_KEYS = ("prompts", "mu", "acceptance_by_position", "tokens_per_second", "baseline_tokens_per_second",
                "speedup", "speedup_spread")
@@ -60,7 +60,7 @@ def run_sweeps(target: Any, entries: Sequence[Any], prompts: Sequence[Any], conf
 
 def batch_crossover(target: Any, result: dict) -> dict[str, dict] | None:
     """Per drafter, the predicted and measured crossover batch of the result's batch_size sweep (None: none)."""
-    from serve.core.costs import verify_costs_for
+    from draftsmith.serve.core.costs import verify_costs_for
 
     points = (result.get("sweeps") or {}).get("batch_size")
     if not points:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from eval.report import to_jsonable
+from draftsmith.eval.report import to_jsonable
 
 
 def summary_metrics(result: dict) -> dict[str, float]:

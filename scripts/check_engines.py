@@ -90,7 +90,7 @@ def ensure_env(name: str, version: str) -> Path:
 def make_drafters(work: Path, family: str) -> tuple[Path, dict]:
     """The family's tiny target and one seeded native drafter per (method, vocabulary)."""
     sys.path.insert(0, str(ROOT))
-    from serve.core.target import load_target
+    from draftsmith.serve.core.target import load_target
     from tests.export_fixtures import make_native
     from tests.tiny_models import save_tiny_target
 
@@ -106,12 +106,20 @@ def make_drafters(work: Path, family: str) -> tuple[Path, dict]:
 
 
 # One process per family exports every (drafter, format): it imports the exporter of --exporter-repo, not ours.
+# `draftsmith` is made that checkout's package before anything imports it (scripts/ is the package, its other
+# folders are draftsmith.serve, ...); a checkout from before the one namespace is imported by its folders' names.
+CHECKOUT_PACKAGE = textwrap.dedent("""
+    import sys, types
+    package = types.ModuleType("draftsmith")
+    package.__path__ = [sys.argv[3] + "/scripts", sys.argv[3]]
+    sys.modules["draftsmith"] = package
+""")
 EXPORT_FAMILY = textwrap.dedent("""
     import json, sys
     import torch
-    from serve.export import export_drafter
-    from serve.export.common import default_prompts
-    from serve.core.target import load_target
+    from draftsmith.serve.export import export_drafter
+    from draftsmith.serve.export.common import default_prompts
+    from draftsmith.serve.core.target import load_target
     torch.set_num_threads(1)
     target_dir, jobs = sys.argv[1], json.loads(sys.argv[2])
     target = load_target(target_dir)
@@ -131,7 +139,10 @@ def export_all(natives: dict, target_dir: Path, work: Path, exporter_repo: Path)
     jobs = {(fmt, method, vocab): (str(native), fmt, str(work / "exports" / f"{fmt}-{method}-{vocab}"))
             for (method, vocab), native in natives.items()
             for fmt, methods in FORMAT_METHODS.items() if method in methods}
-    proc = subprocess.run([sys.executable, "-c", EXPORT_FAMILY, str(target_dir), json.dumps(list(jobs.values()))],
+    namespaced = (exporter_repo / "scripts" / "__main__.py").is_file()
+    code = CHECKOUT_PACKAGE + EXPORT_FAMILY if namespaced else EXPORT_FAMILY.replace("from draftsmith.", "from ")
+    proc = subprocess.run([sys.executable, "-c", code, str(target_dir), json.dumps(list(jobs.values())),
+                           str(exporter_repo)],
                           cwd=exporter_repo, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(exporter_repo)})
     done = {}
@@ -153,12 +164,12 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
     """Our head's teacher-forced step: logits over the target vocabulary, target ids, the state fed back."""
     import torch
 
-    from serve.drafters.draft_layer import shared_embedding
-    from serve.core.layers import FINAL
-    from serve.drafters.folder import load_head
-    from serve.drafters.masks import additive, causal_allowed
-    from serve.drafters.vocab import draft_token_ids
-    from serve.core.target import load_target
+    from draftsmith.serve.drafters.draft_layer import shared_embedding
+    from draftsmith.serve.core.layers import FINAL
+    from draftsmith.serve.drafters.folder import load_head
+    from draftsmith.serve.drafters.masks import additive, causal_allowed
+    from draftsmith.serve.drafters.vocab import draft_token_ids
+    from draftsmith.serve.core.target import load_target
 
     target = load_target(str(target_dir))
     T = input_ids.numel()

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ClassVar
 
-from data.config import CaptureConfig, DataBuildConfig
-from eval.config import EvalConfig
-from serve.core.config import save_config, to_dict
-from serve.core.identity import sha256_file
-from serve.core.target_config import TargetConfig
-from train.config import TrainConfig
+from draftsmith.data.config import CaptureConfig, DataBuildConfig
+from draftsmith.eval.config import EvalConfig
+from draftsmith.serve.core.config import save_config, to_dict
+from draftsmith.serve.core.identity import sha256_file
+from draftsmith.serve.core.target_config import TargetConfig
+from draftsmith.train.config import TrainConfig
 
 
 def _train_defaults(method: str) -> TrainConfig:
@@ -67,7 +67,7 @@ class Stage:
 
 def split_builtin(domains: list[str], held_out: int, out: Path) -> tuple[Path, Path]:
     """Write train / eval JSONL files from the built-in sets: the last `held_out` prompts of each domain are eval."""
-    from data.builtin import BUILTIN_DOMAINS, builtin_files
+    from draftsmith.data.builtin import BUILTIN_DOMAINS, builtin_files
 
     train_rows, eval_rows = [], []
     for domain in domains or BUILTIN_DOMAINS:
@@ -101,7 +101,7 @@ def _same_config(folder: Path, config: TrainConfig, data_digest: str) -> bool:
 
 def train_if_needed(config: TrainConfig, data_digest: str, log: Callable[[str], None]) -> tuple[Path, bool]:
     """Train unless a finished drafter made by exactly this config from exactly this data is already there."""
-    from train.run import train_drafter
+    from draftsmith.train.run import train_drafter
 
     out = Path(config.out_dir)
     if _same_config(out, config, data_digest):
@@ -125,8 +125,8 @@ def capture_if_needed(target, dataset: Path, out: Path, config: CaptureConfig, l
     """The hidden-state cache of `dataset`; a cache the demo made from other data or settings is rebuilt."""
     import shutil
 
-    from data.cache import CacheError
-    from data.capture import capture_hidden_states
+    from draftsmith.data.cache import CacheError
+    from draftsmith.data.capture import capture_hidden_states
 
     try:
         return capture_hidden_states(target, dataset, out, config, log=log)
@@ -140,8 +140,8 @@ def capture_if_needed(target, dataset: Path, out: Path, config: CaptureConfig, l
 
 def _spec_digest(spec: str) -> str:
     """A drafter spec with the digest of its folder's weights: a retrained drafter is a different input."""
-    from serve.drafters.folder import WEIGHTS_NAME
-    from serve.drafters.spec import spec_path
+    from draftsmith.serve.drafters.folder import WEIGHTS_NAME
+    from draftsmith.serve.drafters.spec import spec_path
 
     path = spec_path(spec)
     weights = Path(path) / WEIGHTS_NAME if path else None
@@ -190,7 +190,7 @@ def measure_machine(config: DemoConfig, log: Callable[[str], None]):
     """The probe of serve/core/machine.py: sets the target's dtype (when auto) and torch's threads (unless set)."""
     import torch
 
-    from serve.core.machine import MachineReport, probe_hardware
+    from draftsmith.serve.core.machine import MachineReport, probe_hardware
 
     began = time.perf_counter()
     hardware = probe_hardware(requested_threads=config.target.threads,
@@ -206,7 +206,7 @@ def measure_machine(config: DemoConfig, log: Callable[[str], None]):
 def _trained_note(folder: str | Path) -> str:
     """How the head's training ended: its steps and epochs, and what ended it (its time, held-out acceptance that
     stopped rising, or its epochs)."""
-    from train.tracking import read_log
+    from draftsmith.train.tracking import read_log
 
     summary = Path(folder) / "training_summary.json"
     if not summary.is_file():
@@ -223,23 +223,23 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     import datasets
     import torch
 
-    from data.build import build_dataset
-    from data.capture import dataset_digest
-    from eval.report import timing_line, write_report
-    from eval.evaluate import evaluate
-    from serve.core.config import ConfigError
-    from serve.decoding import speculative_generate
-    from serve.drafters import build_drafter
-    from serve.core.errors import DraftsmithError
-    from serve.export import check_export, export_drafter
-    from serve.export.common import default_prompts
-    from serve.core.prompts import encode_prompt
-    from serve.core.target import load_configured
-    from serve.core.invariant import is_invariant
-    from serve.core.machine import probe_target
-    from eval.stats import exactness_verdict
-    from scripts.demo_budget import parse_budget
-    from scripts.demo_pacer import Pacer, rates_of, workload_of
+    from draftsmith.data.build import build_dataset
+    from draftsmith.data.capture import dataset_digest
+    from draftsmith.eval.report import timing_line, write_report
+    from draftsmith.eval.evaluate import evaluate
+    from draftsmith.serve.core.config import ConfigError
+    from draftsmith.serve.decoding import speculative_generate
+    from draftsmith.serve.drafters import build_drafter
+    from draftsmith.serve.core.errors import DraftsmithError
+    from draftsmith.serve.export import check_export, export_drafter
+    from draftsmith.serve.export.common import default_prompts
+    from draftsmith.serve.core.prompts import encode_prompt
+    from draftsmith.serve.core.target import load_configured
+    from draftsmith.serve.core.invariant import is_invariant
+    from draftsmith.serve.core.machine import probe_target
+    from draftsmith.eval.stats import exactness_verdict
+    from draftsmith.demo_budget import parse_budget
+    from draftsmith.demo_pacer import Pacer, rates_of, workload_of
 
     if config.train_mode not in ("offline", "online"):
         raise ConfigError(f"train_mode must be offline or online, got {config.train_mode!r}")

@@ -16,7 +16,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 
-from serve.core.errors import ConfigError, DraftsmithError
+from draftsmith.serve.core.errors import ConfigError, DraftsmithError
 
 # ---- the cost model's constants (measured on the demo target; docs/results.md "The demo on a budget")
 GENERATION_SLOWDOWN = 2.0  # continuous batching (newcomers' prefills, caches up to max_length, the last rows
@@ -58,7 +58,7 @@ def minutes(seconds: float) -> str:
 
 @dataclass(frozen=True)
 class Rates:
-    """What the probe measured (serve.core.machine.TargetRates), in the units the plan needs."""
+    """What the probe measured (draftsmith.serve.core.machine.TargetRates), in the units the plan needs."""
     step_seconds: float  # one plain decode step of one row
     generate_tokens_per_second: float  # batched self-distillation, data.batch_size rows
     prefill_tokens_per_second: float  # capture

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from serve.core.files import write_text_atomic
+from draftsmith.serve.core.files import write_text_atomic
 
 LEDGER = "budget.json"
 HEARTBEAT_SECONDS = 5.0

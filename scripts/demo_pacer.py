@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from scripts.demo_budget import Plan, Rates, Workload, minutes, plan_demo, replan
-from scripts.demo_ledger import BudgetLedger
+from draftsmith.demo_budget import Plan, Rates, Workload, minutes, plan_demo, replan
+from draftsmith.demo_ledger import BudgetLedger
 
 ANSWER_SHARE = 0.6  # of max_new_tokens, written before EOS on average (the demo target on the built-in prompts)
 DEADLINE_SLACK = (1.1, 20.0)  # self-distillation stops starting rows at 1.1x its planned time + 20 s
@@ -22,8 +22,8 @@ DEADLINE_SLACK = (1.1, 20.0)  # self-distillation stops starting rows at 1.1x it
 
 def workload_of(config: Any, target: Any, train_prompts: Path) -> Workload:
     """What the demo recipe asks for, with its prompts measured in the target's tokens."""
-    from data.builtin import BUILTIN_DOMAINS
-    from data.masks import render_prompt
+    from draftsmith.data.builtin import BUILTIN_DOMAINS
+    from draftsmith.data.masks import render_prompt
 
     rows = [json.loads(line) for line in train_prompts.read_text().splitlines() if line.strip()]
     domains = list(config.domains or BUILTIN_DOMAINS)

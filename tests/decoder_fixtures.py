@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from scipy.stats import chisquare
 
-from serve.core.sampling import target_probs
-from serve.core.target import Target
-from serve.drafters.base import Draft, Drafter
-from serve.tree import static_tree_parents
+from draftsmith.serve.core.sampling import target_probs
+from draftsmith.serve.core.target import Target
+from draftsmith.serve.drafters.base import Draft, Drafter
+from draftsmith.serve.tree import static_tree_parents
 from tests.tiny_models import tiny_model, tiny_tokenizer
 
 VOCAB, STEPS, SAMPLES = 8, 3, 1500

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import sys
 
-import data.capture
-from scripts.cli import main
+import draftsmith.data.capture
+from draftsmith.cli import main
 
 if __name__ == "__main__":
     if os.environ.get("RANK") == "1":
-        write_shard, written = data.capture.write_shard, []
+        write_shard, written = draftsmith.data.capture.write_shard, []
 
         def write_then_die(*args, **kwargs):
             if written:
@@ -18,5 +18,5 @@ if __name__ == "__main__":
             written.append(1)
             return write_shard(*args, **kwargs)
 
-        data.capture.write_shard = write_then_die
+        draftsmith.data.capture.write_shard = write_then_die
     sys.exit(main(sys.argv[1:]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from scripts.cli import main
+from draftsmith.cli import main
 
 if __name__ == "__main__":
     args = sys.argv[1:]

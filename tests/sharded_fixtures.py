@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-from data.capture import CacheReader, capture_hidden_states
-from data.config import CaptureConfig
-from serve.core.target import load_target
-from serve.core.target_config import TargetConfig
+from draftsmith.data.capture import CacheReader, capture_hidden_states
+from draftsmith.data.config import CaptureConfig
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.core.target_config import TargetConfig
 from tests.data_fixtures import quiet
 from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows
 

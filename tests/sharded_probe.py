@@ -12,14 +12,14 @@ import torch
 
 
 def main(target_dir: str, parallel: str, tp_size: int, fsdp_size: int, out_dir: str) -> None:
-    from data.capture import forward_hidden_states, target_argmax
-    from serve.core.launch_target import load_launch_target
-    from serve.core.layers import FINAL
-    from serve.core.memory_plan import Workload
-    from serve.core.process_group import start
-    from serve.core.sharded_target import local_parameter_bytes
-    from serve.core.target import load_target
-    from serve.core.target_config import TargetConfig
+    from draftsmith.data.capture import forward_hidden_states, target_argmax
+    from draftsmith.serve.core.launch_target import load_launch_target
+    from draftsmith.serve.core.layers import FINAL
+    from draftsmith.serve.core.memory_plan import Workload
+    from draftsmith.serve.core.process_group import start
+    from draftsmith.serve.core.sharded_target import local_parameter_bytes
+    from draftsmith.serve.core.target import load_target
+    from draftsmith.serve.core.target_config import TargetConfig
 
     torch.set_num_threads(1)
     here = start(device_type="cpu", command="(probe)")
@@ -36,7 +36,7 @@ def main(target_dir: str, parallel: str, tp_size: int, fsdp_size: int, out_dir: 
     for k in range(forwards):
         sequences = [torch.randint(0, 256, (int(n),), generator=generator).tolist()
                      for n in torch.randint(3, 12, (k % 3 + 1,), generator=generator)]
-        from data.capture import forward_sharded
+        from draftsmith.data.capture import forward_sharded
 
         mine = forward_sharded(target, sequences, layers)
         expected = forward_hidden_states(whole, sequences, layers)

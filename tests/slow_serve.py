@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import sys
 
-import serve.drafters
-from scripts.cli import main
+import draftsmith.serve.drafters
+from draftsmith.cli import main
 from tests.server_fixtures import SlowNgram
 
 if __name__ == "__main__":
-    serve.drafters.build_drafter = lambda spec, target: SlowNgram(delay=0.05)
+    draftsmith.serve.drafters.build_drafter = lambda spec, target: SlowNgram(delay=0.05)
     sys.exit(main(["serve", *sys.argv[1:]]))

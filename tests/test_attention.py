@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers.integrations import sdpa_attention
 
-from serve.core.attention import FORCE_GQA, gqa_wanted, grouped_heads, torch_has_gqa, use_cpu_gqa
-from serve.core.kv import cache_kwargs, new_cache, rollback
-from serve.core.target import load_target
+from draftsmith.serve.core.attention import FORCE_GQA, gqa_wanted, grouped_heads, torch_has_gqa, use_cpu_gqa
+from draftsmith.serve.core.kv import cache_kwargs, new_cache, rollback
+from draftsmith.serve.core.target import load_target
 from tests.tiny_models import tiny_config, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch_has_gqa(), reason="torch's SDPA takes enable_gqa from 2.5 on")

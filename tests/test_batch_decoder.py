@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.batch.costs import BatchCosts, batch_bucket
-from serve.batch.decoder import BatchDecoder, Job
-from serve.core.costs import VerifyCosts
-from serve.core.errors import DraftsmithError
-from serve.core.target import load_target
-from serve.decoding import plain_generate
-from serve.drafters import build_drafter
-from serve.drafters.base import Draft, Drafter
-from serve.drafters.length import ExpectedGain
-from serve.tree import TreeSpec
+from draftsmith.serve.batch.costs import BatchCosts, batch_bucket
+from draftsmith.serve.batch.decoder import BatchDecoder, Job
+from draftsmith.serve.core.costs import VerifyCosts
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.decoding import plain_generate
+from draftsmith.serve.drafters import build_drafter
+from draftsmith.serve.drafters.base import Draft, Drafter
+from draftsmith.serve.drafters.length import ExpectedGain
+from draftsmith.serve.tree import TreeSpec
 from tests.decoder_fixtures import AnswerTrees
 
 MAX_NEW = 24
@@ -46,10 +46,10 @@ def batched(target, drafter, prompts, *, slots, k=4, tree=None, max_new=MAX_NEW,
 
 
 def head_drafter(target, method: str, *, auto: bool = False):
-    from serve.drafters.eagle1 import eagle1_config
-    from serve.drafters.eagle3 import eagle3_config
-    from serve.drafters.folder import build_head, make_drafter
-    from serve.drafters.medusa import medusa_config
+    from draftsmith.serve.drafters.eagle1 import eagle1_config
+    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.drafters.folder import build_head, make_drafter
+    from draftsmith.serve.drafters.medusa import medusa_config
 
     torch.manual_seed(5)
     config = {"eagle1": lambda: eagle1_config(target), "eagle3": lambda: eagle3_config(target, aux_layer_ids=[0, 1, 1]),
@@ -64,8 +64,8 @@ def head_drafter(target, method: str, *, auto: bool = False):
 
 
 def drafter_for(spec: str, target, tiny_target_factory):
-    from serve.drafters.hybrid import HybridDrafter
-    from serve.drafters.ngram import NgramDrafter
+    from draftsmith.serve.drafters.hybrid import HybridDrafter
+    from draftsmith.serve.drafters.ngram import NgramDrafter
 
     if spec == "plain":
         return None
@@ -155,7 +155,7 @@ def test_sampled_rows_do_not_depend_on_their_neighbours(target):
 
 @pytest.mark.parametrize("drafter_kind", ["model-sampled", "tree"])
 def test_batched_sampling_matches_target_distribution(drafter_kind):
-    from serve.drafters.model import ModelDrafter
+    from draftsmith.serve.drafters.model import ModelDrafter
     from tests.decoder_fixtures import (PROMPT, SAMPLES, SETTINGS, STEPS, VOCAB, GreedyTreeDrafter, chi_square_p,
                                         exact_joint, sampling_target)
     from tests.tiny_models import tiny_model
@@ -215,7 +215,7 @@ def test_a_row_at_the_context_limit_ends_alone(tiny_target_factory):
 
 
 def test_a_batch_the_memory_cannot_hold_is_refused_before_any_work(target, monkeypatch):
-    import serve.core.slots as slots
+    import draftsmith.serve.core.slots as slots
 
     monkeypatch.setattr(slots, "available_bytes", lambda device: 10 * 2**20)
     decoder = BatchDecoder(target, None, slots=4096, costs=False)
@@ -252,7 +252,7 @@ def test_fork_shares_weights_not_state(target):
 
 
 def test_batch_width_keeps_the_best_expected_tokens_per_cost():
-    from serve.batch.width import batch_width, cut
+    from draftsmith.serve.batch.width import batch_width, cut
 
     cheap = lambda n: 1.0 + 0.1 * n  # noqa: E731  (a tenth of a step per draft, for the whole batch)
     steep = lambda n: 1.0 + 0.5 * n  # noqa: E731
@@ -269,7 +269,7 @@ def test_batch_width_keeps_the_best_expected_tokens_per_cost():
 
 
 def test_drafts_cut_to_the_batch_width_stay_exact(target, tiny_target_factory, monkeypatch):
-    import serve.batch.decoder as decoder_module
+    import draftsmith.serve.batch.decoder as decoder_module
 
     cuts = []
     real_cut = decoder_module.cut
@@ -304,7 +304,7 @@ def test_a_batch_whose_drafting_does_not_pay_stops_drafting(target):
 
 
 def test_expected_widest_row():
-    from eval.batch_sweep import expected_widest
+    from draftsmith.eval.batch_sweep import expected_widest
 
     ratio = lambda n: 1.0 + n  # noqa: E731
     assert expected_widest(ratio, [0, 0, 4, 4], 1) == 3.0  # the mean of 1 and 5

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from scripts.bench import robust
+from draftsmith.bench import robust
 
 
 def _write(path, rows):
@@ -40,6 +40,20 @@ def test_every_set_is_a_group_of_domains_capped_per_domain(shared, tmp_path):
     assert domains.count("specbench/multiturn") == 2 and domains.count("specbench/translation") == 2
     assert "specbench/rag" in domains and len({r.id for r in rows}) == len(rows)
     assert not any(d.startswith("specbench") for d in (r.domain for r in robust.public_rows(2, None, None)))
+
+
+def test_a_run_takes_the_sets_asked_for_and_never_drops_one_silently(shared, tmp_path, monkeypatch, capsys):
+    held = tmp_path / "held.jsonl"
+    _write(held, [{"id": "h0", "domain": "chat", "prompt": "hi"}])
+    rows = robust.public_rows(2, str(shared), str(held), sets=("demo", "gsm8k"))
+    assert {r.domain.split("/")[0] for r in rows} == {"demo", "gsm8k"}
+    assert robust.held_out_file(str(held)) == str(held)
+    with pytest.raises(SystemExit, match="no such file"):  # a set asked for by name and absent is an error
+        robust.held_out_file(str(tmp_path / "absent.jsonl"))
+    monkeypatch.setattr(robust, "HELD_OUT", tmp_path / "no-demo-ran.jsonl")
+    assert robust.held_out_file(None) is None and "no demo held-out set" in capsys.readouterr().err
+    monkeypatch.setattr(robust, "HELD_OUT", held)
+    assert robust.held_out_file(None) == str(held)
 
 
 def test_the_hybrid_is_held_to_the_better_of_its_parts():

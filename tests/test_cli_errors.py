@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-import serve.core.files
-from scripts.cli import main
-from scripts.cli.errors import INTERRUPTED
+import draftsmith.serve.core.files
+from draftsmith.cli import main
+from draftsmith.cli.errors import INTERRUPTED
 
 
 def _cli_error(capsys, *argv, code: int = 2) -> str:
@@ -73,7 +73,8 @@ class _FullDisk:
 ])
 def test_a_full_disk_or_ctrl_c_while_writing_json(tmp_path, tiny_target_dir, capsys, monkeypatch, error, code, line):
     out = tmp_path / "runs" / "gen.json"
-    monkeypatch.setattr(serve.core.files, "open", lambda path, mode="r", **kw: _FullDisk(builtins.open(path, mode, **kw),
+    monkeypatch.setattr(draftsmith.serve.core.files, "open",
+                        lambda path, mode="r", **kw: _FullDisk(builtins.open(path, mode, **kw),
                                                                                     error), raising=False)
     got = _cli_error(capsys, "generate", "--target", tiny_target_dir, "--prompt", "abcabc", "--max-new-tokens", 4,
                      "--quiet", "--json", out, code=code)
@@ -130,7 +131,7 @@ def test_ctrl_c_during_training(dataset, tmp_path):
     # the child starts with Ctrl-C's default action, as under a terminal: a test run started in the background by a
     # non-interactive shell (`cmd &`, as a CI runner may) passes SIGINT on ignored, and Python then never raises
     # KeyboardInterrupt (it trained on for 120 s)
-    proc = subprocess.Popen([sys.executable, "-m", "scripts.cli", *map(str, args)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "draftsmith.cli", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240

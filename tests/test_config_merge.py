@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from data.config import CaptureConfig, DataBuildConfig
-from eval.config import EvalConfig
-from scripts.cli import main
-from scripts.cli.generate import GenerateConfig
-from serve.core.config import load_config
-from serve.core.errors import ConfigError, DraftsmithError
-from serve.server.config import ServeConfig
-from serve.core.target_config import TargetConfig
-from train.config import TrainConfig
+from draftsmith.data.config import CaptureConfig, DataBuildConfig
+from draftsmith.eval.config import EvalConfig
+from draftsmith.cli import main
+from draftsmith.cli.generate import GenerateConfig
+from draftsmith.serve.core.config import load_config
+from draftsmith.serve.core.errors import ConfigError, DraftsmithError
+from draftsmith.serve.server.config import ServeConfig
+from draftsmith.serve.core.target_config import TargetConfig
+from draftsmith.train.config import TrainConfig
 
 
 @pytest.mark.parametrize("schema", [ServeConfig, EvalConfig, GenerateConfig, DataBuildConfig, CaptureConfig,

@@ -7,18 +7,18 @@ import typing
 
 import pytest
 
-from data.config import CaptureConfig, DataBuildConfig
-from eval.config import EvalConfig
-from scripts.cli import main
-from scripts.cli.fetch_demo import FetchDemoConfig
-from scripts.cli.generate import GenerateConfig
-from scripts.demo import DemoConfig
-from serve.core.config import load_config
-from serve.core.errors import ConfigError
-from serve.export.config import ExportConfig
-from serve.core.ranges import check_ranges, parse_range
-from serve.server.config import ServeConfig
-from train.config import TrainConfig
+from draftsmith.data.config import CaptureConfig, DataBuildConfig
+from draftsmith.eval.config import EvalConfig
+from draftsmith.cli import main
+from draftsmith.cli.fetch_demo import FetchDemoConfig
+from draftsmith.cli.generate import GenerateConfig
+from draftsmith.demo import DemoConfig
+from draftsmith.serve.core.config import load_config
+from draftsmith.serve.core.errors import ConfigError
+from draftsmith.serve.export.config import ExportConfig
+from draftsmith.serve.core.ranges import check_ranges, parse_range
+from draftsmith.serve.server.config import ServeConfig
+from draftsmith.train.config import TrainConfig
 
 COMMAND_CONFIGS = [TrainConfig, DataBuildConfig, CaptureConfig, EvalConfig, GenerateConfig, ServeConfig, ExportConfig,
                    DemoConfig, FetchDemoConfig]

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from data.builtin import BUILTIN_DOMAINS, builtin_files
-from data.prompts import load_prompts
+from draftsmith.data.builtin import BUILTIN_DOMAINS, builtin_files
+from draftsmith.data.prompts import load_prompts
 
 MAX_PROMPT_TOKENS = 1000  # a 135M target attempts these; an answer of max_new_tokens must still fit after
 
@@ -63,7 +63,7 @@ def test_every_prompt_renders_in_the_default_target_template(demo_target_dir):
     """Each row as the target is prompted with it (all its turns, through SmolLM2's chat template)."""
     from transformers import AutoTokenizer
 
-    from data.masks import render_prompt
+    from draftsmith.data.masks import render_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(demo_target_dir)
     lengths = {r.id: len(render_prompt(tokenizer, r.messages)) for r in load_prompts("builtin")}

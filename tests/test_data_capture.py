@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.build import build_dataset
-from data.cache import MANIFEST, CacheError, bytes_per_token
-from data.capture import CacheReader, capture_hidden_states, plan_batches
-from data.config import CaptureConfig, DataBuildConfig
-from data.layers import resolve_layers
-from serve.core.errors import DraftsmithError
-from serve.core.layers import FINAL
-from serve.core.target import load_target
-from serve.core.target_config import TargetConfig
+from draftsmith.data.build import build_dataset
+from draftsmith.data.cache import MANIFEST, CacheError, bytes_per_token
+from draftsmith.data.capture import CacheReader, capture_hidden_states, plan_batches
+from draftsmith.data.config import CaptureConfig, DataBuildConfig
+from draftsmith.data.layers import resolve_layers
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.layers import FINAL
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.core.target_config import TargetConfig
 from tests.data_fixtures import PROMPTS, quiet, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,7 +201,7 @@ def test_refusals(tmp_path, tiny_target, tiny_target_factory, dataset_dir, monke
     with pytest.raises(DraftsmithError, match="not a dataset written by"):
         capture(tiny_target, tmp_path, tmp_path / "x")
 
-    import data.capture as capture_mod
+    import draftsmith.data.capture as capture_mod
 
     Usage = namedtuple("Usage", "total used free")
     monkeypatch.setattr(capture_mod.shutil, "disk_usage", lambda path: Usage(1 << 30, 1 << 30, 1000))
@@ -215,7 +215,7 @@ def test_two_processes_equal_one(tmp_path, tiny_target, tiny_target_dir, dataset
     capture(tiny_target, dataset_dir, tmp_path / "one")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-           "scripts.cli", "data", "capture", "--target", str(tiny_target_dir), "--dataset", str(dataset_dir),
+           "draftsmith.cli", "data", "capture", "--target", str(tiny_target_dir), "--dataset", str(dataset_dir),
            "--out", str(tmp_path / "two"), "--layers", LAYERS, "--dtype", "fp32", "--no-progress",
            "capture.rows_per_shard=2", "capture.batch_tokens=64", "capture.device=cpu"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from data.build import build_dataset
-from data.config import EndpointConfig
-from data.endpoint import EndpointError, answer_from_choice
-from data.generate import Answer
-from serve.server.app import create_app
-from serve.server.engine import Engine
-from serve.core.target import load_target
+from draftsmith.data.build import build_dataset
+from draftsmith.data.config import EndpointConfig
+from draftsmith.data.endpoint import EndpointError, answer_from_choice
+from draftsmith.data.generate import Answer
+from draftsmith.serve.server.app import create_app
+from draftsmith.serve.server.engine import Engine
+from draftsmith.serve.core.target import load_target
 from tests.data_fixtures import config_for, prompts, quiet, read  # noqa: F401  (prompts is a fixture)
 from tests.server_fixtures import running_server
 from tests.tiny_models import save_tiny_target
@@ -161,20 +161,20 @@ def test_answer_from_choice_puts_back_a_dropped_eos():
 
 def test_a_server_build_from_the_command_line_loads_no_weights(tmp_path, tiny_target_dir, target, prompts, served,
                                                               monkeypatch):
-    import serve.core.target
-    from scripts.cli import main
+    import draftsmith.serve.core.target
+    from draftsmith.cli import main
 
-    loaded, real = [], serve.core.target.load_target
+    loaded, real = [], draftsmith.serve.core.target.load_target
 
     def spy(*args, **kwargs):
         loaded.append(real(*args, **kwargs))
         return loaded[-1]
 
-    monkeypatch.setattr(serve.core.target, "load_target", spy)
+    monkeypatch.setattr(draftsmith.serve.core.target, "load_target", spy)
     out = tmp_path / "cli"
     assert main(["data", "build", "--target", str(tiny_target_dir), "--prompts", str(prompts), "--out", str(out),
                  "--server", served, "--no-progress", "data.max_new_tokens=6", "data.batch_size=2",
                  "data.max_length=256", "data.server.concurrency=2"]) == 0
-    assert isinstance(loaded[0].model, serve.core.target.WeightlessModel)
+    assert isinstance(loaded[0].model, draftsmith.serve.core.target.WeightlessModel)
     build_dataset(target, config_for(prompts), out_dir=tmp_path / "local", progress=False, log=quiet)
     assert read(out) == read(tmp_path / "local")

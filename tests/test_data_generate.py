@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from data.generate import Answer, ContinuousBatcher, Request
-from serve.core.slots import attention_masks
-from serve.decoding import plain_generate
-from serve.core.target import load_target
+from draftsmith.data.generate import Answer, ContinuousBatcher, Request
+from draftsmith.serve.core.slots import attention_masks
+from draftsmith.serve.decoding import plain_generate
+from draftsmith.serve.core.target import load_target
 
 MAX_NEW = 24
 
@@ -109,7 +109,7 @@ def test_attention_masks_per_layer_type(tiny_target_factory):
 
 def test_greedy_rows_equal_the_former_generate_batches(tiny_target_dir):
     # the path `data build` took before continuous batching: transformers' generate over left-padded batches
-    from scripts.bench.generate import continuous_generate, former_generate
+    from draftsmith.bench.generate import continuous_generate, former_generate
 
     target = load_target(tiny_target_dir)
     prompts = random_prompts(10, seed=4)

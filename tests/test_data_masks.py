@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from data.masks import has_generation_markers, render_prompt, render_with_mask
-from serve.core.errors import DraftsmithError
+from draftsmith.data.masks import has_generation_markers, render_prompt, render_with_mask
+from draftsmith.serve.core.errors import DraftsmithError
 from tests.tiny_models import CHAT_TEMPLATE, tiny_tokenizer
 
 CONVERSATION = [

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from data.builtin import BUILTIN_DOMAINS
-from data.prompts import PromptRow, load_prompts
-from serve.core.errors import DraftsmithError
+from draftsmith.data.builtin import BUILTIN_DOMAINS
+from draftsmith.data.prompts import PromptRow, load_prompts
+from draftsmith.serve.core.errors import DraftsmithError
 from tests.data_fixtures import write_jsonl
 
 

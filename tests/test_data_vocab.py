@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from data.vocab import draft_vocab_from_counts, select_draft_vocab
-from serve.core.errors import DraftsmithError
+from draftsmith.data.vocab import draft_vocab_from_counts, select_draft_vocab
+from draftsmith.serve.core.errors import DraftsmithError
 
 ROWS = [
     {"input_ids": [1, 5, 5, 7, 9, 2], "loss_mask": [0, 1, 1, 1, 0, 1]},  # 9 and 1 are outside the loss

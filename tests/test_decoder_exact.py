@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.decoding import plain_generate, speculative_generate
-from serve.drafters import build_drafter
-from serve.drafters.base import Draft, Drafter
-from serve.core.target import load_target
-from serve.tree import TreeSpec, static_tree_parents
+from draftsmith.serve.decoding import plain_generate, speculative_generate
+from draftsmith.serve.drafters import build_drafter
+from draftsmith.serve.drafters.base import Draft, Drafter
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.tree import TreeSpec, static_tree_parents
 from tests.decoder_fixtures import AnswerTrees
 
 PROMPTS = ["hello hello hello world", "abcabcabcabc", "def f(x):\n    return x", "The quick brown fox"]
@@ -121,7 +121,7 @@ def test_streamed_tokens_equal_output(target):
 
 
 def test_model_drafter_with_other_tokenizer_is_rejected(target, tmp_path):
-    from serve.drafters.model import TokenizerMismatch
+    from draftsmith.serve.drafters.model import TokenizerMismatch
     from tests.tiny_models import save_tiny_target, tiny_tokenizer
 
     folder = save_tiny_target(tmp_path / "other", "llama", vocab_size=260)
@@ -133,7 +133,7 @@ def test_model_drafter_with_other_tokenizer_is_rejected(target, tmp_path):
 
 
 def test_bad_drafter_spec(target):
-    from serve.core.errors import DraftsmithError
+    from draftsmith.serve.core.errors import DraftsmithError
 
     with pytest.raises(DraftsmithError, match="unknown drafter"):
         build_drafter("nonsense", target)
@@ -159,7 +159,7 @@ def test_cli_generate_writes_json(tiny_target_dir, tmp_path):
     from pathlib import Path
 
     out = tmp_path / "g.json"
-    proc = subprocess.run([sys.executable, "-m", "scripts.cli", "generate", "--target", str(tiny_target_dir),
+    proc = subprocess.run([sys.executable, "-m", "draftsmith.cli", "generate", "--target", str(tiny_target_dir),
                            "--drafter", "ngram", "--prompt", "abcabcabc", "--chat", "--k", "3",
                            "--max-new-tokens", "20", "--json", str(out)],
                           capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1])

@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.core.costs import VerifyCosts
-from serve.decoding import plain_generate, speculative_generate
-from serve.drafters.length import ExpectedGain
-from serve.drafters.model import ModelDrafter
+from draftsmith.serve.core.costs import VerifyCosts
+from draftsmith.serve.decoding import plain_generate, speculative_generate
+from draftsmith.serve.drafters.length import ExpectedGain
+from draftsmith.serve.drafters.model import ModelDrafter
 from tests.decoder_fixtures import (PROMPT, SAMPLES, SETTINGS, STEPS, VOCAB, GreedyTreeDrafter, chi_square_p,
                                     exact_joint, sampling_target)
 from tests.tiny_models import tiny_model
@@ -47,8 +47,8 @@ def test_speculative_sampling_matches_target_distribution(target, settings, draf
     if drafter_kind == "model-sampled":
         drafter = ModelDrafter(other, target.tokenizer, target_vocab_size=VOCAB)
     elif drafter_kind == "eagle3-min-confidence":  # a sampled EAGLE-3 chain whose length varies with confidence
-        from serve.drafters.eagle3 import eagle3_config
-        from serve.drafters.folder import build_head, make_drafter
+        from draftsmith.serve.drafters.eagle3 import eagle3_config
+        from draftsmith.serve.drafters.folder import build_head, make_drafter
 
         torch.manual_seed(5)
         head = build_head(eagle3_config(target, aux_layer_ids=[0, 1, 1]))
@@ -75,8 +75,8 @@ def test_plain_sampling_matches_target_distribution(target, settings, seeded):
 
 def test_a_biased_verifier_is_detected(target, monkeypatch):
     """The test has power: always accepting the draft (no rejection sampling) is caught."""
-    import serve.decoding as decoding
-    from serve.verify import Verdict
+    import draftsmith.serve.decoding as decoding
+    from draftsmith.serve.verify import Verdict
 
     def accept_all(tokens, p, q, generator):
         return Verdict(list(range(tokens.numel())), int(torch.multinomial(p[-1], 1, generator=generator)))
@@ -96,11 +96,11 @@ FLAT = VerifyCosts(ratios={0: 1.0, 8: 1.2})  # no step time: c stays 0, the test
 
 def _auto_drafter(target, kind: str):
     """A drafter whose length is chosen per step (calibration learning across the samples, as in serving)."""
-    from serve.drafters.eagle3 import eagle3_config
-    from serve.drafters.folder import build_head, make_drafter
-    from serve.drafters.hybrid import HybridDrafter
-    from serve.drafters.medusa import medusa_config
-    from serve.drafters.ngram import NgramDrafter
+    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.drafters.folder import build_head, make_drafter
+    from draftsmith.serve.drafters.hybrid import HybridDrafter
+    from draftsmith.serve.drafters.medusa import medusa_config
+    from draftsmith.serve.drafters.ngram import NgramDrafter
 
     torch.manual_seed(5)
     if kind == "model-auto":

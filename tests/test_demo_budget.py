@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from scripts.demo_budget import (MIN_PROMPTS_PER_DOMAIN, MIN_TRAIN_SECONDS, BudgetError, Rates, Workload,
+from draftsmith.demo_budget import (MIN_PROMPTS_PER_DOMAIN, MIN_TRAIN_SECONDS, BudgetError, Rates, Workload,
                                  least_budget, parse_budget, plan_demo, replan)
-from serve.core.config import ConfigError
+from draftsmith.serve.core.config import ConfigError
 
 # what the probe measured for the demo target on the AVX2-only 2-core EPYC (fp32, 2 threads)
 AVX2 = Rates(step_seconds=0.064, generate_tokens_per_second=237.0, prefill_tokens_per_second=461.0)
@@ -113,9 +113,9 @@ def test_the_capture_is_planned_again_from_the_data_built():
 
 
 def test_an_interrupted_demo_keeps_its_data_and_what_is_left(tmp_path, monkeypatch):
-    import scripts.demo_ledger as ledger_module
-    from scripts.demo_ledger import BudgetLedger
-    from scripts.demo_pacer import Pacer
+    import draftsmith.demo_ledger as ledger_module
+    from draftsmith.demo_ledger import BudgetLedger
+    from draftsmith.demo_pacer import Pacer
 
     monkeypatch.setattr(ledger_module, "HEARTBEAT_SECONDS", 0.05)
     lines: list[str] = []
@@ -164,7 +164,7 @@ def test_an_interrupted_demo_keeps_its_data_and_what_is_left(tmp_path, monkeypat
 
 
 def test_the_probe_picks_bf16_only_where_it_is_faster():
-    from serve.core.machine import choose
+    from draftsmith.serve.core.machine import choose
 
     avx2 = {"float32": {1: 88.0, 2: 167.0}, "bfloat16": {1: 1.3, 2: 1.2}}
     dtype, threads, why = choose(avx2, idle=2.0, usable=2)
@@ -181,7 +181,7 @@ def test_the_probe_picks_bf16_only_where_it_is_faster():
 def test_the_probe_measures_this_machine_and_a_target(tiny_target):
     import torch
 
-    from serve.core.machine import MachineReport, probe_hardware, probe_target
+    from draftsmith.serve.core.machine import MachineReport, probe_hardware, probe_target
 
     threads = torch.get_num_threads()
     hardware = probe_hardware(dtypes=("float32",))
@@ -197,7 +197,7 @@ def test_the_probe_measures_this_machine_and_a_target(tiny_target):
 def test_the_demo_refuses_a_budget_too_small_before_any_work(tiny_target_dir, tmp_path, capsys):
     """`draftsmith demo --budget 1m`: one line naming the least budget that works on this machine, exit 2, and
     nothing self-distilled."""
-    from scripts.cli import main
+    from draftsmith.cli import main
 
     out = tmp_path / "demo"
     with pytest.raises(SystemExit) as exit_:
@@ -223,7 +223,7 @@ def test_every_replan_scales_the_first_predictions_by_all_that_finished():
 def test_a_resume_with_little_left_plans_what_is_left(tmp_path):
     """Killed late in a tight budget: the least budget counts only the stages still to do, so the rerun goes on
     with what is left instead of refusing."""
-    from scripts.demo_pacer import Pacer
+    from draftsmith.demo_pacer import Pacer
 
     budget = 900.0
     done = {"data": {"planned": 230.0, "real": 249.0}, "capture": {"planned": 121.0, "real": 116.0},

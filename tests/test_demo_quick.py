@@ -14,7 +14,7 @@ def test_demo_quick_end_to_end(demo_target_dir, tmp_path):
     # one torch thread: two threads collapse on a 2-core machine as soon as anything else runs (a parallel test
     # worker): the quick demo's eval took 1044 s with two threads against 278 s with one, same load
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    command = [sys.executable, "-m", "scripts.cli", "demo", "--quick", "--out", str(out), "--budget", "20m"]
+    command = [sys.executable, "-m", "draftsmith.cli", "demo", "--quick", "--out", str(out), "--budget", "20m"]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=Path(__file__).parents[1],
                           env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -50,8 +50,8 @@ def test_demo_quick_end_to_end(demo_target_dir, tmp_path):
 
 
 def test_demo_rejects_a_bad_train_mode(tmp_path):
-    from scripts.demo import DemoConfig, run_demo
-    from serve.core.config import ConfigError
+    from draftsmith.demo import DemoConfig, run_demo
+    from draftsmith.serve.core.config import ConfigError
 
     with pytest.raises(ConfigError, match="train_mode must be offline or online"):
         run_demo(DemoConfig(out_dir=str(tmp_path / "d"), train_mode="sideways"))
@@ -59,7 +59,7 @@ def test_demo_rejects_a_bad_train_mode(tmp_path):
 
 
 def test_a_stage_is_reused_only_for_the_same_inputs(tmp_path):
-    from scripts.demo import _spec_digest, finished, record_finished
+    from draftsmith.demo import _spec_digest, finished, record_finished
 
     drafter = tmp_path / "eagle3" / "drafter"
     drafter.mkdir(parents=True)
@@ -76,8 +76,8 @@ def test_a_stage_is_reused_only_for_the_same_inputs(tmp_path):
 
 
 def test_the_demo_table_names_the_fastest_drafter_and_a_tie():
-    from eval.winners import winners
-    from scripts.demo import mu_table
+    from draftsmith.eval.winners import winners
+    from draftsmith.demo import mu_table
 
     def cell(mu, speedup):
         return {"mu": mu, "speedup": speedup}

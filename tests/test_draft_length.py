@@ -5,16 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.core.costs import VerifyCosts, measure_verify_costs, use_verify_costs, verify_costs_for
-from serve.decoding import plain_generate, speculative_generate
-from serve.drafters import DrafterSpecError, build_drafter
-from serve.drafters.calibration import Calibration, generation_factor, scale_odds
-from serve.drafters.length import ExpectedGain, FixedLength, LastDraft, MinConfidence, build_policy, matched_prefix
-from serve.drafters.length_model import best_length, expected_tokens
-from serve.drafters.ngram import GENERATION_WEIGHT as NGRAM_GENERATION_WEIGHT, LOCAL_WEIGHT as NGRAM_LOCAL_WEIGHT
-from serve.drafters.ngram import Match, NgramDrafter, longest_match, match_signal
-from serve.core.errors import DraftsmithError
-from serve.core.target import load_target
+from draftsmith.serve.core.costs import VerifyCosts, measure_verify_costs, use_verify_costs, verify_costs_for
+from draftsmith.serve.decoding import plain_generate, speculative_generate
+from draftsmith.serve.drafters import DrafterSpecError, build_drafter
+from draftsmith.serve.drafters.calibration import Calibration, generation_factor, scale_odds
+from draftsmith.serve.drafters.length import (ExpectedGain, FixedLength, LastDraft, MinConfidence, build_policy,
+                                              matched_prefix)
+from draftsmith.serve.drafters.length_model import best_length, expected_tokens
+from draftsmith.serve.drafters.ngram import (GENERATION_WEIGHT as NGRAM_GENERATION_WEIGHT,
+                                             LOCAL_WEIGHT as NGRAM_LOCAL_WEIGHT)
+from draftsmith.serve.drafters.ngram import Match, NgramDrafter, longest_match, match_signal
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.target import load_target
 
 # a CPU-like cost curve: one or two drafts nearly free, then a jump (what SmolLM2 on one core measured)
 CPU = VerifyCosts(ratios={0: 1.0, 1: 1.05, 2: 1.1, 3: 1.6, 5: 1.65, 8: 2.0}, step_seconds=0.1)
@@ -375,9 +377,9 @@ PROMPTS = ["hello hello hello world", "abcabcabcabc", "def f(x):\n    return x",
 
 
 def _folders(target, tmp_path):
-    from serve.drafters.eagle3 import eagle3_config
-    from serve.drafters.folder import build_head, save_drafter
-    from serve.drafters.medusa import medusa_config
+    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.drafters.folder import build_head, save_drafter
+    from draftsmith.serve.drafters.medusa import medusa_config
 
     out = {}
     for cfg in (eagle3_config(target, aux_layer_ids=[0, 1, 1]), medusa_config(target, num_heads=3)):
@@ -389,7 +391,7 @@ def _folders(target, tmp_path):
 def test_greedy_identity_with_per_step_length(tiny_target_dir, tiny_target_factory, tmp_path):
     """Every drafter with its length chosen per step (the default of a spec) stays token-identical to plain
     greedy decoding, and so does the hybrid, chain or tree."""
-    from serve.tree import TreeSpec
+    from draftsmith.serve.tree import TreeSpec
 
     target = load_target(tiny_target_dir)
     folders = _folders(target, tmp_path)

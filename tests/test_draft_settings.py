@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 
-from serve.drafters import build_drafter
-from serve.drafters.settings import DEFAULT_K, draft_settings, resolve_k
-from serve.drafters.spec import DrafterSpecError, parse_drafter_spec
-from serve.core.errors import DraftsmithError
-from serve.core.target import load_target
-from serve.core.target_config import TargetConfig
-from serve.tree import TreeSpec
+from draftsmith.serve.drafters import build_drafter
+from draftsmith.serve.drafters.settings import DEFAULT_K, draft_settings, resolve_k
+from draftsmith.serve.drafters.spec import DrafterSpecError, parse_drafter_spec
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.core.target_config import TargetConfig
+from draftsmith.serve.tree import TreeSpec
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +25,8 @@ def save_folder(target, folder, **recorded):
     """A random EAGLE-3 head folder whose config.json records `recorded` (num_speculative_tokens, tree, ...)."""
     from dataclasses import replace
 
-    from serve.drafters.eagle3 import eagle3_config
-    from serve.drafters.folder import build_head, save_drafter
+    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.drafters.folder import build_head, save_drafter
 
     torch.manual_seed(0)
     cfg = replace(eagle3_config(target, aux_layer_ids=[0, 1, 1]), **recorded)
@@ -80,7 +80,7 @@ def test_drafters_that_disagree_on_k_need_a_flag(target, tmp_path):
 
 
 def test_generate_and_eval_report_the_recorded_k(target, tiny_target_dir, tmp_path, capsys):
-    from scripts.cli import main
+    from draftsmith.cli import main
 
     folder = save_folder(target, tmp_path / "d", num_speculative_tokens=3)
     out = tmp_path / "g.json"
@@ -93,8 +93,8 @@ def test_generate_and_eval_report_the_recorded_k(target, tiny_target_dir, tmp_pa
     settings = json.loads(out.read_text())["settings"]
     assert settings["k"] == 2 and settings["tree"] == {"depth": 5, "top_k": 4, "total_tokens": 24}
 
-    from eval.config import EvalConfig
-    from eval.evaluate import evaluate
+    from draftsmith.eval.config import EvalConfig
+    from draftsmith.eval.evaluate import evaluate
 
     fast = EvalConfig(max_new_tokens=6, per_domain_limit=1, peers=False, hf_plain=False, cost_model=False, warmup=False,
                       bootstrap_samples=10, progress=False)
@@ -107,7 +107,7 @@ def test_generate_and_eval_report_the_recorded_k(target, tiny_target_dir, tmp_pa
 def test_server_uses_and_reports_the_recorded_k(tiny_target_dir, target, tmp_path):
     from fastapi.testclient import TestClient
 
-    from serve.server import ServeConfig, build_app
+    from draftsmith.serve.server import ServeConfig, build_app
 
     folder = save_folder(target, tmp_path / "d", num_speculative_tokens=3)
     app = build_app(ServeConfig(target=TargetConfig(spec=str(tiny_target_dir)), drafter=str(folder)))

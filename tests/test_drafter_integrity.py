@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from scripts.cli import main
-from serve.drafters import build_drafter
-from serve.drafters.folder import CHECKSUMS_NAME, build_head, load_head, read_config, save_drafter
-from serve.core.errors import DraftsmithError
-from serve.core.target import load_target
+from draftsmith.cli import main
+from draftsmith.serve.drafters import build_drafter
+from draftsmith.serve.drafters.folder import CHECKSUMS_NAME, build_head, load_head, read_config, save_drafter
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.target import load_target
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def target(tiny_target_dir):
 
 @pytest.fixture(scope="module")
 def saved(target, tmp_path_factory):
-    from serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.drafters.eagle3 import eagle3_config
 
     torch.manual_seed(0)
     cfg = eagle3_config(target, aux_layer_ids=[0, 1, 1], draft_vocab_size=64)

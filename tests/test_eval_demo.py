@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from eval.config import EvalConfig
-from eval.evaluate import evaluate
-from serve.core.target_config import TargetConfig
+from draftsmith.eval.config import EvalConfig
+from draftsmith.eval.evaluate import evaluate
+from draftsmith.serve.core.target_config import TargetConfig
 
 
 @pytest.mark.slow

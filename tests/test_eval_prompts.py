@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from data.prompts import read_prompts, split_label
-from eval.prompts import group_by_domain, prepare_prompts, render_prompt
-from serve.drafters.spec import parse_named_specs
-from serve.core.errors import DraftsmithError
+from draftsmith.data.prompts import read_prompts, split_label
+from draftsmith.eval.prompts import group_by_domain, prepare_prompts, render_prompt
+from draftsmith.serve.drafters.spec import parse_named_specs
+from draftsmith.serve.core.errors import DraftsmithError
 from tests.tiny_models import tiny_tokenizer
 
 ROWS = [
@@ -86,8 +86,8 @@ def test_drafter_spec_names(tmp_path):
 
 def test_one_prompt_encoder_for_every_command():
     """generate, eval, the server and data build encode one user prompt the same way (serve/core/prompts.py)."""
-    from data.masks import render_prompt as data_render
-    from serve.core.prompts import encode_prompt
+    from draftsmith.data.masks import render_prompt as data_render
+    from draftsmith.serve.core.prompts import encode_prompt
 
     chat, base = tiny_tokenizer(), tiny_tokenizer(chat_template=None)
     user = [{"role": "user", "content": "hi there"}]

@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from eval import runner, stats
-from eval.evaluate import evaluate
-from eval.config import EvalConfig
-from eval.prompts import EvalPrompt
-from eval.report import markdown
-from serve.core.errors import DraftsmithError
-from serve.core.target import load_target
+from draftsmith.eval import runner, stats
+from draftsmith.eval.evaluate import evaluate
+from draftsmith.eval.config import EvalConfig
+from draftsmith.eval.prompts import EvalPrompt
+from draftsmith.eval.report import markdown
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.target import load_target
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_timing_spread_is_the_median_relative_spread():
 
 
 def test_methods_are_interleaved_and_the_fastest_run_is_kept(target, monkeypatch):
-    from eval.drafters import build_entries
+    from draftsmith.eval.drafters import build_entries
 
     order = []
     real_plain, real_spec = runner._plain, runner._speculative
@@ -79,7 +79,7 @@ def test_evaluate_with_repeats_reports_them(target, tmp_path):
 
 
 def test_cli_repeats_flag(tiny_target_dir, tmp_path, capsys):
-    from scripts.cli import main
+    from draftsmith.cli import main
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "a", "domain": "d", "prompt": "hello hello hello"}) + "\n")
@@ -95,7 +95,7 @@ def test_cli_repeats_flag(tiny_target_dir, tmp_path, capsys):
 
 
 def test_the_console_states_the_timing_only_when_runs_were_repeated():
-    from eval.report import timing_line
+    from draftsmith.eval.report import timing_line
 
     assert timing_line({"repeats": 1, "timing": "one run per method and prompt"}) is None
     assert timing_line({"repeats": 2, "timing": "the fastest of 2 runs per method and prompt"}) is None  # no spread

@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from eval.config import EvalConfig
-from eval.report import write_json, write_report
-from eval.evaluate import evaluate
-from serve.drafters.base import Draft, Drafter
-from serve.core.errors import DraftsmithError
-from serve.core.target import load_target
+from draftsmith.eval.config import EvalConfig
+from draftsmith.eval.report import write_json, write_report
+from draftsmith.eval.evaluate import evaluate
+from draftsmith.serve.drafters.base import Draft, Drafter
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.target import load_target
 
 PROMPTS = [
     {"id": "r1", "domain": "repeat", "prompt": "abc abc abc abc abc abc abc"},
@@ -125,7 +125,7 @@ def test_peers_and_cost_model(result):
 
 
 def test_cost_model_refits_from_the_saved_json(result, tmp_path):
-    from eval.cost_fit import refit
+    from draftsmith.eval.cost_fit import refit
 
     saved = json.loads(write_json(result, tmp_path / "out.json").read_text())
     again = refit(saved)
@@ -190,8 +190,8 @@ class JunkDrafter(Drafter):
 
 
 def test_broken_verifier_is_caught(target, prompt_file, monkeypatch):
-    import serve.decoding
-    from serve.verify import Verdict, verify_greedy
+    import draftsmith.serve.decoding
+    from draftsmith.serve.verify import Verdict, verify_greedy
 
     def accept_everything(tokens, parents, best):  # greedy: the verifier evaluate's exactness check must catch
         verdict = verify_greedy(tokens, parents, best)
@@ -201,7 +201,7 @@ def test_broken_verifier_is_caught(target, prompt_file, monkeypatch):
     clean = evaluate(target, {"junk": JunkDrafter()}, [str(prompt_file)], config)
     assert clean["exactness"]["identical"] == clean["exactness"]["total"] == 3
     assert clean["exactness"]["audit"]["unexplained"] == clean["exactness"]["audit"]["rounding_flips"] == 0
-    monkeypatch.setattr(serve.decoding, "verify_greedy", accept_everything)
+    monkeypatch.setattr(draftsmith.serve.decoding, "verify_greedy", accept_everything)
     broken = evaluate(target, {"junk": JunkDrafter()}, [str(prompt_file)], config)
     assert broken["exactness"]["total"] == 3 and broken["exactness"]["identical"] < 3
     bad = [r for r in broken["records"] if r["drafter"] == "junk" and not r["matches_plain"]]
@@ -215,7 +215,7 @@ def test_broken_verifier_is_caught(target, prompt_file, monkeypatch):
 
 
 def test_cli(tiny_target_dir, prompt_file, tmp_path, capsys):
-    from scripts.cli import main
+    from draftsmith.cli import main
 
     out, report = tmp_path / "out.json", tmp_path / "rep"
     code = main(["eval", "--target", str(tiny_target_dir), "--drafter", "ng=ngram", "--prompts",
@@ -234,7 +234,7 @@ def test_cli(tiny_target_dir, prompt_file, tmp_path, capsys):
 
 
 def test_wandb_logging_offline(result, tmp_path, monkeypatch):
-    from eval.tracking import log_to_wandb, summary_metrics
+    from draftsmith.eval.tracking import log_to_wandb, summary_metrics
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     metrics = summary_metrics(result)
@@ -247,8 +247,8 @@ def test_wandb_logging_offline(result, tmp_path, monkeypatch):
 
 def test_drafter_folder_spec(target, tiny_target_dir, prompt_file, tmp_path):
     """A native drafter folder (an untrained EAGLE-3 head) is built through build_drafter and stays lossless."""
-    from serve.drafters.eagle3 import eagle3_config
-    from serve.drafters.folder import build_head, save_drafter
+    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.drafters.folder import build_head, save_drafter
 
     torch.manual_seed(0)
     cfg = eagle3_config(target, aux_layer_ids=[0, 1, 1])
@@ -267,8 +267,8 @@ def test_drafter_folder_spec(target, tiny_target_dir, prompt_file, tmp_path):
 
 
 def test_tree_spec_errors(target):
-    from eval.drafters import build_entries
-    from serve.drafters.spec import default_name, split_tree
+    from draftsmith.eval.drafters import build_entries
+    from draftsmith.serve.drafters.spec import default_name, split_tree
 
     assert split_tree("runs/x") == ("runs/x", None)
     assert split_tree("runs/x@tree")[1].total_tokens == 24
@@ -282,8 +282,8 @@ def test_tree_spec_errors(target):
 def test_each_prompt_is_warmed_up_before_it_is_timed(target, monkeypatch):
     """A prompt's first generation pays for shapes not run yet; the untimed short plain run per prompt takes that
     cost, so the method timed first (plain decoding) is not charged for it."""
-    from eval import runner
-    from eval.prompts import EvalPrompt
+    from draftsmith.eval import runner
+    from draftsmith.eval.prompts import EvalPrompt
 
     calls = []
     real = runner._plain
@@ -302,8 +302,8 @@ def test_each_prompt_is_warmed_up_before_it_is_timed(target, monkeypatch):
 
 def test_cli_refuses_a_missing_drafter_folder_or_prompts_file_before_loading_the_target(tiny_target_dir, tmp_path,
                                                                                       capsys, monkeypatch):
-    import eval.evaluate as evaluate_module
-    from scripts.cli import main
+    import draftsmith.eval.evaluate as evaluate_module
+    from draftsmith.cli import main
 
     def no_target(*args, **kwargs):
         raise AssertionError("the target loaded before the arguments were checked")
@@ -322,7 +322,7 @@ def test_cli_refuses_a_missing_drafter_folder_or_prompts_file_before_loading_the
 
 
 def test_cli_prints_the_sweep(tiny_target_dir, prompt_file, capsys):
-    from scripts.cli import main
+    from draftsmith.cli import main
 
     code = main(["eval", "--target", str(tiny_target_dir), "--drafter", "ngram", "--prompts", str(prompt_file),
                  "--k", "2", "--max-new-tokens", "6", "--limit", "1", "--no-peers", "--no-cost-model", "--quiet",
@@ -332,8 +332,8 @@ def test_cli_prints_the_sweep(tiny_target_dir, prompt_file, capsys):
 
 
 def test_the_report_says_which_part_of_a_hybrid_drafted_and_why(target, tiny_target_dir, prompt_file, tmp_path):
-    from serve.drafters.eagle3 import eagle3_config
-    from serve.drafters.folder import build_head, save_drafter
+    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.drafters.folder import build_head, save_drafter
 
     torch.manual_seed(0)
     cfg = eagle3_config(target, aux_layer_ids=[0, 1, 1])
@@ -362,10 +362,10 @@ def test_the_report_says_which_part_of_a_hybrid_drafted_and_why(target, tiny_tar
 
 def test_a_drafter_for_another_target_is_refused_before_the_target_loads(target, tiny_target_factory, tmp_path,
                                                                         capsys, monkeypatch):
-    import serve.core.target
-    from scripts.cli import main
-    from serve.drafters.eagle3 import eagle3_config
-    from serve.drafters.folder import build_head, save_drafter
+    import draftsmith.serve.core.target
+    from draftsmith.cli import main
+    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.drafters.folder import build_head, save_drafter
 
     torch.manual_seed(0)
     cfg = eagle3_config(target, aux_layer_ids=[0, 1, 1])
@@ -375,8 +375,8 @@ def test_a_drafter_for_another_target_is_refused_before_the_target_loads(target,
     def no_load(*args, **kwargs):
         raise AssertionError("the target loaded before the drafter was checked")
 
-    monkeypatch.setattr(serve.core.target, "load_configured", no_load)
-    monkeypatch.setattr("eval.evaluate.load_configured", no_load)
+    monkeypatch.setattr(draftsmith.serve.core.target, "load_configured", no_load)
+    monkeypatch.setattr("draftsmith.eval.evaluate.load_configured", no_load)
     for command in (["eval", "--target", str(other), "--drafter", str(folder)],
                     ["generate", "--target", str(other), "--drafter", f"hybrid:{folder}", "--prompt", "hi"]):
         with pytest.raises(SystemExit) as err:

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from eval import cost_model as cm
-from eval import stats
+from draftsmith.eval import cost_model as cm
+from draftsmith.eval import stats
 
 
 def rec(out, forwards, seconds, accepted=None, drafted=None):
@@ -128,7 +128,7 @@ def test_decode_speedup_leaves_the_prefill_out():
 
 
 def test_decode_phase_efficiency_is_measured_over_predicted():
-    from eval.cost_fit import decode_phase
+    from draftsmith.eval.cost_fit import decode_phase
 
     base = [{**rec(range(13), 13, 2.2), "decode_seconds": 1.2}]  # 12 decode tokens at 0.1 s
     oracle = [{**rec(range(13), 3, 1.4, accepted=[5, 5]), "decode_seconds": 0.4}]  # 2 cycles of 6 tokens

@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-import serve.decoding
-from eval.prompts import EvalPrompt
-from eval.audit import ROUNDING_FLIP, UNEXPLAINED, audit, classify, reference_dtype, ulp
-from serve.core.target import load_target
-from serve.decoding import plain_generate
-from serve.verify import Verdict, verify_greedy
+import draftsmith.serve.decoding
+from draftsmith.eval.prompts import EvalPrompt
+from draftsmith.eval.audit import ROUNDING_FLIP, UNEXPLAINED, audit, classify, reference_dtype, ulp
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.decoding import plain_generate
+from draftsmith.serve.verify import Verdict, verify_greedy
 
 
 def test_ulp_and_classify():
@@ -64,7 +64,7 @@ def test_a_tie_is_a_rounding_flip_and_junk_is_unexplained(twin):
 
 def test_eval_fails_on_unexplained_and_reports_rounding_flips(twin, tiny_target_dir, tmp_path, monkeypatch, capsys):
     """The CLI exits 1 only when a divergence is unexplained; rounding flips alone are reported."""
-    from scripts.cli import main
+    from draftsmith.cli import main
 
     target, second = twin
 
@@ -73,12 +73,12 @@ def test_eval_fails_on_unexplained_and_reports_rounding_flips(twin, tiny_target_
         swapped = max(second, 200) if verdict.next_token == min(second, 200) else verdict.next_token
         return Verdict(verdict.accepted, swapped)
 
-    monkeypatch.setattr("eval.evaluate.load_configured", lambda *a, **k: target)
+    monkeypatch.setattr("draftsmith.eval.evaluate.load_configured", lambda *a, **k: target)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "x", "domain": "d"}) + "\n")
-    monkeypatch.setattr("eval.evaluate.prepare_prompts",
+    monkeypatch.setattr("draftsmith.eval.evaluate.prepare_prompts",
                         lambda tokenizer, rows: [EvalPrompt(id="p0", domain="d", input_ids=PROMPT[0].tolist())])
-    monkeypatch.setattr(serve.decoding, "verify_greedy", swap_twins)
+    monkeypatch.setattr(draftsmith.serve.decoding, "verify_greedy", swap_twins)
     args = ["eval", "--target", str(tiny_target_dir), "--drafter", "ngram", "--prompts", str(prompts),
             "--max-new-tokens", "6", "--no-peers", "--no-cost-model", "--quiet", "bootstrap_samples=20"]
     assert main(args + ["--json", str(tmp_path / "flip.json")]) == 0
@@ -91,7 +91,7 @@ def test_eval_fails_on_unexplained_and_reports_rounding_flips(twin, tiny_target_
         verdict = verify_greedy(tokens, parents, best)
         return Verdict(verdict.accepted, 90)
 
-    monkeypatch.setattr(serve.decoding, "verify_greedy", junk)
+    monkeypatch.setattr(draftsmith.serve.decoding, "verify_greedy", junk)
     assert main(args) == 1
     assert "unexplained by rounding (a bug)" in capsys.readouterr().err
 
@@ -100,7 +100,7 @@ def test_a_sampled_divergence_is_judged_on_the_seeded_scores(twin, monkeypatch):
     """At temperature > 0 the runs are seeded: the audit compares the two tokens' logit / temperature plus the
     position's Gumbel noise. With the noise zeroed the twins tie again (a rounding flip); with the noise a token
     top-k filters out has no score (unexplained), and the seed and the position pick the noise."""
-    import eval.audit
+    import draftsmith.eval.audit
 
     target, second = twin
     prompt = PROMPT[0].tolist()
@@ -109,12 +109,13 @@ def test_a_sampled_divergence_is_judged_on_the_seeded_scores(twin, monkeypatch):
     records = {"plain": [record(prompt, plain, seed=3)], "flip": [record(prompt, flipped, "flip", first_mismatch=1,
                                                                          seed=3)]}
     sampling = dict(temperature=0.5, top_k=0, top_p=1.0)
-    monkeypatch.setattr(eval.audit, "gumbel", lambda seed, position, vocab: torch.zeros(vocab, dtype=torch.float64))
+    monkeypatch.setattr(draftsmith.eval.audit, "gumbel",
+                        lambda seed, position, vocab: torch.zeros(vocab, dtype=torch.float64))
     tied = audit(target, records, ["flip"], baseline="plain", sampling=sampling)["divergences"][0]
     assert tied["kind"] == ROUNDING_FLIP and tied["gap"] == 0.0
     monkeypatch.undo()
     seen = []
-    monkeypatch.setattr(eval.audit, "gumbel", lambda seed, position, vocab: seen.append((seed, position))
+    monkeypatch.setattr(draftsmith.eval.audit, "gumbel", lambda seed, position, vocab: seen.append((seed, position))
                         or torch.zeros(vocab, dtype=torch.float64))
     junk = {**records, "junk": [record(prompt, plain[:3] + [90, 90, 90], "junk", first_mismatch=3, seed=4)]}
     filtered = audit(target, junk, ["junk"], baseline="plain", sampling={**sampling, "top_k": 1})

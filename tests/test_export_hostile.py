@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-import serve.core.threads
-import serve.core.target
-from scripts.cli import main
-from serve.core.errors import DraftsmithError
-from serve.drafters.folder import verify_weights
-from serve.export import export_drafter, validate_export
-from serve.export.common import default_prompts
+import draftsmith.serve.core.threads
+import draftsmith.serve.core.target
+from draftsmith.cli import main
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.drafters.folder import verify_weights
+from draftsmith.serve.export import export_drafter, validate_export
+from draftsmith.serve.export.common import default_prompts
 from tests.export_fixtures import make_native, target  # noqa: F401 (fixture)
 
 
@@ -240,7 +240,7 @@ def test_a_truncated_drafter_is_refused_naming_the_file(capsys, monkeypatch, tar
     weights = drafter / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     if checksums:  # recorded sizes catch it before the target loads
-        monkeypatch.setattr(serve.core.target, "load_configured",
+        monkeypatch.setattr(draftsmith.serve.core.target, "load_configured",
                             lambda *a, **k: pytest.fail("the target loaded before the drafter was checked"))
     else:
         (drafter / "checksums.json").unlink()
@@ -251,8 +251,8 @@ def test_a_truncated_drafter_is_refused_naming_the_file(capsys, monkeypatch, tar
 
 def test_target_overrides_reach_the_target(capsys, monkeypatch, target, natives, tmp_path):
     requested = []
-    real = serve.core.threads.apply_threads
-    monkeypatch.setattr(serve.core.threads, "apply_threads",
+    real = draftsmith.serve.core.threads.apply_threads
+    monkeypatch.setattr(draftsmith.serve.core.threads, "apply_threads",
                         lambda threads=None, **kw: requested.append(threads) or real(threads, **kw))
     base = ["export", "--drafter", natives["eagle3"], "--format", "vllm", "--prompts", 1, "--max-new-tokens", 4]
     # the drafter's own target (no --target), then --target with the override, then the short spelling
@@ -263,7 +263,7 @@ def test_target_overrides_reach_the_target(capsys, monkeypatch, target, natives,
 
 
 def test_replacing_where_the_system_cannot_swap_two_folders_in_one_step(monkeypatch, tmp_path):
-    import serve.core.whole_folder as whole
+    import draftsmith.serve.core.whole_folder as whole
 
     out = tmp_path / "out"
     out.mkdir()

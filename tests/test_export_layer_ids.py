@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.core.errors import DraftsmithError
-from serve.export.eagle import engine_order, fc_in_engine_order
-from serve.export.layer_ids import engine_default_layer_ids, from_engine_layer_ids, to_engine_layer_ids
-from serve.core.layers import default_eagle3_layers
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.export.eagle import engine_order, fc_in_engine_order
+from draftsmith.serve.export.layer_ids import engine_default_layer_ids, from_engine_layer_ids, to_engine_layer_ids
+from draftsmith.serve.core.layers import default_eagle3_layers
 
 
 def test_vllm_and_speculators_ids_are_layer_inputs():
@@ -52,7 +52,7 @@ def test_unservable_ids_are_refused():
 def test_conventions_match_hf_hidden_states(tiny_target_factory):
     """vLLM id j = input of layer j (captured by a pre-hook, as vLLM's loop does) = HF hidden_states[j]
     = our id j - 1 = output of layer j - 1."""
-    from serve.core.target import load_target
+    from draftsmith.serve.core.target import load_target
 
     target = load_target(tiny_target_factory("llama", num_hidden_layers=4))
     layers = target.model.model.layers

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from serve.core.errors import DraftsmithError
-from serve.export import export_drafter
-from serve.export.common import default_prompts
-from serve.core.target import load_target
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.export import export_drafter
+from draftsmith.serve.export.common import default_prompts
+from draftsmith.serve.core.target import load_target
 from tests.export_fixtures import make_native, target  # noqa: F401 (fixture)
 
 COMBOS = [("eagle1", "vllm"), ("eagle1", "sglang"), ("eagle3", "vllm"), ("eagle3", "sglang"),
@@ -55,7 +55,7 @@ def test_round_trip(natives, target, tmp_path, method, fmt):
         engine_ids = [1, 2, 3] if fmt in ("vllm", "speculators") else [0, 1, 2]  # ours [2, 0, 1], sorted
         assert report.layer_ids == {"draftsmith": [2, 0, 1], fmt: engine_ids}
     if fmt == "speculators":
-        from serve.export.speculators import package_available
+        from draftsmith.serve.export.speculators import package_available
 
         expected = "speculators 0" if package_available() else "not installed"
         assert expected in report.package_check
@@ -92,7 +92,7 @@ def test_sglang_eagle1_gets_a_zero_fc_bias(natives, target, tmp_path):
 
 
 def test_cli_export(natives, tiny_target_factory, tmp_path, capsys):
-    from scripts.cli import main
+    from draftsmith.cli import main
 
     target_dir = tiny_target_factory("llama", num_hidden_layers=4)
     code = main(["export", "--drafter", str(natives["medusa"]), "--format", "vllm", "--out", str(tmp_path / "m"),
@@ -112,7 +112,7 @@ def test_cli_export(natives, tiny_target_factory, tmp_path, capsys):
 
 def test_speculators_without_the_package(natives, target, tmp_path, monkeypatch):
     """A clean environment has no `speculators` package: the export is still validated against the schema."""
-    import serve.export.speculators as spec
+    import draftsmith.serve.export.speculators as spec
 
     monkeypatch.setattr(spec, "package_available", lambda: False)
     report = _export(natives, target, "eagle3", "speculators", tmp_path / "s")
@@ -185,7 +185,7 @@ def test_feature_norms_export_under_the_engines_names(target, tmp_path, fmt, nor
     and the same drafts read back; releases that drop the norm silently are refused by --engine-version."""
     from safetensors.torch import load_file
 
-    from serve.export.eagle import FEATURE_NORM_FIRST
+    from draftsmith.serve.export.eagle import FEATURE_NORM_FIRST
 
     native = make_native(target, "eagle3", tmp_path / "native", **{norm: True})
     report = export_drafter(native, fmt, tmp_path / "out", target=target, prompts=default_prompts(target, count=1),

@@ -8,12 +8,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from serve.core.errors import DraftsmithError
-from serve.export import validate_export, write_export
-from serve.export.common import ExportError, compare_drafts, default_prompts
-from serve.export.readback import read_export
-from serve.drafters.folder import load_drafter
-from serve.core.target import load_target
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.export import validate_export, write_export
+from draftsmith.serve.export.common import ExportError, compare_drafts, default_prompts
+from draftsmith.serve.export.readback import read_export
+from draftsmith.serve.drafters.folder import load_drafter
+from draftsmith.serve.core.target import load_target
 from tests.export_fixtures import make_native, target  # noqa: F401 (fixture)
 
 
@@ -117,7 +117,7 @@ def test_random_embeddings(exported, target, tmp_path):
     _edit_tensors(folder, lambda t: t.__setitem__("embed_tokens.weight", torch.randn(259, 32)))
     with pytest.raises(ExportError, match="unexpected tensor 'embed_tokens.weight'"):
         _validate(folder, "vllm", native, target)
-    from serve.export.common import check_no_untrained_embeddings
+    from draftsmith.serve.export.common import check_no_untrained_embeddings
 
     with pytest.raises(ExportError, match="untrained"):
         check_no_untrained_embeddings({"embed_tokens.weight": torch.randn(259, 32)}, target, where="x")

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from scripts.support_matrix import FAMILIES, FORMATS, check_family, matrix_markdown
-from serve.core.errors import DraftsmithError
-from serve.export.hosts import HOSTS
+from draftsmith.support_matrix import FAMILIES, FORMATS, check_family, matrix_markdown
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.export.hosts import HOSTS
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -36,7 +36,7 @@ def test_family_trains_drafts_exactly_and_exports(family, tmp_path):
 
 
 def test_hosting_refusals_name_engine_version_and_what_is_missing():
-    from serve.export.hosts import check_hosted
+    from draftsmith.serve.export.hosts import check_hosted
 
     with pytest.raises(DraftsmithError, match=r"vLLM 0\.34\.0 cannot host an eagle3 drafter for a 'gemma3_text' "
                                               r"target: its Gemma3ForCausalLM does not implement SupportsEagle3.*"

@@ -10,12 +10,12 @@ import shutil
 import pytest
 import torch
 
-from scripts.cli import main
-from serve.decoding import speculative_generate
-from serve.drafters.draft_layer import draft_layer_config
-from serve.drafters.folder import load_drafter, read_config
-from serve.core.errors import DraftsmithError
-from serve.core.target import load_target
+from draftsmith.cli import main
+from draftsmith.serve.decoding import speculative_generate
+from draftsmith.serve.drafters.draft_layer import draft_layer_config
+from draftsmith.serve.drafters.folder import load_drafter, read_config
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.target import load_target
 from tests.export_fixtures import make_native
 
 
@@ -52,7 +52,7 @@ def test_a_prompts_file_that_is_not_utf8(tmp_path, tiny_target_dir, capsys):
     prompts.write_bytes(b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n')
     line = _cli_error(capsys, "eval", "--target", tiny_target_dir, "--prompts", prompts, "--drafter", "ngram")
     assert f"{prompts}:2: not UTF-8 text (byte 0xe9" in line and "iconv" in line
-    from data.prompts import load_prompts
+    from draftsmith.data.prompts import load_prompts
 
     prompts.write_bytes(b'\xef\xbb\xbf{"prompt": "a BOM is fine"}\n')
     assert [row.messages[-1]["content"] for row in load_prompts(str(prompts))] == ["a BOM is fine"]

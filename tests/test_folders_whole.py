@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-import serve.core.whole_folder
-import serve.drafters.folder
-from data.build import build_dataset
-from scripts.cli import main
-from serve.core.errors import DraftsmithError
+import draftsmith.serve.core.whole_folder
+import draftsmith.serve.drafters.folder
+from draftsmith.data.build import build_dataset
+from draftsmith.cli import main
+from draftsmith.serve.core.errors import DraftsmithError
 from tests.data_fixtures import config_for, prompts, quiet, read, write_jsonl, PROMPTS  # noqa: F401 (fixture)
 from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows, sharp_target
-from train.loop import STATE_NAME, latest_checkpoint, save_checkpoint
+from draftsmith.train.loop import STATE_NAME, latest_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,14 +73,14 @@ def test_a_full_disk_during_the_drafter_save_keeps_the_earlier_drafter(capsys, t
     out = tmp_path / "run"
     assert _train(capsys, train_inputs, out)[0] == 0
     earlier = _files(out / "drafter")
-    real = serve.drafters.folder.write_text_atomic
+    real = draftsmith.serve.drafters.folder.write_text_atomic
 
     def full(path, text):  # the weights and checksums are written; config.json finds the disk full
         if Path(path).name == "config.json":
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         return real(path, text)
 
-    monkeypatch.setattr(serve.drafters.folder, "write_text_atomic", full)
+    monkeypatch.setattr(draftsmith.serve.drafters.folder, "write_text_atomic", full)
     code, line = _train(capsys, train_inputs, out)  # the same command again: it may replace its own drafter
     assert code != 0 and "disk filled" in line and "drafter" in line
     assert _files(out / "drafter") == earlier  # never new weights beside the earlier config
@@ -141,7 +141,7 @@ class _Accelerator:
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "move-aside"])
 def test_a_checkpoint_saved_over_its_step_is_swapped_in(tmp_path, monkeypatch, exchange):
     if not exchange:
-        monkeypatch.setattr(serve.core.whole_folder, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(draftsmith.serve.core.whole_folder, "_exchange", lambda a, b: False)
     save_checkpoint(_Accelerator("old"), tmp_path, 4, keep=2, extra={"total_steps": 8})
     save_checkpoint(_Accelerator("new"), tmp_path, 4, keep=2, extra={"total_steps": 8})
     final = latest_checkpoint(tmp_path)
@@ -152,7 +152,7 @@ def test_a_checkpoint_saved_over_its_step_is_swapped_in(tmp_path, monkeypatch, e
 def test_a_failure_between_the_renames_keeps_the_earlier_checkpoint(tmp_path, monkeypatch):
     save_checkpoint(_Accelerator("old"), tmp_path, 4, keep=2, extra={"total_steps": 8})
     final = tmp_path / "checkpoints" / "step_00000004"
-    monkeypatch.setattr(serve.core.whole_folder, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(draftsmith.serve.core.whole_folder, "_exchange", lambda a, b: False)
     real = os.rename
     seen: list[list[str]] = []
 
@@ -222,7 +222,7 @@ def test_a_dataset_no_build_kept_rows_of_is_replaced_only_with_overwrite(tmp_pat
 # ------------------------------------------------------------------------------------- scripts/bench/data.py
 
 def test_the_data_bench_removes_only_what_it_wrote(tmp_path):
-    from scripts.bench.data import MARKER, prepare_out
+    from draftsmith.bench.data import MARKER, prepare_out
 
     theirs = tmp_path / "results"
     theirs.mkdir()

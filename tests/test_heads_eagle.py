@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.drafters.folder import build_head, make_drafter
-from serve.core.layers import FINAL
-from serve.core.target import load_target
-from serve.tree import TreeSpec
+from draftsmith.serve.drafters.folder import build_head, make_drafter
+from draftsmith.serve.core.layers import FINAL
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.tree import TreeSpec
 
 
 def _features(target, ids):
@@ -19,8 +19,8 @@ def _features(target, ids):
 
 
 def _configs(target):
-    from serve.drafters.eagle1 import eagle1_config
-    from serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.drafters.eagle1 import eagle1_config
+    from draftsmith.serve.drafters.eagle3 import eagle3_config
 
     return [eagle1_config(target), eagle3_config(target, aux_layer_ids=[0, 1, 1])]
 
@@ -40,8 +40,8 @@ def test_eagle1_tensor_names_and_shapes(tiny_target_dir):
 
 
 def test_eagle3_tensor_names_and_shapes(tiny_target_dir):
-    from serve.drafters.eagle3 import eagle3_config
-    from serve.core.layers import default_eagle3_layers
+    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.core.layers import default_eagle3_layers
 
     target = load_target(tiny_target_dir)
     cfg = eagle3_config(target, draft_vocab_size=100, aux_layer_ids=[0, 1, 1])
@@ -91,7 +91,7 @@ def test_commit_rolls_back_the_draft_cache(tiny_target_dir):
 
 
 def test_sampled_chain_returns_q_over_the_full_vocabulary(tiny_target_dir):
-    from serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.drafters.eagle3 import eagle3_config
 
     target = load_target(tiny_target_dir)
     ids = torch.arange(10, 22)
@@ -129,7 +129,7 @@ def test_dynamic_and_static_trees(tiny_target_dir):
 
 
 def test_grow_tree_pure():
-    from serve.drafters.heads_common import grow_tree
+    from draftsmith.serve.drafters.heads_common import grow_tree
 
     root = torch.log_softmax(torch.tensor([0.0, 3.0, 2.0, -1.0]), -1)
     child = torch.log_softmax(torch.tensor([5.0, 0.0, 0.0, 0.0]), -1)
@@ -142,11 +142,11 @@ def test_grow_tree_pure():
 def test_min_confidence_shortens_chains_and_stays_exact(tiny_target_dir, tmp_path):
     """Chains stop where the draft's top-1 probability is below min_confidence; the output stays identical to
     plain greedy decoding for every threshold, and a folder spec `DIR:min_confidence=x` sets it."""
-    from serve.decoding import plain_generate, speculative_generate
-    from serve.drafters import DrafterSpecError, build_drafter
-    from serve.drafters.folder import save_drafter
-    from serve.drafters.medusa import medusa_config
-    from serve.core.errors import DraftsmithError
+    from draftsmith.serve.decoding import plain_generate, speculative_generate
+    from draftsmith.serve.drafters import DrafterSpecError, build_drafter
+    from draftsmith.serve.drafters.folder import save_drafter
+    from draftsmith.serve.drafters.medusa import medusa_config
+    from draftsmith.serve.core.errors import DraftsmithError
 
     target = load_target(tiny_target_dir)
     ids = torch.randint(0, 256, (1, 10), generator=torch.Generator().manual_seed(3))

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from serve.drafters.folder import build_head, make_drafter
-from serve.drafters.medusa import medusa_config
-from serve.core.layers import FINAL
-from serve.core.target import load_target
-from serve.tree import TreeSpec
+from draftsmith.serve.drafters.folder import build_head, make_drafter
+from draftsmith.serve.drafters.medusa import medusa_config
+from draftsmith.serve.core.layers import FINAL
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.tree import TreeSpec
 
 
 def test_medusa_heads_share_no_parameters(tiny_target_dir):

@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.decoding import plain_generate, speculative_generate
-from serve.drafters.eagle3 import eagle3_config
-from serve.drafters.folder import build_head, load_drafter, save_drafter
-from serve.core.target import load_target
-from serve.tree import TreeSpec
+from draftsmith.serve.decoding import plain_generate, speculative_generate
+from draftsmith.serve.drafters.eagle3 import eagle3_config
+from draftsmith.serve.drafters.folder import build_head, load_drafter, save_drafter
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.tree import TreeSpec
 
 pytestmark = pytest.mark.slow
 

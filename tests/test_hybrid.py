@@ -4,15 +4,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.core.costs import VerifyCosts
-from serve.drafters import DrafterSpecError, build_drafter
-from serve.drafters.base import Draft, Drafter
-from serve.drafters.arms import ArmLedger, accepted_depth
-from serve.drafters.hybrid import HybridDrafter, hybrid_of
-from serve.drafters.length import ExpectedGain, FixedLength, LastDraft
-from serve.drafters.ngram import NgramDrafter
-from serve.core.errors import DraftsmithError
-from serve.tree import add_chain, chain_parents
+from draftsmith.serve.core.costs import VerifyCosts
+from draftsmith.serve.drafters import DrafterSpecError, build_drafter
+from draftsmith.serve.drafters.base import Draft, Drafter
+from draftsmith.serve.drafters.arms import ArmLedger, accepted_depth
+from draftsmith.serve.drafters.hybrid import HybridDrafter, hybrid_of
+from draftsmith.serve.drafters.length import ExpectedGain, FixedLength, LastDraft
+from draftsmith.serve.drafters.ngram import NgramDrafter
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.tree import add_chain, chain_parents
 
 FLAT = VerifyCosts(ratios={0: 1.0, 16: 1.0}, step_seconds=0.01)
 
@@ -173,7 +173,7 @@ def test_a_tree_holds_both_when_the_tree_leads():
 
 
 def test_hybrid_spec_errors(tiny_target_dir):
-    from serve.core.target import load_target
+    from draftsmith.serve.core.target import load_target
 
     target = load_target(tiny_target_dir)
     with pytest.raises(DrafterSpecError, match="hybrid:DIR"):
@@ -185,7 +185,7 @@ def test_hybrid_spec_errors(tiny_target_dir):
 
 
 def test_hybrid_specs_parse_in_one_place(tmp_path):
-    from serve.drafters.spec import default_name, parse_drafter_spec, spec_path, split_tree
+    from draftsmith.serve.drafters.spec import default_name, parse_drafter_spec, spec_path, split_tree
 
     folder = tmp_path / "eagle3"
     folder.mkdir()
@@ -202,7 +202,7 @@ def test_hybrid_specs_parse_in_one_place(tmp_path):
 
 
 def test_winners_per_domain():
-    from eval.winners import winners
+    from draftsmith.eval.winners import winners
 
     def block(speedup, mu):
         return {"speedup": speedup, "mu": mu}

@@ -10,12 +10,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # what the decoders may take from serve/drafters/: the protocol, the K / tree settings, the length model's maths (the
 # batch's draft width) and the pause rule (the batch's drafting gate), never a drafter
-DECODER_MAY_IMPORT = {"serve.drafters.base", "serve.drafters.settings", "serve.drafters.length_model",
-                      "serve.drafters.pause"}
+DECODER_MAY_IMPORT = {"draftsmith.serve.drafters.base", "draftsmith.serve.drafters.settings",
+                      "draftsmith.serve.drafters.length_model",
+                      "draftsmith.serve.drafters.pause"}
 # package -> packages it must never import
 NEVER = {"serve": {"data", "train", "eval", "scripts"}, "data": {"train", "eval", "scripts"},
          "train": {"eval", "scripts"}, "eval": {"train", "scripts"}}
 DISTRIBUTED = ("accelerate", "deepspeed", "torch.distributed")
+
+
+def folder_of(module: str) -> str | None:
+    """The repository folder an import of ours comes from (`draftsmith.serve.x` -> serve, `draftsmith.cli` ->
+    scripts, the package itself); None for another distribution's module."""
+    parts = module.split(".")
+    if parts[0] != "draftsmith":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in ("serve", "data", "train", "eval", "configs") else "scripts"
 
 
 def imports_of(path: Path) -> set[str]:
@@ -30,13 +40,13 @@ def imports_of(path: Path) -> set[str]:
 
 def test_the_decoder_imports_no_drafter():
     for path in [ROOT / "serve" / "decoding.py", *sorted((ROOT / "serve" / "batch").glob("*.py"))]:  # batch 1, batched
-        from_drafters = {m for m in imports_of(path) if m.startswith("serve.drafters")}
+        from_drafters = {m for m in imports_of(path) if m.startswith("draftsmith.serve.drafters")}
         assert from_drafters <= DECODER_MAY_IMPORT, (path.name, sorted(from_drafters - DECODER_MAY_IMPORT))
 
 
 def test_no_drafter_imports_the_decoder():
     offenders = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "serve" / "drafters").glob("*.py"))
-                 if p.name != "__init__.py" and "serve.decoding" in imports_of(p)]
+                 if p.name != "__init__.py" and "draftsmith.serve.decoding" in imports_of(p)]
     assert offenders == []
 
 
@@ -44,7 +54,7 @@ def test_packages_point_one_way():
     wrong = []
     for package, forbidden in NEVER.items():
         for path in sorted((ROOT / package).rglob("*.py")):
-            bad = {m for m in imports_of(path) if m.split(".")[0] in forbidden}
+            bad = {m for m in imports_of(path) if folder_of(m) in forbidden}
             wrong += [f"{path.relative_to(ROOT)} imports {m}" for m in sorted(bad)]
     assert wrong == []
 
@@ -56,7 +66,9 @@ def test_only_the_training_loop_touches_the_distributed_stack():
 
 
 def _module_name(path: Path) -> str:
+    """The installed name of the repository file `path` (scripts/cli/train.py -> draftsmith.cli.train)."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    parts = ["draftsmith", *(parts[1:] if parts[0] == "scripts" else parts)]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -118,8 +130,8 @@ def test_the_core_stands_on_nothing_else():
     convention, prompts, sampling): it imports nothing of draftsmith outside itself."""
     wrong = []
     for path in sorted((ROOT / "serve" / "core").glob("*.py")):
-        ours = {m for m in imports_of(path) if m.split(".")[0] in ("serve", "data", "train", "eval", "scripts")}
-        wrong += [f"{path.name} imports {m}" for m in sorted(ours) if not m.startswith("serve.core")]
+        ours = {m for m in imports_of(path) if folder_of(m) is not None}
+        wrong += [f"{path.name} imports {m}" for m in sorted(ours) if not m.startswith("draftsmith.serve.core")]
     assert wrong == []
 
 
@@ -129,7 +141,7 @@ def test_cli_and_benchmarks_live_apart():
     top = sorted(p.name for p in (ROOT / "scripts").glob("*.py"))
     assert not [name for name in top if name.startswith(("cmd_", "bench_"))], top
     importers = [str(p.relative_to(ROOT)) for package in ("serve", "data", "train", "eval", "scripts/cli")
-                 for p in sorted((ROOT / package).rglob("*.py")) if any(m.startswith("scripts.bench")
+                 for p in sorted((ROOT / package).rglob("*.py")) if any(m.startswith("draftsmith.bench")
                                                                         for m in imports_of(p))]
     assert importers == []
 
@@ -138,10 +150,11 @@ def test_data_train_and_eval_take_shared_concepts_from_the_core():
     """data/, train/ and eval/ take what every package shares from serve/core; of the rest of serve/ only the
     drafters (which training trains and evaluation measures) and the decoders, batch 1 and batched (which evaluation
     measures and self-distillation generates with)."""
-    allowed = ("serve.core", "serve.drafters", "serve.decoding", "serve.batch")
+    allowed = ("draftsmith.serve.core", "draftsmith.serve.drafters", "draftsmith.serve.decoding",
+               "draftsmith.serve.batch")
     wrong = []
     for package in ("data", "train", "eval"):
         for path in sorted((ROOT / package).rglob("*.py")):
             wrong += [f"{path.relative_to(ROOT)} imports {m}" for m in sorted(imports_of(path))
-                      if m.startswith("serve") and not m.startswith(allowed)]
+                      if folder_of(m) == "serve" and not m.startswith(allowed)]
     assert wrong == []

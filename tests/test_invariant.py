@@ -11,16 +11,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from serve.batch.decoder import BatchDecoder, Job
-from serve.core.errors import TargetError
-from serve.core.invariant import (TILE_ROWS, InvariantLinear, apply_invariance, is_invariant, make_invariant,
+from draftsmith.serve.batch.decoder import BatchDecoder, Job
+from draftsmith.serve.core.errors import TargetError
+from draftsmith.serve.core.invariant import (TILE_ROWS, InvariantLinear, apply_invariance, is_invariant, make_invariant,
                                   make_variant, suspended)
-from serve.core.kv import cache_kwargs, new_cache, rollback
-from serve.core.target import Target, load_target
-from serve.core.target_config import TargetConfig
-from serve.decoding import plain_generate, speculative_generate
-from serve.drafters import build_drafter
-from serve.tree import TreeSpec
+from draftsmith.serve.core.kv import cache_kwargs, new_cache, rollback
+from draftsmith.serve.core.target import Target, load_target
+from draftsmith.serve.core.target_config import TargetConfig
+from draftsmith.serve.decoding import plain_generate, speculative_generate
+from draftsmith.serve.drafters import build_drafter
+from draftsmith.serve.tree import TreeSpec
 from tests.decoder_fixtures import (PROMPT, SAMPLES, AnswerTrees, GreedyTreeDrafter, chi_square_p, exact_joint,
                                     sampling_target)
 from tests.tiny_models import tiny_model
@@ -107,12 +107,12 @@ def test_a_left_padded_batch_prefills_each_row_as_alone(row_count_kernels, bf16)
 
 
 def drafter_for(spec: str, target, tiny_target_factory):
-    from serve.drafters.eagle1 import eagle1_config
-    from serve.drafters.eagle3 import eagle3_config
-    from serve.drafters.folder import build_head, make_drafter
-    from serve.drafters.hybrid import HybridDrafter
-    from serve.drafters.medusa import medusa_config
-    from serve.drafters.ngram import NgramDrafter
+    from draftsmith.serve.drafters.eagle1 import eagle1_config
+    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.drafters.folder import build_head, make_drafter
+    from draftsmith.serve.drafters.hybrid import HybridDrafter
+    from draftsmith.serve.drafters.medusa import medusa_config
+    from draftsmith.serve.drafters.ngram import NgramDrafter
 
     if spec == "model":
         return build_drafter(f"model:{tiny_target_factory('llama', seed=1)}", target)
@@ -230,8 +230,8 @@ def test_a_dtype_the_device_cannot_run_is_refused_before_loading(tiny_target_dir
 
 
 def test_the_cost_of_invariance_is_measured_side_by_side(tiny_target_dir, bf16):
-    from eval.costs import invariance_costs
-    from eval.report import invariance_lines
+    from draftsmith.eval.costs import invariance_costs
+    from draftsmith.eval.report import invariance_lines
 
     context = torch.randint(0, 256, (1, 32), generator=torch.Generator().manual_seed(0))
     costs = invariance_costs(bf16.model, context, [1, 5], repeats=2)
@@ -259,7 +259,7 @@ def test_default_target_in_bf16_scores_a_verify_as_its_steps(demo_target_dir):
     """The real default target in bf16: a verify forward over 6 tokens gives the logits of 6 one-token steps, bit
     for bit (on an AMX Xeon without invariance 74 of 96 such rows differed), and speculative greedy output equals
     plain greedy output."""
-    from serve.core.prompts import encode_prompt
+    from draftsmith.serve.core.prompts import encode_prompt
 
     target = load_target(demo_target_dir, dtype="bfloat16")
     assert is_invariant(target.model)

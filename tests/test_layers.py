@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.core.errors import DraftsmithError
-from serve.core.layers import (EAGLE3_MIN_LAYERS, FINAL, check_eagle3_layers, default_eagle3_layers, pick_hidden_states,
-                          published_eagle3_layers)
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.layers import (EAGLE3_MIN_LAYERS, FINAL, check_eagle3_layers, default_eagle3_layers,
+                                          pick_hidden_states, published_eagle3_layers)
 
 
 def test_default_aux_layers_are_distinct_and_servable_at_every_depth():
@@ -38,8 +38,8 @@ def test_unservable_aux_layers_are_refused():
 
 
 def test_training_refuses_what_export_would_refuse():
-    from serve.core.config import load_config
-    from train.config import TrainConfig, check
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.train.config import TrainConfig, check
 
     with pytest.raises(DraftsmithError, match="repeats a layer"):
         check(load_config(TrainConfig, overrides=["data.dataset=x", "model.aux_layer_ids=[1,2,2]"]))
@@ -47,7 +47,7 @@ def test_training_refuses_what_export_would_refuse():
 
 
 def test_pick_hidden_states_follows_the_convention(tiny_target_dir):
-    from serve.core.target import load_target
+    from draftsmith.serve.core.target import load_target
 
     model = load_target(tiny_target_dir).model
     with torch.no_grad():

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.core.costs import VerifyCosts
-from serve.decoding import plain_generate, speculative_generate
-from serve.drafters import DrafterSpecError, build_drafter
-from serve.drafters.length import ExpectedGain, FixedLength, LastDraft
-from serve.drafters.leaves import Leaf, choose_leaves, leaf_gains, leaf_tree, runner_ups
-from serve.core.target import load_target
-from serve.tree import ancestor_mask
+from draftsmith.serve.core.costs import VerifyCosts
+from draftsmith.serve.decoding import plain_generate, speculative_generate
+from draftsmith.serve.drafters import DrafterSpecError, build_drafter
+from draftsmith.serve.drafters.length import ExpectedGain, FixedLength, LastDraft
+from draftsmith.serve.drafters.leaves import Leaf, choose_leaves, leaf_gains, leaf_tree, runner_ups
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.tree import ancestor_mask
 
 FLAT = VerifyCosts(ratios={0: 1.0, 32: 1.0}, step_seconds=0.01)  # extra verified rows cost nothing
 STEEP = VerifyCosts(ratios={0: 1.0, 1: 1.6, 2: 2.2, 3: 2.8, 8: 6.0}, step_seconds=0.01)  # each row costs 0.6
@@ -84,9 +84,9 @@ def test_the_policy_hangs_leaves_only_where_rows_are_cheap():
 
 
 def _folder(target, tmp_path, method="eagle3"):
-    from serve.drafters.eagle3 import eagle3_config
-    from serve.drafters.folder import build_head, save_drafter
-    from serve.drafters.medusa import medusa_config
+    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.drafters.folder import build_head, save_drafter
+    from draftsmith.serve.drafters.medusa import medusa_config
 
     cfg = eagle3_config(target, aux_layer_ids=[0, 1, 1]) if method == "eagle3" else medusa_config(target, num_heads=3)
     torch.manual_seed(0)

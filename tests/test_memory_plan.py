@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from serve.core.errors import ConfigError
-from serve.core.known_configs import KNOWN_CONFIGS, known_config
-from serve.core.memory_plan import (GIB, Workload, candidate_layouts, choose_layout, plan_layout, plan_memory,
-                                    refusal, smallest_fitting)
-from serve.core.parallel_layout import Layout, resolve_layout
-from serve.core.target_arch import arch_of
+from draftsmith.serve.core.errors import ConfigError
+from draftsmith.serve.core.known_configs import KNOWN_CONFIGS, known_config
+from draftsmith.serve.core.memory_plan import (GIB, Workload, candidate_layouts, choose_layout, plan_layout,
+                                               plan_memory, refusal, smallest_fitting)
+from draftsmith.serve.core.parallel_layout import Layout, resolve_layout
+from draftsmith.serve.core.target_arch import arch_of
 from tests.tiny_models import tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +23,7 @@ CAPTURE = Workload(task="capture", dtype="bf16", tokens=4096, stored_layers=4, s
 
 
 def hf_config(name: str):
-    from serve.core.launch_target import target_hf_config
+    from draftsmith.serve.core.launch_target import target_hf_config
 
     return target_hf_config(name)
 
@@ -136,7 +136,7 @@ def test_training_counts_the_head_and_its_optimizer():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "scripts.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "draftsmith.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
 
 
@@ -168,11 +168,11 @@ LARGE_RECIPES = {"llama-3.1-8b": (1, 8), "llama-3.3-70b": (8,), "qwen3-32b": (8,
 
 @pytest.mark.parametrize("name", sorted(LARGE_RECIPES))
 def test_the_large_target_recipes_fit_80gb_devices(name):
-    from data.capture_plan import capture_plan
-    from data.config import CaptureConfig
-    from serve.core.config import load_config
-    from train.config import TrainConfig, check
-    from train.plan import train_plan
+    from draftsmith.data.capture_plan import capture_plan
+    from draftsmith.data.config import CaptureConfig
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.train.config import TrainConfig, check
+    from draftsmith.train.plan import train_plan
 
     train = check(load_config(TrainConfig, config_file=str(ROOT / "configs" / name / "eagle3.yaml"), overrides=[]),
                   data=False)

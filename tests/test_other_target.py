@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from data.made_for import TargetRecord, check_made_for
-from scripts.cli import main
-from serve.core.errors import DraftsmithError
-from serve.core.target import load_target
+from draftsmith.data.made_for import TargetRecord, check_made_for
+from draftsmith.cli import main
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.target import load_target
 from tests.tiny_models import SPECIALS, tiny_tokenizer
 from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows, sharp_target
 
@@ -55,12 +55,12 @@ def train(target: Path, dataset: Path, out: Path, *extra: str) -> int:
 
 def no_weights(monkeypatch):
     """Loading a target's weights fails the test: refusals must come first."""
-    import serve.core.launch_target
+    import draftsmith.serve.core.launch_target
 
     def refuse(*args, **kwargs):
         raise AssertionError("the target's weights were loaded before the refusal")
 
-    monkeypatch.setattr(serve.core.launch_target, "load_launch_target", refuse)
+    monkeypatch.setattr(draftsmith.serve.core.launch_target, "load_launch_target", refuse)
 
 
 def refused(capsys, code_or_call) -> str:

@@ -7,14 +7,14 @@ import pytest
 import torch
 from torch import nn
 
-from serve.core import packed
-from serve.decoding import plain_generate, speculative_generate
-from serve.drafters import build_drafter
-from serve.core.errors import DraftsmithError, TargetError
-from serve.core.packed import (MIN_ROWS, PackedLinear, choose_kernels, pack_linears, packing_wanted, set_small_kernels,
-                          tune_small_rows, unpack_linears)
-from serve.core.target import load_target
-from serve.core.target_config import TargetConfig
+from draftsmith.serve.core import packed
+from draftsmith.serve.decoding import plain_generate, speculative_generate
+from draftsmith.serve.drafters import build_drafter
+from draftsmith.serve.core.errors import DraftsmithError, TargetError
+from draftsmith.serve.core.packed import (MIN_ROWS, PackedLinear, choose_kernels, pack_linears, packing_wanted,
+                                          set_small_kernels, tune_small_rows, unpack_linears)
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.core.target_config import TargetConfig
 
 
 def packed_twin(linear: nn.Linear) -> nn.Linear:

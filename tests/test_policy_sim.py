@@ -6,14 +6,14 @@ import sys
 import pytest
 import torch
 
-from scripts.bench import policy_sim
-from serve.core.errors import DraftsmithError
-from serve.core.target import load_target
+from draftsmith.bench import policy_sim
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.target import load_target
 
 
 def _eagle3_folder(target, tmp_path) -> str:
-    from serve.drafters.eagle3 import eagle3_config
-    from serve.drafters.folder import build_head, save_drafter
+    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.drafters.folder import build_head, save_drafter
 
     cfg = eagle3_config(target, aux_layer_ids=[0, 1, 1])
     torch.manual_seed(0)
@@ -61,8 +61,8 @@ def test_arm_options_are_checked(tiny_target_dir, tmp_path):
 
 
 def test_prompt_lookup_arm_drafts_what_transformers_drafts(tiny_target_dir):
-    from eval.peers import Peer, run_peer
-    from serve.decoding import speculative_generate
+    from draftsmith.eval.peers import Peer, run_peer
+    from draftsmith.serve.decoding import speculative_generate
 
     target = load_target(tiny_target_dir)
     prompt = [5, 6, 7, 8, 5, 6, 9, 10, 7, 8, 5, 6, 7, 8, 11, 5, 6]  # 2-grams that recur with other continuations
@@ -75,7 +75,7 @@ def test_prompt_lookup_arm_drafts_what_transformers_drafts(tiny_target_dir):
 
 
 def test_fixed_costs_replace_the_measured_ones(tiny_target_dir):
-    from serve.core.costs import verify_costs_for
+    from draftsmith.serve.core.costs import verify_costs_for
 
     target = load_target(tiny_target_dir)
     costs = policy_sim.fixed_costs(target.model, "1.1,1.3,1.3")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from serve.core.errors import ConfigError
-from serve.core.recipes import builtin_dir, builtin_recipes, resolve_recipe
+from draftsmith.serve.core.errors import ConfigError
+from draftsmith.serve.core.recipes import builtin_dir, builtin_recipes, resolve_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +52,7 @@ def test_neither_a_file_nor_a_builtin_name(tmp_path, monkeypatch):
 
 
 def test_the_cli_prints_a_builtin_recipe_and_refuses_a_wrong_name(tmp_path, monkeypatch, capsys):
-    from scripts.cli import main
+    from draftsmith.cli import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--config", "smollm2-135m/eagle3", "--print-config"]) == 0

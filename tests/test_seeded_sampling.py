@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.batch.decoder import BatchDecoder, Job
-from serve.core.noise import PositionNoise, gumbel, position_key
-from serve.core.target import load_target
-from serve.decoding import plain_generate, speculative_generate
-from serve.drafters import build_drafter
-from serve.tree import TreeSpec
+from draftsmith.serve.batch.decoder import BatchDecoder, Job
+from draftsmith.serve.core.noise import PositionNoise, gumbel, position_key
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.decoding import plain_generate, speculative_generate
+from draftsmith.serve.drafters import build_drafter
+from draftsmith.serve.tree import TreeSpec
 from tests.decoder_fixtures import GreedyTreeDrafter
 from tests.tiny_models import tiny_model
 
@@ -38,13 +38,13 @@ def plain_seeded(target, prompt, seed, **probs) -> list[int]:
 
 
 def make_drafter(spec: str, target, tiny_target_dir):
-    from serve.drafters.eagle3 import eagle3_config
-    from serve.drafters.folder import build_head, make_drafter as head_drafter
-    from serve.drafters.hybrid import HybridDrafter
-    from serve.drafters.length import ExpectedGain, FixedLength
-    from serve.drafters.medusa import medusa_config
-    from serve.drafters.ngram import NgramDrafter
-    from serve.core.costs import VerifyCosts
+    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.drafters.folder import build_head, make_drafter as head_drafter
+    from draftsmith.serve.drafters.hybrid import HybridDrafter
+    from draftsmith.serve.drafters.length import ExpectedGain, FixedLength
+    from draftsmith.serve.drafters.medusa import medusa_config
+    from draftsmith.serve.drafters.ngram import NgramDrafter
+    from draftsmith.serve.core.costs import VerifyCosts
 
     flat = VerifyCosts(ratios={0: 1.0, 8: 1.2})
     torch.manual_seed(5)

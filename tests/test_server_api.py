@@ -14,11 +14,11 @@ import openai
 import pytest
 import torch
 
-from serve.decoding import speculative_generate
-from serve.drafters import build_drafter
-from serve.server.app import create_app
-from serve.server.engine import Engine
-from serve.core.target import load_target
+from draftsmith.serve.decoding import speculative_generate
+from draftsmith.serve.drafters import build_drafter
+from draftsmith.serve.server.app import create_app
+from draftsmith.serve.server.engine import Engine
+from draftsmith.serve.core.target import load_target
 from tests.server_fixtures import SlowNgram, eventually, run_threads, running_server
 from tests.tiny_models import save_tiny_target
 
@@ -244,7 +244,7 @@ def test_disconnect_frees_the_slot(target):
 
 
 def test_loadtest_client_counts_tokens_and_latencies(url, tmp_path):
-    from scripts.bench.loadtest import builtin_prompts, int_list, main, percentile, run_load
+    from draftsmith.bench.loadtest import builtin_prompts, int_list, main, percentile, run_load
 
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([1.0, 2.0], 99) == pytest.approx(1.99)
     (server,) = run_load({"tiny": url}, builtin_prompts(), clients=2, requests=4, max_tokens=8, temperature=0.0,
@@ -297,7 +297,7 @@ def test_sampling_with_a_seed_is_reproducible_and_matches_the_decoder(target, cl
 def test_seeded_requests_give_plain_seeded_text_alone_and_concurrently(target):
     """With the default drafter (its length chosen per step, from timing) and a batch of 4, each seeded request's
     text is plain seeded decoding's, sent alone or beside the others (serve/core/noise.py)."""
-    from serve.decoding import plain_generate
+    from draftsmith.serve.decoding import plain_generate
 
     prompts = [f"seeded {i} " + "abc " * i for i in range(6)]
     expected = {}
@@ -320,8 +320,8 @@ def test_seeded_requests_give_plain_seeded_text_alone_and_concurrently(target):
 
 
 def test_build_app_from_config(tiny_target_dir):
-    from serve.core.config import load_config
-    from serve.server import ServeConfig, build_app
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.serve.server import ServeConfig, build_app
 
     config = load_config(ServeConfig, overrides=[f"target={tiny_target_dir}", "drafter=ngram:max_n=2", "k=3",
                                                  "served_model_name=cfg", "tree.enabled=true", "context_length=64",
@@ -358,7 +358,7 @@ def test_a_busy_port_is_reported_before_the_model_loads(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        run = subprocess.run([sys.executable, "-m", "scripts.cli", "serve", "--target", str(tmp_path / "absent"),
+        run = subprocess.run([sys.executable, "-m", "draftsmith.cli", "serve", "--target", str(tmp_path / "absent"),
                               "--port", str(port)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr
     assert run.stderr.strip().splitlines() == [f"error: port {port} on 127.0.0.1 is already in use (another "
@@ -368,11 +368,11 @@ def test_a_busy_port_is_reported_before_the_model_loads(tmp_path):
 
 def test_serves_a_drafter_folder_with_tree_drafting_losslessly(target, tiny_target_dir, tmp_path):
     """A (random) EAGLE-3 head folder served with dynamic trees: greedy text equals plain decoding's."""
-    from serve.core.config import load_config
-    from serve.decoding import plain_generate
-    from serve.drafters.eagle3 import eagle3_config
-    from serve.drafters.folder import build_head, save_drafter
-    from serve.server import ServeConfig, build_app
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.serve.decoding import plain_generate
+    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.drafters.folder import build_head, save_drafter
+    from draftsmith.serve.server import ServeConfig, build_app
 
     torch.manual_seed(0)
     head_config = eagle3_config(target, aux_layer_ids=[0, 1, 1])

@@ -12,10 +12,10 @@ import httpx
 import pytest
 import torch
 
-from serve.core.target import load_target
-from serve.decoding import plain_generate
-from serve.server.app import create_app
-from serve.server.engine import Engine, warm_sizes
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.decoding import plain_generate
+from draftsmith.serve.server.app import create_app
+from draftsmith.serve.server.engine import Engine, warm_sizes
 from tests.server_fixtures import POISON, SlowNgram, eventually, run_threads, running_server, stream_completion
 
 MODEL = "tiny"
@@ -218,7 +218,7 @@ def test_a_prompt_the_decoder_refuses_fails_alone_with_a_400(target):
 def test_the_engine_measures_the_batch_sizes_verify_costs_at_start(target, caplog):
     """With a drafter, the costs of every power-of-two batch up to max_batch are measured by the worker before it
     takes a request."""
-    from serve.drafters import build_drafter
+    from draftsmith.serve.drafters import build_drafter
 
     assert [warm_sizes(n) for n in (1, 2, 3, 8, 9)] == [[1], [1, 2], [1, 2, 4], [1, 2, 4, 8], [1, 2, 4, 8, 16]]
     engine = Engine(target, build_drafter("ngram", target), k=K, max_batch=3)

@@ -19,11 +19,11 @@ import httpx
 import pytest
 import torch
 
-from serve.core.target import load_target
-from serve.server.app import create_app
-from serve.server.engine import Engine
-from serve.server.slot_memory import cache_bytes, release_slot_cache
-from serve.server.waiting import QueueFull, ShuttingDown, WaitingQueue, retry_after_seconds
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.server.app import create_app
+from draftsmith.serve.server.engine import Engine
+from draftsmith.serve.server.slot_memory import cache_bytes, release_slot_cache
+from draftsmith.serve.server.waiting import QueueFull, ShuttingDown, WaitingQueue, retry_after_seconds
 from tests.server_fixtures import SlowNgram, eventually, running_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,11 +127,12 @@ def test_a_long_request_gives_its_slot_cache_back(target):
 
 def test_the_target_as_given_on_the_command_line_names_the_model(target, monkeypatch):
     """`--target demo` serves the demo target under its short name; requests naming `demo` are answered too."""
-    import serve.core.target
-    from serve.core.config import load_config
-    from serve.server import ServeConfig, build_app
+    import draftsmith.serve.core.target
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.serve.server import ServeConfig, build_app
 
-    monkeypatch.setattr(serve.core.target, "load_configured", lambda config: target)  # `demo` stands for tiny here
+    # `demo` stands for tiny here
+    monkeypatch.setattr(draftsmith.serve.core.target, "load_configured", lambda config: target)
     config = load_config(ServeConfig, overrides=["target=demo", "speculation=false", "served_model_name=mine"])
     with running_server(build_app(config)) as base:
         for name in ("mine", "demo"):
@@ -164,9 +165,9 @@ def test_an_empty_or_non_json_body_says_what_to_send(target):
 @pytest.mark.parametrize("override, message", [("drain_seconds=-1", "drain_seconds must be at least 0"),
                                                ("keep_cache_mb=nan", "keep_cache_mb must be a finite number")])
 def test_the_drain_limit_and_the_kept_cache_are_checked_when_the_config_is_built(override, message):
-    from serve.core.config import load_config
-    from serve.core.errors import ConfigError
-    from serve.server import ServeConfig
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.serve.core.errors import ConfigError
+    from draftsmith.serve.server import ServeConfig
 
     with pytest.raises(ConfigError, match=message):
         load_config(ServeConfig, overrides=[override])
@@ -285,14 +286,14 @@ def test_a_server_killed_mid_request_restarts_and_serves(tiny_target_dir, tmp_pa
         assert out.status_code == 200 and out.json()["usage"]["completion_tokens"] == 6
     finally:
         again.stop()
-    from serve.core.traffic import read_traffic
+    from draftsmith.serve.core.traffic import read_traffic
 
     assert len(list(read_traffic(record))) == 2  # the killed stream was never answered, so never kept
 
 
 def test_a_cpu_slot_cache_takes_memory_only_for_what_is_written():
     """A slot cache is reserved for whole requests (prompt + max_tokens); on the CPU its pages are taken as written."""
-    from serve.core.slots import reserve_zeros
+    from draftsmith.serve.core.slots import reserve_zeros
 
     def rss_mib() -> float:
         with open("/proc/self/status") as f:

@@ -13,9 +13,9 @@ import httpx
 import openai
 import pytest
 
-from serve.server.app import Server, create_app
-from serve.server.engine import Engine
-from serve.core.target import load_target
+from draftsmith.serve.server.app import Server, create_app
+from draftsmith.serve.server.engine import Engine
+from draftsmith.serve.core.target import load_target
 from tests.server_fixtures import running_server
 
 MODEL = "tiny"
@@ -218,9 +218,9 @@ def test_fields_the_server_cannot_honour_are_refused_by_name(url):
                                                ("max_prompt_chars=0", "max_prompt_chars must be at least 1"),
                                                ("record_segment_mb=-1", "record_segment_mb must be above 0")])
 def test_limits_are_checked_when_the_config_is_built(override, message):
-    from serve.core.config import load_config
-    from serve.core.errors import ConfigError
-    from serve.server import ServeConfig
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.serve.core.errors import ConfigError
+    from draftsmith.serve.server import ServeConfig
 
     with pytest.raises(ConfigError, match=message):
         load_config(ServeConfig, overrides=[override])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve.server.text import TextAssembler, find_stop, held_back
+from draftsmith.serve.server.text import TextAssembler, find_stop, held_back
 from tests.tiny_models import tiny_tokenizer
 
 

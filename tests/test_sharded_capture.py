@@ -24,7 +24,7 @@ def setup(tmp_path_factory, tiny_target_factory):
 def test_split_capture_equals_one_process(setup, nproc, parallel, extra, layout):
     target, dataset, one, root = setup
     out = root / f"{parallel}{nproc}"
-    done = torchrun(nproc, "-m", "scripts.cli", "data", "capture", "--target", str(target), "--dataset",
+    done = torchrun(nproc, "-m", "draftsmith.cli", "data", "capture", "--target", str(target), "--dataset",
                     str(dataset), "--out", str(out), *CAPTURE, f"capture.target.parallel={parallel}", *extra)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"layout: {layout} device(s)" in done.stderr
@@ -38,7 +38,7 @@ def test_other_families_split_and_capture_the_same(tmp_path, tiny_target_factory
     """Qwen3-MoE (q/k norms replicated) with its experts split over the TP group (expert parallelism)."""
     target = tiny_target_factory(family, num_hidden_layers=EAGLE3_LAYERS)
     dataset, one = captured_once(tmp_path, target, rows=4)
-    done = torchrun(2, "-m", "scripts.cli", "data", "capture", "--target", str(target), "--dataset", str(dataset),
+    done = torchrun(2, "-m", "draftsmith.cli", "data", "capture", "--target", str(target), "--dataset", str(dataset),
                     "--out", str(tmp_path / "two"), *CAPTURE, f"capture.target.parallel={parallel}")
     assert done.returncode == 0, done.stderr[-3000:]
     if family == "qwen3_moe" and parallel == "tp":

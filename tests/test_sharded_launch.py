@@ -56,7 +56,7 @@ def test_processes_that_disagree_are_refused_before_any_work(setup, tmp_path):
 
 def test_a_tp_size_that_does_not_divide_the_heads_is_one_line(setup, tmp_path):
     target, dataset, _ = setup
-    done = torchrun(3, "-m", "scripts.cli", "data", "capture", "--target", str(target), "--dataset", str(dataset),
+    done = torchrun(3, "-m", "draftsmith.cli", "data", "capture", "--target", str(target), "--dataset", str(dataset),
                     "--out", str(tmp_path / "c"), *CAPTURE, "capture.target.parallel=tp")
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert done.returncode != 0 and errors, done.stderr[-2000:]
@@ -74,7 +74,7 @@ def test_a_process_lost_mid_capture_resumes_shard_by_shard(setup, tmp_path):
     kept = {p.with_suffix(".safetensors").name: p.with_suffix(".safetensors").stat().st_mtime_ns
             for p in out.glob("shard-*.json")}  # finished shards: a sidecar is written after its shard
     assert kept and not (out / "manifest.json").exists()
-    again = torchrun(2, "-m", "scripts.cli", *args, "capture.target.parallel=tp")
+    again = torchrun(2, "-m", "draftsmith.cli", *args, "capture.target.parallel=tp")
     assert again.returncode == 0, again.stderr[-3000:]
     assert all((out / name).stat().st_mtime_ns == mtime for name, mtime in kept.items())  # kept, not redone
     assert max_difference(one, out) <= 1e-5

@@ -28,10 +28,10 @@ def overrides(target, dataset, out_dir, batch_size: int, *, method: str = "eagle
 
 def launch(nproc: int, args: list[str]) -> subprocess.CompletedProcess:
     if nproc == 1:
-        cmd = [sys.executable, "-m", "scripts.cli", "train", *args]
+        cmd = [sys.executable, "-m", "draftsmith.cli", "train", *args]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), "-m",
-               "scripts.cli", "train", *args]
+               "draftsmith.cli", "train", *args]
     return subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
 
 

@@ -8,10 +8,10 @@ import shutil
 import pytest
 import torch
 
-from serve.core.errors import DraftsmithError, TargetError
-from serve.core.layers import FINAL, hidden_states_at, pick_hidden_states
-from serve.core.target import load_configured, load_target
-from serve.core.target_config import TargetConfig
+from draftsmith.serve.core.errors import DraftsmithError, TargetError
+from draftsmith.serve.core.layers import FINAL, hidden_states_at, pick_hidden_states
+from draftsmith.serve.core.target import load_configured, load_target
+from draftsmith.serve.core.target_config import TargetConfig
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_moe"])
@@ -32,9 +32,9 @@ def test_hooked_hidden_states_equal_the_tuple(tiny_target_factory, family):
 def test_lock_step_forward_on_one_process(tiny_target_dir, monkeypatch):
     import torch.distributed as dist
 
-    from data.capture import forward_hidden_states, forward_sharded, target_argmax
-    from serve.core.parallel_layout import Layout
-    from serve.core.sharded_target import ShardedForward
+    from draftsmith.data.capture import forward_hidden_states, forward_sharded, target_argmax
+    from draftsmith.serve.core.parallel_layout import Layout
+    from draftsmith.serve.core.sharded_target import ShardedForward
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29631")
@@ -56,7 +56,7 @@ def test_lock_step_forward_on_one_process(tiny_target_dir, monkeypatch):
 
 
 def test_files_fingerprint_sees_other_weights(tiny_target_dir, tmp_path):
-    from serve.core.identity import files_fingerprint
+    from draftsmith.serve.core.identity import files_fingerprint
 
     copy = tmp_path / "copy"
     shutil.copytree(tiny_target_dir, copy)
@@ -71,13 +71,13 @@ def test_files_fingerprint_sees_other_weights(tiny_target_dir, tmp_path):
 def test_a_launch_that_cannot_start_names_the_launch_command(monkeypatch):
     import torch.distributed as dist
 
-    from serve.core.process_group import start
+    from draftsmith.serve.core.process_group import start
 
     assert not dist.is_initialized()
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     monkeypatch.delenv("MASTER_ADDR", raising=False)
-    with pytest.raises(DraftsmithError, match=r"MASTER_ADDR.*torchrun --nproc-per-node N -m scripts.cli train"):
+    with pytest.raises(DraftsmithError, match=r"MASTER_ADDR.*torchrun --nproc-per-node N -m draftsmith.cli train"):
         start(device_type="cpu", command="train --config R.yaml")
     monkeypatch.setattr(dist, "is_gloo_available", lambda: False)
     with pytest.raises(DraftsmithError, match=r"gloo backend is not available.*torchrun"):
@@ -85,7 +85,7 @@ def test_a_launch_that_cannot_start_names_the_launch_command(monkeypatch):
     monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
     with pytest.raises(DraftsmithError, match=r"nccl backend is not available"):
         start(device_type="cuda", command="train")
-    assert start.__module__ == "serve.core.process_group" and os.environ["WORLD_SIZE"] == "2"
+    assert start.__module__ == "draftsmith.serve.core.process_group" and os.environ["WORLD_SIZE"] == "2"
 
 
 def test_parallel_is_refused_where_the_target_runs_whole():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import serve.core.threads as threads
-from scripts.cli import build_parser, main
-from serve.core.threads import ThreadChoice, apply_threads, choose_threads, idle_cores, usable_cores
+import draftsmith.serve.core.threads as threads
+from draftsmith.cli import build_parser, main
+from draftsmith.serve.core.threads import ThreadChoice, apply_threads, choose_threads, idle_cores, usable_cores
 
 
 def test_the_policy():

@@ -9,11 +9,11 @@ import httpx
 import pytest
 from safetensors.torch import load_file
 
-from scripts.cli import main
-from serve.server import ServeConfig, build_app
-from serve.core.traffic import TrafficError, TrafficRecorder, read_traffic, traffic_rows
-from serve.core.target import load_target
-from serve.core.target_config import TargetConfig
+from draftsmith.cli import main
+from draftsmith.serve.server import ServeConfig, build_app
+from draftsmith.serve.core.traffic import TrafficError, TrafficRecorder, read_traffic, traffic_rows
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.core.target_config import TargetConfig
 from tests.server_fixtures import running_server
 from tests.train_fixtures import EAGLE3_LAYERS, sharp_target
 
@@ -59,7 +59,7 @@ def test_recording_keeps_what_was_served(recorded, target_dir):
     assert chat["sampling"]["temperature"] == 0 and chat["sampling"]["max_tokens"] == 24 and chat["time"] > 0
     assert records[-1]["prompt"] == "Once upon" and records[-1]["messages"] is None
     # what was recorded is the target's own output for the prompt it saw
-    from serve.decoding import plain_generate
+    from draftsmith.serve.decoding import plain_generate
 
     import torch
 

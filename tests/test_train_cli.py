@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from scripts.cli import main
-from serve.core.config import ConfigError, load_config
+from draftsmith.cli import main
+from draftsmith.serve.core.config import ConfigError, load_config
 from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows, sharp_target
-from train.config import TrainConfig, check
+from draftsmith.train.config import TrainConfig, check
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted([*(ROOT / "configs/smollm2-135m").glob("*.yaml"), *(ROOT / "configs/debug").glob("*.yaml")])
@@ -50,7 +50,7 @@ def test_train_command_writes_a_drafter_folder(tmp_path, capsys):
 
 
 def test_wandb_runs_offline_without_a_key(tmp_path, monkeypatch):
-    from train.tracking import Tracker, read_log
+    from draftsmith.train.tracking import Tracker, read_log
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)

@@ -35,7 +35,7 @@ def _accelerate_launch(args: list[str], *, use_cpu_flag: bool = True) -> subproc
     (no CUDA here: accelerate and DeepSpeed then run on CPU over gloo)."""
     launcher = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
     cmd = [launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision",
-           "no", "--dynamo_backend", "no", "--main_process_port", "29517", "-m", "scripts.cli", "train", *args]
+           "no", "--dynamo_backend", "no", "--main_process_port", "29517", "-m", "draftsmith.cli", "train", *args]
     env = {**_env(), **({"ACCELERATE_USE_CPU": "true"} if use_cpu_flag else {})}
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
@@ -46,7 +46,7 @@ def setup(tmp_path_factory):
     target = sharp_target(root / "target", num_hidden_layers=EAGLE3_LAYERS)
     dataset = save_rows(greedy_rows(target, rows=10, new_tokens=20), root / "data")
     single = root / "single"
-    subprocess.run([sys.executable, "-m", "scripts.cli", "train", *_overrides(target, dataset, single, 4)],
+    subprocess.run([sys.executable, "-m", "draftsmith.cli", "train", *_overrides(target, dataset, single, 4)],
                    cwd=ROOT, env=_env(), check=True, capture_output=True, timeout=300)
     return target, dataset, root, load_file(str(single / "drafter" / "model.safetensors"))
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from serve.drafters.masks import causal_allowed, ttt_allowed
-from train import losses
+from draftsmith.serve.drafters.masks import causal_allowed, ttt_allowed
+from draftsmith.train import losses
 
 
 def test_shift_left_and_row_mask():

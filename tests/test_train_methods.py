@@ -7,15 +7,15 @@ import json
 import pytest
 import torch
 
-from serve.core.config import load_config
-from serve.decoding import plain_generate, speculative_generate
-from serve.drafters import build_drafter
-from serve.core.target import load_target
-from serve.tree import TreeSpec
+from draftsmith.serve.core.config import load_config
+from draftsmith.serve.decoding import plain_generate, speculative_generate
+from draftsmith.serve.drafters import build_drafter
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.tree import TreeSpec
 from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows, sharp_target
-from train.config import TrainConfig
-from train.run import train_drafter
-from train.tracking import read_log
+from draftsmith.train.config import TrainConfig
+from draftsmith.train.run import train_drafter
+from draftsmith.train.tracking import read_log
 
 
 @pytest.fixture(scope="module")

@@ -6,17 +6,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from serve.core.config import load_config
-from serve.core.target import load_target
+from draftsmith.serve.core.config import load_config
+from draftsmith.serve.core.target import load_target
 from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows, sharp_target
-from train.config import TrainConfig
-from train.run import train_drafter
+from draftsmith.train.config import TrainConfig
+from draftsmith.train.run import train_drafter
 
 
 @pytest.fixture(scope="module")
 def cached(tmp_path_factory):
-    from data.capture import capture_hidden_states
-    from data.config import CaptureConfig
+    from draftsmith.data.capture import capture_hidden_states
+    from draftsmith.data.config import CaptureConfig
 
     root = tmp_path_factory.mktemp("offline")
     target_dir = sharp_target(root / "target", num_hidden_layers=EAGLE3_LAYERS)
@@ -37,9 +37,9 @@ def _config(target, dataset, root, method: str, mode: str) -> TrainConfig:
 
 @pytest.mark.parametrize("method", ["eagle3", "eagle1", "medusa"])
 def test_offline_and_online_give_the_same_loss_on_the_same_batch(cached, method):
-    from train.features import open_rows
-    from train.objectives import TargetParts, build_objective
-    from train.run import _batch_maker, head_config, needed_layers
+    from draftsmith.train.features import open_rows
+    from draftsmith.train.objectives import TargetParts, build_objective
+    from draftsmith.train.run import _batch_maker, head_config, needed_layers
 
     target_dir, dataset, root = cached
     target = load_target(target_dir)
@@ -49,7 +49,7 @@ def test_offline_and_online_give_the_same_loss_on_the_same_batch(cached, method)
     online_rows = open_rows("online", dataset=str(dataset))
     offline_rows = open_rows("offline", cache=str(root / "cache"), target=target, layers=layers)
     assert len(online_rows) == len(offline_rows) == 8
-    from serve.drafters.folder import build_head
+    from draftsmith.serve.drafters.folder import build_head
 
     torch.manual_seed(0)
     objective = build_objective(build_head(cfg), TargetParts.of(target), ttt_steps=2, decay=0.8, feature_noise=0.1,
@@ -86,9 +86,9 @@ def test_training_from_a_stale_cache_is_refused(cached, tmp_path, capsys):
 
     from datasets import load_from_disk
 
-    from data.capture import capture_hidden_states
-    from data.config import CaptureConfig
-    from scripts.cli import main
+    from draftsmith.data.capture import capture_hidden_states
+    from draftsmith.data.config import CaptureConfig
+    from draftsmith.cli import main
 
     target_dir, dataset, _ = cached
     rows = list(load_from_disk(str(dataset)))

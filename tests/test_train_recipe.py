@@ -9,21 +9,21 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from serve.core.config import load_config
-from serve.decoding import plain_generate, speculative_generate
-from serve.drafters import build_drafter
-from serve.core.target import load_target
+from draftsmith.serve.core.config import load_config
+from draftsmith.serve.decoding import plain_generate, speculative_generate
+from draftsmith.serve.drafters import build_drafter
+from draftsmith.serve.core.target import load_target
 from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows, sharp_target
-from train.config import TrainConfig
-from train.objectives import agreement_of
-from train.run import train_drafter
-from train.tracking import read_log
+from draftsmith.train.config import TrainConfig
+from draftsmith.train.objectives import agreement_of
+from draftsmith.train.run import train_drafter
+from draftsmith.train.tracking import read_log
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    from data.capture import capture_hidden_states
-    from data.config import CaptureConfig
+    from draftsmith.data.capture import capture_hidden_states
+    from draftsmith.data.config import CaptureConfig
 
     root = tmp_path_factory.mktemp("recipe")
     target_dir = sharp_target(root / "target", num_hidden_layers=EAGLE3_LAYERS)
@@ -61,7 +61,7 @@ def test_agreement_counts_leading_runs():
 
 
 def test_cache_stores_the_targets_top1(job):
-    from data.capture import CacheReader
+    from draftsmith.data.capture import CacheReader
 
     target_dir, root = job
     target = load_target(target_dir)
@@ -91,10 +91,10 @@ def test_feature_norms_train_and_draft_losslessly(job, norm):
 
 
 def test_aux_noise_is_seeded_and_changes_the_loss(job):
-    from serve.drafters.folder import build_head
-    from train.features import open_rows
-    from train.objectives import TargetParts, build_objective
-    from train.run import _batch_maker, head_config, needed_layers
+    from draftsmith.serve.drafters.folder import build_head
+    from draftsmith.train.features import open_rows
+    from draftsmith.train.objectives import TargetParts, build_objective
+    from draftsmith.train.run import _batch_maker, head_config, needed_layers
 
     target_dir, root = job
     target = load_target(target_dir)
@@ -117,11 +117,11 @@ def test_aux_noise_is_seeded_and_changes_the_loss(job):
 def test_held_out_set_curves_and_best_head(job):
     """A held-out cache of its own: every evaluation logs held-out and train agreement and mu_tf; the drafter
     written is the best evaluation's head (its mu_tf recomputed from the saved weights)."""
-    from serve.drafters.folder import load_head
-    from train.evaluate import agreement_over
-    from train.features import open_rows
-    from train.objectives import TargetParts, build_objective
-    from train.run import _batch_maker, head_config, needed_layers
+    from draftsmith.serve.drafters.folder import load_head
+    from draftsmith.train.evaluate import agreement_over
+    from draftsmith.train.features import open_rows
+    from draftsmith.train.objectives import TargetParts, build_objective
+    from draftsmith.train.run import _batch_maker, head_config, needed_layers
 
     target_dir, root = job
     config = _config(target_dir, root, "best", f"data.eval_cache={root / 'cache-held'}", "log.eval_every=6",
@@ -163,7 +163,7 @@ def test_ablation_script_trains_rows_side_by_side(job, tmp_path):
     """scripts/bench/ablate.py: one row per change, reused when rerun, a table and a plot of μ against tokens."""
     import yaml
 
-    from scripts.bench.ablate import main
+    from draftsmith.bench.ablate import main
 
     target_dir, root = job
     recipe = tmp_path / "recipe.yaml"
@@ -198,10 +198,10 @@ def test_ablation_script_trains_rows_side_by_side(job, tmp_path):
 def test_prompt_positions_train_with_their_weight(job):
     """loss.prompt_weight: prompt positions become loss rows with that weight (soft targets of the target's own
     distribution); 0 keeps the assistant-only rows."""
-    from serve.drafters.folder import build_head
-    from train.features import open_rows
-    from train.objectives import TargetParts, build_objective
-    from train.run import _batch_maker, head_config, needed_layers
+    from draftsmith.serve.drafters.folder import build_head
+    from draftsmith.train.features import open_rows
+    from draftsmith.train.objectives import TargetParts, build_objective
+    from draftsmith.train.run import _batch_maker, head_config, needed_layers
 
     target_dir, root = job
     target = load_target(target_dir)
@@ -243,7 +243,7 @@ def test_time_budget_fits_the_run_and_its_schedule(job):
 
 
 def test_steps_within_leaves_time_for_the_evaluations():
-    from train.schedule import steps_within
+    from draftsmith.train.schedule import steps_within
 
     # 10 s left at 0.5 s a step, an evaluation of 1 s every 4 steps and one at the end: (10 - 1) / 0.75 = 12 steps
     assert steps_within(20, elapsed=10, step_seconds=0.5, eval_seconds=1.0, eval_every=4, done=5,
@@ -255,8 +255,8 @@ def test_steps_within_leaves_time_for_the_evaluations():
 def test_time_budget_refits_when_the_steps_speed_up(monkeypatch):
     """Steps of 2 s while the first ones are timed, then 1 s: the later fit lengthens the run (within its epochs), a
     step past the budget is the last, and evaluation time is not counted as step time."""
-    import train.loop as loop
-    from train.schedule import CALIBRATION_STEPS, REFIT_EVERY
+    import draftsmith.train.loop as loop
+    from draftsmith.train.schedule import CALIBRATION_STEPS, REFIT_EVERY
 
     now = [0.0]
     monkeypatch.setattr(loop.time, "perf_counter", lambda: now[0])

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from scripts.cli import main
+from draftsmith.cli import main
 from tests.train_fixtures import greedy_rows, save_rows, sharp_target
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _command(target, dataset, out_dir) -> list[str]:
-    return [sys.executable, "-m", "scripts.cli", *_args(target, dataset, out_dir)]
+    return [sys.executable, "-m", "draftsmith.cli", *_args(target, dataset, out_dir)]
 
 
 def _args(target, dataset, out_dir) -> list[str]:

@@ -1,11 +1,11 @@
 """Data order and learning-rate schedule: pure functions of the step, so a resume needs only the step."""
 from __future__ import annotations
 
-from serve.core.config import load_config
-from train.config import TrainConfig
-from train.features import split_rows
-from train.loop import deepspeed_config
-from train.schedule import DataOrder, lr_lambda
+from draftsmith.serve.core.config import load_config
+from draftsmith.train.config import TrainConfig
+from draftsmith.train.features import split_rows
+from draftsmith.train.loop import deepspeed_config
+from draftsmith.train.schedule import DataOrder, lr_lambda
 
 
 def test_data_order_covers_each_epoch_once_and_depends_only_on_the_step():
@@ -41,7 +41,7 @@ def test_lr_schedule_and_generated_deepspeed_config():
 
 
 def test_cadence_logs_and_evaluates_the_last_step_and_never_checkpoints_it():
-    from train.schedule import Cadence
+    from draftsmith.train.schedule import Cadence
 
     cadence = Cadence(total_steps=10, log_every=4, eval_every=3, checkpoint_every=5)
     assert [d for d in range(1, 11) if cadence.logs(d)] == [4, 8, 10]
@@ -52,7 +52,7 @@ def test_cadence_logs_and_evaluates_the_last_step_and_never_checkpoints_it():
 
 
 def test_metric_window_means_over_the_steps_since_the_last_record():
-    from train.metrics import MetricWindow, StepStats
+    from draftsmith.train.metrics import MetricWindow, StepStats
 
     window = MetricWindow(world=2, weights={"ce": 1.0, "feature": 0.5}, total_steps=8, steps_per_epoch=4)
     for _ in range(2):

@@ -1,10 +1,10 @@
 """The pure functions of verification on hand-made cases."""
 import torch
 
-from serve.drafters.ngram import continuation, lookup
-from serve.core.sampling import greedy_tokens, process_logits, residual, sample, target_probs
-from serve.tree import ancestor_mask, node_depths, path_to, static_tree_parents
-from serve.verify import verify_chain, verify_greedy, verify_tree
+from draftsmith.serve.drafters.ngram import continuation, lookup
+from draftsmith.serve.core.sampling import greedy_tokens, process_logits, residual, sample, target_probs
+from draftsmith.serve.tree import ancestor_mask, node_depths, path_to, static_tree_parents
+from draftsmith.serve.verify import verify_chain, verify_greedy, verify_tree
 
 
 def onehot(i, v=5):

@@ -24,7 +24,15 @@ ROOT = Path(__file__).resolve().parents[1]
 # What the sdist is made from (pyproject.toml, MANIFEST.in); runs/, .venv/ and the build's own leftovers stay behind.
 SOURCES = ["pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "Makefile", "serve", "data", "train", "eval",
            "scripts", "configs", "tests", "docs"]
-PACKAGES = ("serve", "data", "train", "eval", "scripts", "configs")
+# the repository's folders and the names they are installed under: one top-level name, `draftsmith`
+INSTALLED = {"scripts": "draftsmith", "serve": "draftsmith/serve", "data": "draftsmith/data",
+             "train": "draftsmith/train", "eval": "draftsmith/eval", "configs": "draftsmith/configs"}
+
+
+def installed_as(path: str) -> str:
+    """Where the repository file `path` (e.g. configs/demo/quick.yaml) lands in the wheel."""
+    top, _, rest = path.partition("/")
+    return f"{INSTALLED[top]}/{rest}"
 
 
 def _build(tmp: Path) -> tuple[Path, Path]:
@@ -77,21 +85,25 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_cli(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top = sorted({name.split("/")[0] for name in names})
     info = f"draftsmith-{wheel.name.split('-')[1]}.dist-info"
-    assert top == sorted([*PACKAGES, info]), top  # no tests/, runs/, docs/
+    assert top == sorted(["draftsmith", info]), top  # one package: no serve/, data/, ..., tests/, runs/, docs/
     shipped = set(names)
+    modules = [p.relative_to(ROOT).as_posix() for folder in INSTALLED for p in (ROOT / folder).rglob("*.py")
+               if "__pycache__" not in p.parts]
+    assert len(modules) > 100 and [f for f in modules if installed_as(f) not in shipped] == []  # every module
     configs = [p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").rglob("*")
                if p.is_file() and "__pycache__" not in p.parts]
-    assert [f for f in configs if f not in shipped] == []  # every recipe and template, llama-3.1-8b/ included
+    # every recipe and template, llama-3.1-8b/ included
+    assert [f for f in configs if installed_as(f) not in shipped] == []
     prompts = [p.relative_to(ROOT).as_posix() for p in (ROOT / "data" / "builtin").glob("*.jsonl")]
-    assert prompts and [f for f in prompts if f not in shipped] == []
-    assert {"scripts/launch_multi_gpu.sh", "scripts/launch_multi_node.sh"} <= shipped
+    assert prompts and [f for f in prompts if installed_as(f) not in shipped] == []
+    assert {"draftsmith/launch_multi_gpu.sh", "draftsmith/launch_multi_node.sh"} <= shipped
     assert not [n for n in names if "/tests/" in n or n.startswith(("tests/", "runs/")) or "__pycache__" in n]
     meta = email.message_from_bytes(zipfile.ZipFile(wheel).read(f"{info}/METADATA"))
     assert meta["License-Expression"] == "Apache-2.0" and meta["Description-Content-Type"] == "text/markdown"
     assert {"serve", "deepspeed", "dev"} <= set(meta.get_all("Provides-Extra"))
     assert meta.get_payload().lstrip().startswith("# draftsmith") and meta.get_all("Classifier")
     assert f"{info}/licenses/LICENSE" in shipped
-    assert "draftsmith = scripts.cli:main" in zipfile.ZipFile(wheel).read(
+    assert "draftsmith = draftsmith.cli:main" in zipfile.ZipFile(wheel).read(
         f"{info}/entry_points.txt").decode()
     with tarfile.open(sdist) as archive:
         in_sdist = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
@@ -107,14 +119,20 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_cli(tmp_path):
         return subprocess.run([str(venv / "bin" / args[0]), *args[1:]], cwd=work, env=env, capture_output=True,
                               text=True, timeout=timeout)
 
-    where = run("python", "-c", "import sys, configs, data, eval, scripts, serve, train; "
-                "print('\\n'.join(m.__file__ for m in (configs, data, eval, scripts, serve, train))); "
+    where = run("python", "-c", "import sys, draftsmith, draftsmith.configs, draftsmith.data, draftsmith.eval, "
+                "draftsmith.serve, draftsmith.train; print('\\n'.join(sys.modules[m].__file__ "
+                "for m in sys.modules if m.startswith('draftsmith'))); "
                 "print(any('__editable__' in name for name in sys.modules))")
     assert where.returncode == 0, where.stderr
     *files, editable = where.stdout.split()
     site = (venv / "lib").resolve()
-    assert all(Path(f).resolve().is_relative_to(site) for f in files), files  # the wheel's, not the checkout's
+    assert len(files) >= 6 and all(Path(f).resolve().is_relative_to(site) for f in files), files  # the wheel's
     assert editable == "False"
+    for old in ("serve", "data", "train", "eval", "scripts", "configs"):  # the folders' own names are not installed
+        gone = run("python", "-c", f"import {old}")
+        assert gone.returncode != 0 and "ModuleNotFoundError" in gone.stderr, (old, gone.stdout, gone.stderr[-500:])
+    as_module = run("python", "-m", "draftsmith", "--help")
+    assert as_module.returncode == 0 and "demo" in as_module.stdout, as_module.stderr[-2000:]
 
     help_ = run("draftsmith", "--help")
     assert help_.returncode == 0 and "demo" in help_.stdout, help_.stderr[-2000:]

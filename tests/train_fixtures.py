@@ -9,7 +9,7 @@ import torch
 
 def greedy_rows(target_dir: str | Path, *, rows: int = 24, prompt_len: int = 6, new_tokens: int = 40,
                 seed: int = 0) -> list[dict]:
-    from serve.core.target import load_target
+    from draftsmith.serve.core.target import load_target
 
     target = load_target(target_dir)
     gen = torch.Generator().manual_seed(seed)

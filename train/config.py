@@ -1,4 +1,4 @@
-"""The typed training config: defaults < YAML recipe < `a.b=value` overrides (serve.core.config.load_config).
+"""The typed training config: defaults < YAML recipe < `a.b=value` overrides (draftsmith.serve.core.config.load_config).
 
 Every hyper-parameter lives here once; the DeepSpeed JSON and the accelerate plugins are generated from it.
 """
@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from serve.core.errors import DraftsmithError
-from serve.core.layers import check_eagle3_layers
-from serve.core.ranges import check_ranges
-from serve.core.target_config import TargetConfig
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.layers import check_eagle3_layers
+from draftsmith.serve.core.ranges import check_ranges
+from draftsmith.serve.core.target_config import TargetConfig
 
 METHODS = ("eagle1", "eagle3", "medusa")
 STRATEGIES = ("ddp", "deepspeed", "fsdp")
@@ -120,7 +120,7 @@ class CheckpointConfig:
 
 @dataclass
 class TrainConfig:
-    # `target=PATH` and `device=cpu` of earlier versions keep working (serve.core.config.load_config)
+    # `target=PATH` and `device=cpu` of earlier versions keep working (draftsmith.serve.core.config.load_config)
     ALIASES: ClassVar[dict[str, str]] = {"target": "target.spec", "device": "target.device"}
     RANGES: ClassVar[dict[str, str]] = {"seed": ">= 0"}
     # device auto = cuda if available, else cpu; dtype auto = distributed.precision

@@ -10,13 +10,13 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from serve.core.errors import DraftsmithError
-from serve.core.whole_folder import clean_stale
-from serve.drafters.folder import is_drafter_folder, read_config
-from train.config import TrainConfig
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.whole_folder import clean_stale
+from draftsmith.serve.drafters.folder import is_drafter_folder, read_config
+from draftsmith.train.config import TrainConfig
 
 DRAFTER_DIR = "drafter"
-RESOLVED_NAME = "config.resolved.yaml"  # serve.core.config.save_config, written into the drafter folder
+RESOLVED_NAME = "config.resolved.yaml"  # draftsmith.serve.core.config.save_config, written into the drafter folder
 # How a run is watched, saved or spread over processes, not what it trains: runs that differ only here are one run.
 _NOT_TRAINING = ("log", "tracking", "checkpoint", "distributed")
 _NOT_TRAINING_TARGET = ("threads", "device")

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from train.objectives import Agreement, Objective
+from draftsmith.train.objectives import Agreement, Objective
 
 
 def agreement_over(objective: Objective, rows, indices: Sequence[int], make_batch: Callable[[list], tuple],

@@ -12,10 +12,10 @@ from typing import Sequence
 
 import torch
 
-from serve.core.errors import DraftsmithError
-from serve.core.invariant import suspended
-from serve.core.layers import pick_hidden_states
-from train.objectives import FeatureBatch
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.invariant import suspended
+from draftsmith.serve.core.layers import pick_hidden_states
+from draftsmith.train.objectives import FeatureBatch
 
 REQUIRED_COLUMNS = ("input_ids", "loss_mask")
 
@@ -27,7 +27,7 @@ class DatasetRows:
     def __init__(self, path: str | Path, *, tokenizer_hash: str | None = None):
         from datasets import Dataset, load_from_disk
 
-        from serve.core.traffic import is_traffic_folder, traffic_rows
+        from draftsmith.serve.core.traffic import is_traffic_folder, traffic_rows
 
         if not Path(path).exists():
             raise DraftsmithError(f"training dataset not found: {path} (make one with `draftsmith data build`)")
@@ -58,7 +58,7 @@ def open_rows(mode: str, *, dataset: str = "", cache: str = "", target=None, lay
     or its dataset has changed since (target_spec: how its refresh command names the target)."""
     if mode == "online":
         return DatasetRows(dataset, tokenizer_hash=target.tokenizer_hash if target is not None else None)
-    from data.capture import CacheReader, check_cache_current
+    from draftsmith.data.capture import CacheReader, check_cache_current
 
     reader = CacheReader(cache, layers=list(layers))  # CacheError names layers the cache lacks
     if target is not None and not allow_other_target:

@@ -18,13 +18,13 @@ from typing import Callable
 
 import torch
 
-from train import losses
-from train.config import TrainConfig
-from train.evaluate import BestTracker, agreement_over, sample_rows
-from train.metrics import MetricWindow, StepStats
-from train.objectives import Agreement, FeatureBatch, Objective
-from train.preflight import check_rows_fill_a_batch
-from train.schedule import CALIBRATION_STEPS, REFIT_EVERY, Cadence, DataOrder, lr_lambda, steps_within
+from draftsmith.train import losses
+from draftsmith.train.config import TrainConfig
+from draftsmith.train.evaluate import BestTracker, agreement_over, sample_rows
+from draftsmith.train.metrics import MetricWindow, StepStats
+from draftsmith.train.objectives import Agreement, FeatureBatch, Objective
+from draftsmith.train.preflight import check_rows_fill_a_batch
+from draftsmith.train.schedule import CALIBRATION_STEPS, REFIT_EVERY, Cadence, DataOrder, lr_lambda, steps_within
 
 CHECKPOINTS = "checkpoints"
 STATE_NAME = "trainer_state.json"
@@ -127,7 +127,7 @@ def _gathered(accelerator, model):
 # ----------------------------------------------------------------------------------------- checkpoints
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
-    from serve.core.whole_folder import clean_stale
+    from draftsmith.serve.core.whole_folder import clean_stale
 
     root = out_dir / CHECKPOINTS
     for aside in root.glob(".step_*.old-*"):  # a run killed mid-swap (save_checkpoint): its checkpoint goes back
@@ -142,8 +142,8 @@ def save_checkpoint(accelerator, out_dir: Path, step: int, keep: int, extra: dic
     so a kill -9 mid-save leaves the previous checkpoint intact; a failure or Ctrl-C mid-save removes the temp
     folder, and a full disk is a DiskFullError. An earlier checkpoint of the same step is swapped out, never
     deleted first (serve/core/whole_folder.py). files: name -> tensors saved beside it."""
-    from serve.core.files import disk_full, full_disk_error
-    from serve.core.whole_folder import move_into_place
+    from draftsmith.serve.core.files import disk_full, full_disk_error
+    from draftsmith.serve.core.whole_folder import move_into_place
 
     root = out_dir / CHECKPOINTS
     final, tmp = root / f"step_{step:08d}", root / f"step_{step:08d}.tmp"

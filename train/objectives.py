@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from serve.drafters.draft_layer import SharedEmbedding, shared_embedding
-from serve.core.layers import FINAL
-from serve.drafters.masks import additive, ttt_allowed
-from serve.drafters.vocab import draft_token_ids
-from train import losses
+from draftsmith.serve.drafters.draft_layer import SharedEmbedding, shared_embedding
+from draftsmith.serve.core.layers import FINAL
+from draftsmith.serve.drafters.masks import additive, ttt_allowed
+from draftsmith.serve.drafters.vocab import draft_token_ids
+from draftsmith.train import losses
 
 
 @dataclass
@@ -55,7 +55,7 @@ class TargetParts:
             return cls(embed=shared_embedding(target), lm_head_weight=target.model.get_output_embeddings().weight)
         from types import SimpleNamespace
 
-        from serve.core.sharded_target import full_tensor
+        from draftsmith.serve.core.sharded_target import full_tensor
 
         embed = target.model.get_input_embeddings().weight
         head = target.model.get_output_embeddings().weight

@@ -7,16 +7,16 @@ from typing import Any
 
 import torch
 
-from serve.core.identity import config_hash
-from serve.core.memory_plan import MemoryPlan, Workload, plan_report
-from serve.core.target_config import text_config
-from train.config import TrainConfig
+from draftsmith.serve.core.identity import config_hash
+from draftsmith.serve.core.memory_plan import MemoryPlan, Workload, plan_report
+from draftsmith.serve.core.target_config import text_config
+from draftsmith.train.config import TrainConfig
 
 
 def head_size(config: TrainConfig, hf_config: Any) -> tuple[int, Any]:
     """(trainable parameters, HeadConfig) of the head `config` trains on a target of `hf_config`."""
-    from serve.drafters.folder import build_head
-    from train.heads import head_config
+    from draftsmith.serve.drafters.folder import build_head
+    from draftsmith.train.heads import head_config
 
     text = text_config(hf_config)
     target = SimpleNamespace(config=hf_config, name=config.target.spec, config_hash=config_hash(hf_config),
@@ -29,7 +29,7 @@ def head_size(config: TrainConfig, hf_config: Any) -> tuple[int, Any]:
 
 def train_workload(config: TrainConfig, hf_config: Any, *, precision: str) -> Workload:
     """The Workload of `config` (serve/core/memory_plan.py) in `precision` (fp32 | bf16)."""
-    from train.heads import needed_layers
+    from draftsmith.train.heads import needed_layers
 
     params, cfg = head_size(config, hf_config)
     method = config.model.method
@@ -45,7 +45,7 @@ def train_plan(config: TrainConfig, *, devices: int, per_node: int,
                device_gib: float) -> tuple[MemoryPlan, str, str | None]:
     """(the plan, its table, None or the one-line refusal naming the smallest layout that fits) of `config` on
     `devices` devices of `device_gib` GiB, `per_node` on each node."""
-    from serve.core.launch_target import target_hf_config
+    from draftsmith.serve.core.launch_target import target_hf_config
 
     hf_config = target_hf_config(config.target.spec)
     precision = config.distributed.precision

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from data.made_for import TargetRecord, cache_record, check_made_for, dataset_record, probe_target
-from serve.core.errors import DraftsmithError
-from train.config import TrainConfig
+from draftsmith.data.made_for import TargetRecord, cache_record, check_made_for, dataset_record, probe_target
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.train.config import TrainConfig
 
 
 def check_data_target(config: TrainConfig) -> list[str]:

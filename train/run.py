@@ -20,18 +20,18 @@ from pathlib import Path
 
 import torch
 
-from serve.core.config import save_config, to_dict
-from serve.drafters.folder import build_head, load_head, save_drafter
-from serve.drafters.head_config import HeadConfig
-from serve.core.errors import DraftsmithError
-from serve.core.files import write_text_atomic
-from serve.core.whole_folder import whole_folder
-from train.config import TrainConfig, check
-from train.earlier_drafter import DRAFTER_DIR, check_earlier_drafter
-from train.features import collate, open_rows, split_rows, target_features
-from train.heads import continued_config, head_config, needed_layers
-from train.objectives import TargetParts, build_objective
-from train.preflight import check_data_target, check_rows_fill_a_batch, check_token_ids
+from draftsmith.serve.core.config import save_config, to_dict
+from draftsmith.serve.drafters.folder import build_head, load_head, save_drafter
+from draftsmith.serve.drafters.head_config import HeadConfig
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.files import write_text_atomic
+from draftsmith.serve.core.whole_folder import whole_folder
+from draftsmith.train.config import TrainConfig, check
+from draftsmith.train.earlier_drafter import DRAFTER_DIR, check_earlier_drafter
+from draftsmith.train.features import collate, open_rows, split_rows, target_features
+from draftsmith.train.heads import continued_config, head_config, needed_layers
+from draftsmith.train.objectives import TargetParts, build_objective
+from draftsmith.train.preflight import check_data_target, check_rows_fill_a_batch, check_token_ids
 
 
 def init_head(cfg: HeadConfig, target, rows, train_idx: list[int], *, vocab_rows: int, seed: int):
@@ -41,7 +41,7 @@ def init_head(cfg: HeadConfig, target, rows, train_idx: list[int], *, vocab_rows
     head = build_head(cfg)
     coverage = 1.0
     if cfg.uses_draft_vocab:
-        from data.vocab import select_draft_vocab
+        from draftsmith.data.vocab import select_draft_vocab
 
         picked = train_idx[:vocab_rows] if vocab_rows else train_idx
         counted = ({"input_ids": rows[i]["input_ids"], "loss_mask": rows[i]["loss_mask"]} for i in picked)
@@ -52,7 +52,7 @@ def init_head(cfg: HeadConfig, target, rows, train_idx: list[int], *, vocab_rows
             head.d2t.copy_(d2t)
             head.t2d.copy_(t2d)
     if cfg.method == "medusa":
-        from serve.core.sharded_target import full_tensor
+        from draftsmith.serve.core.sharded_target import full_tensor
 
         head.init_from_target(full_tensor(target.model.get_output_embeddings().weight).float().cpu())
     return head, coverage
@@ -81,12 +81,12 @@ def _batch_maker(config: TrainConfig, target, layers, device, *, online: bool, t
 def train_drafter(config: TrainConfig, *, overwrite: bool = False) -> Path:
     """Train the drafter `config` describes; returns the native drafter folder (written by the main process).
     overwrite: replace a drafter another run finished in out_dir (and start afresh, not from its checkpoints)."""
-    from serve.core.launch_target import check_launch_inputs, load_launch_target
-    from serve.core.process_group import launch, start
-    from serve.core.target import text_config
-    from train.loop import deepspeed_config, resolve_device, resolve_precision, train_loop
-    from train.plan import train_workload
-    from train.tracking import Tracker
+    from draftsmith.serve.core.launch_target import check_launch_inputs, load_launch_target
+    from draftsmith.serve.core.process_group import launch, start
+    from draftsmith.serve.core.target import text_config
+    from draftsmith.train.loop import deepspeed_config, resolve_device, resolve_precision, train_loop
+    from draftsmith.train.plan import train_workload
+    from draftsmith.train.tracking import Tracker
 
     check(config)
     out_dir = Path(config.out_dir)
@@ -171,7 +171,7 @@ def train_drafter(config: TrainConfig, *, overwrite: bool = False) -> Path:
 
 def _start_afresh(out_dir: Path, replaced: str, *, is_main: bool) -> None:
     """--overwrite of another run's drafter: its checkpoints would be resumed (and outlive this run's pruning)."""
-    from train.loop import CHECKPOINTS
+    from draftsmith.train.loop import CHECKPOINTS
 
     if is_main:
         print(f"train: {out_dir} holds {replaced} of another run: --overwrite replaces it when this run ends; its "

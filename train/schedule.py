@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from train.config import TrainConfig
+from draftsmith.train.config import TrainConfig
 
 
 def lr_lambda(config: TrainConfig, total_steps: int) -> Callable[[int], float]:

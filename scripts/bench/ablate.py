@@ -43,8 +43,8 @@ def load_plan(path: Path) -> dict:
 
 
 def row_config(plan: dict, name: str, extra: list[str]):
-    from serve.core.config import load_config, to_dict
-    from train.config import TrainConfig, check
+    from draftsmith.serve.core.config import load_config, to_dict
+    from draftsmith.train.config import TrainConfig, check
 
     out_dir = Path(plan.get("out_dir", "runs/ablate")) / name
     overrides = [*plan.get("overrides", []), *(plan["rows"][name] or []), *extra, f"out_dir={out_dir}",
@@ -56,7 +56,7 @@ def row_config(plan: dict, name: str, extra: list[str]):
 
 def train_row(config, resolved: dict) -> Path:
     """Train unless this exact config already finished here."""
-    from train.run import train_drafter
+    from draftsmith.train.run import train_drafter
 
     out = Path(config.out_dir)
     record = out / ROW_RECORD
@@ -75,7 +75,7 @@ def train_row(config, resolved: dict) -> Path:
 
 def summarize(out_dir: Path) -> dict:
     """The row's figures from its training log: the best held-out evaluation and the run's cost."""
-    from train.tracking import read_log
+    from draftsmith.train.tracking import read_log
 
     log = read_log(out_dir)
     evals = [r for r in log if r.get("event") == "eval" and r.get("trained")]
@@ -97,10 +97,10 @@ def summarize(out_dir: Path) -> dict:
 
 def decode(plan: dict, drafters: dict[str, Path], argv: list[str]) -> dict:
     """One interleaved `draftsmith eval` run of every row's drafter beside plain decoding."""
-    from eval.config import EvalConfig
-    from eval.evaluate import evaluate
-    from serve.core.config import load_config
-    from serve.core.target import load_target
+    from draftsmith.eval.config import EvalConfig
+    from draftsmith.eval.evaluate import evaluate
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.serve.core.target import load_target
 
     parser = argparse.ArgumentParser(prog="ablate --decode")
     parser.add_argument("--decode", action="append", required=True, help="held-out prompt source (repeatable)")
@@ -176,7 +176,6 @@ def table(plan: dict, rows: dict[str, dict], decoded: dict | None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    sys.path.insert(0, str(ROOT))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("plan", type=Path)
     parser.add_argument("--only", default="", help="comma-separated rows to run (default: all)")

@@ -1,7 +1,7 @@
 """The batched decoder at one row against the batch-1 decoder, and self-distillation before and after it ran on the
 batched decoder (issue 52). Every figure is a ratio of runs interleaved in this process.
 
-    python -m scripts.bench.batched [--target demo] [--prompts FILE] [--limit 1] [--max-new-tokens 64]
+    python -m draftsmith.bench.batched [--target demo] [--prompts FILE] [--limit 1] [--max-new-tokens 64]
         [--threads 1] [--repeats 2] [--drafters oracle,ngram] [--json out.json]
 
 Per prompt, plain batch-1 decoding (serve.decoding.plain_generate), the batched plain decoder at one slot, and per
@@ -17,12 +17,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
 
 def one_row(decoder: Any, prompt: list[int], max_new_tokens: int) -> Any:
-    from serve.batch.decoder import Job
+    from draftsmith.serve.batch.decoder import Job
 
     decoder.add(Job(0, prompt, max_new_tokens=max_new_tokens))
     return decoder.run()[0].result
@@ -62,12 +59,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from data.prompts import read_prompts
-    from eval.prompts import prepare_prompts
-    from serve.batch.decoder import BatchDecoder
-    from serve.core.target import load_target
-    from serve.decoding import plain_generate, speculative_generate
-    from serve.drafters import build_drafter
+    from draftsmith.data.prompts import read_prompts
+    from draftsmith.eval.prompts import prepare_prompts
+    from draftsmith.serve.batch.decoder import BatchDecoder
+    from draftsmith.serve.core.target import load_target
+    from draftsmith.serve.decoding import plain_generate, speculative_generate
+    from draftsmith.serve.drafters import build_drafter
 
     torch.set_num_threads(args.threads)
     target = load_target(args.target)

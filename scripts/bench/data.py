@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from serve.core.target_config import TargetConfig
+from draftsmith.serve.core.target_config import TargetConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_PROMPTS = ROOT.parent / "shared" / "data" / "train" / "prompts.jsonl"
@@ -48,7 +48,7 @@ def _quiet(_msg: str) -> None:
 def _load(args):
     import torch
 
-    from serve.core.target import load_target
+    from draftsmith.serve.core.target import load_target
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -56,8 +56,8 @@ def _load(args):
 
 
 def stage_build(args, *, batch_size: int, per_domain: int, name: str) -> dict:
-    from data.build import build_dataset
-    from data.config import DataBuildConfig
+    from draftsmith.data.build import build_dataset
+    from draftsmith.data.config import DataBuildConfig
 
     target = _load(args)
     config = DataBuildConfig(prompts=[str(args.prompts)], per_domain_limit=per_domain, batch_size=batch_size,
@@ -74,8 +74,8 @@ def stage_build(args, *, batch_size: int, per_domain: int, name: str) -> dict:
 
 def stage_batch_vs_1(args) -> dict:
     """Builds of the same prompts at batch 1 and at --batch-size, alternating in one process."""
-    from data.build import build_dataset
-    from data.config import DataBuildConfig
+    from draftsmith.data.build import build_dataset
+    from draftsmith.data.config import DataBuildConfig
 
     target = _load(args)
     best: dict[int, dict] = {}
@@ -96,8 +96,8 @@ def stage_batch_vs_1(args) -> dict:
 
 def stage_capture(args) -> dict:
     """The capture alone (eagle3, bf16): its throughput and its peak RSS."""
-    from data.capture import capture_hidden_states
-    from data.config import CaptureConfig
+    from draftsmith.data.capture import capture_hidden_states
+    from draftsmith.data.config import CaptureConfig
 
     target = _load(args)
     config = CaptureConfig(layers="eagle3", storage_dtype="bf16", batch_tokens=args.batch_tokens,
@@ -114,8 +114,8 @@ def stage_capture_vs_forward(args) -> dict:
     import datasets
     import torch
 
-    from data.capture import capture_hidden_states, plan_batches, right_pad
-    from data.config import CaptureConfig
+    from draftsmith.data.capture import capture_hidden_states, plan_batches, right_pad
+    from draftsmith.data.config import CaptureConfig
 
     target = _load(args)
     data_dir = Path(args.out) / "data"
@@ -160,11 +160,11 @@ def stage_sizes(args) -> dict:
     """Bytes per token for each drafter kind and dtype: a small capture of each, and the formula."""
     import datasets
 
-    from data.cache import bytes_per_token
-    from data.capture import capture_hidden_states
-    from data.config import CaptureConfig
-    from data.layers import resolve_layers
-    from serve.core.target import text_config
+    from draftsmith.data.cache import bytes_per_token
+    from draftsmith.data.capture import capture_hidden_states
+    from draftsmith.data.config import CaptureConfig
+    from draftsmith.data.layers import resolve_layers
+    from draftsmith.serve.core.target import text_config
 
     target = _load(args)
     small = Path(args.out) / "data-small"
@@ -230,7 +230,6 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.stage:
-        sys.path.insert(0, str(ROOT))
         print(json.dumps(run_stage(args)))
         return 0
     out = prepare_out(Path(args.out))

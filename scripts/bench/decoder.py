@@ -13,11 +13,11 @@ import time
 
 import torch
 
-from serve.decoding import plain_generate, speculative_generate
-from serve.drafters import build_drafter
-from serve.core.kv import cache_kwargs, new_cache, rollback
-from serve.core.prompts import encode_prompt
-from serve.core.target import load_target
+from draftsmith.serve.decoding import plain_generate, speculative_generate
+from draftsmith.serve.drafters import build_drafter
+from draftsmith.serve.core.kv import cache_kwargs, new_cache, rollback
+from draftsmith.serve.core.prompts import encode_prompt
+from draftsmith.serve.core.target import load_target
 
 CODE_EDIT = ("Rename the variable `total` to `acc` in this function and return the whole function:\n\n"
              "def sum_squares(values):\n    total = 0\n    for value in values:\n        total += value * value\n"

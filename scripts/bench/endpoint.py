@@ -17,12 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.bench.served import ROOT, running_server
+from draftsmith.bench.served import ROOT, running_server
 
 
 def build(args, out: Path, *extra: str) -> dict:
     """Run `data build` into a fresh folder; its wall time and the generation figures it records."""
-    cmd = [sys.executable, "-m", "scripts.cli", "data", "build", "--target", args.target, "--out", str(out),
+    cmd = [sys.executable, "-m", "draftsmith.cli", "data", "build", "--target", args.target, "--out", str(out),
            "--no-progress", f"data.per_domain_limit={args.per_domain}", f"data.max_new_tokens={args.max_new_tokens}",
            f"data.batch_size={args.batch_size}", f"data.server.concurrency={args.batch_size}",
            f"target.threads={args.threads}", *extra]

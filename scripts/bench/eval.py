@@ -70,7 +70,6 @@ def preset(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
-    from scripts.cli import main
+    from draftsmith.cli import main
 
     sys.exit(main(preset(sys.argv[1:])))

@@ -1,7 +1,7 @@
 """Export + validation time per format, and μ read back against the native drafter, on the default target.
 
-    python -m scripts.bench.export --drafters runs/smollm2-135m/eagle3/drafter runs/.../medusa/drafter
-    python -m scripts.bench.export --train-steps 40        # no trained drafters yet: train tiny ones first
+    python -m draftsmith.bench.export --drafters runs/smollm2-135m/eagle3/drafter runs/.../medusa/drafter
+    python -m draftsmith.bench.export --train-steps 40        # no trained drafters yet: train tiny ones first
 
 With --train-steps, EAGLE-1, EAGLE-3 and Medusa drafters are trained for a few steps on the target's own
 greedy answers to a few prompts of ../shared/data/train/prompts.jsonl (a toy run: the point is the export,
@@ -25,7 +25,7 @@ def distilled_rows(target, *, count: int, new_tokens: int, prompts_file: Path) -
     new_tokens=0: the prompts alone, loss on every token (the objective is the target's own distribution)."""
     import torch
 
-    from serve.core.prompts import encode_prompt
+    from draftsmith.serve.core.prompts import encode_prompt
 
     by_domain: dict[str, list[str]] = {}
     with open(prompts_file) as f:
@@ -58,9 +58,9 @@ def distilled_rows(target, *, count: int, new_tokens: int, prompts_file: Path) -
 def train_quick(target_spec: str, target, out: Path, *, steps: int, rows: int, new_tokens: int) -> dict[str, Path]:
     from datasets import Dataset
 
-    from serve.core.config import load_config
-    from train.config import TrainConfig, check
-    from train.run import train_drafter
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.train.config import TrainConfig, check
+    from draftsmith.train.run import train_drafter
 
     data_dir = out / "data"
     if not data_dir.exists():
@@ -105,11 +105,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from serve.drafters.folder import read_config
-    from serve.core.errors import DraftsmithError
-    from serve.export import export_drafter
-    from serve.export.common import default_prompts
-    from serve.core.target import load_target
+    from draftsmith.serve.drafters.folder import read_config
+    from draftsmith.serve.core.errors import DraftsmithError
+    from draftsmith.serve.export import export_drafter
+    from draftsmith.serve.export.common import default_prompts
+    from draftsmith.serve.core.target import load_target
 
     if args.threads:
         torch.set_num_threads(args.threads)

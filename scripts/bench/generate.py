@@ -20,9 +20,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
 
 def former_generate(target, prompts, *, batch_size: int, max_new_tokens: int) -> list[list[int]]:
     """Static batching, the baseline: one `generate` call per left-padded batch, each batch decoding until its
@@ -30,7 +27,7 @@ def former_generate(target, prompts, *, batch_size: int, max_new_tokens: int) ->
     import torch
     from transformers import GenerationConfig
 
-    from eval.batch_runner import left_pad
+    from draftsmith.eval.batch_runner import left_pad
 
     eos = target.eos_token_ids
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else eos[0]
@@ -48,7 +45,7 @@ def former_generate(target, prompts, *, batch_size: int, max_new_tokens: int) ->
 
 
 def continuous_generate(target, prompts, *, slots: int, max_new_tokens: int) -> list[list[int]]:
-    from data.generate import ContinuousBatcher, Request
+    from draftsmith.data.generate import ContinuousBatcher, Request
 
     batcher = ContinuousBatcher(target, slots=slots, max_new_tokens=max_new_tokens)
     for i, prompt in enumerate(prompts):
@@ -64,7 +61,7 @@ def teacher_forced(target, rows, *, batch_tokens: int = 4096) -> float:
     """Seconds for one forward over every row (right-padded batches of about batch_tokens), logits included."""
     import torch
 
-    from data.capture import plan_batches, right_pad
+    from draftsmith.data.capture import plan_batches, right_pad
 
     pad = target.tokenizer.pad_token_id or 0
     start = time.perf_counter()
@@ -99,11 +96,11 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    from data.build import gather_prompts
-    from data.config import DataBuildConfig
-    from data.masks import render_prompt
-    from data.plan import plan_conversation
-    from serve.core.target import load_target
+    from draftsmith.data.build import gather_prompts
+    from draftsmith.data.config import DataBuildConfig
+    from draftsmith.data.masks import render_prompt
+    from draftsmith.data.plan import plan_conversation
+    from draftsmith.serve.core.target import load_target
 
     torch.set_num_threads(args.threads)
     target = load_target(args.target)

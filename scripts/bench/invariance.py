@@ -6,7 +6,7 @@ hits both alike. For each mode it prints plain decoding's tokens/s, each drafter
 of the same mode and outputs identical to it, and the exactness audit of every divergence (eval/audit.py); then
 the cost of invariance: each method's tokens/s with it over without.
 
-    python -m scripts.bench.invariance --prompts runs/demo/prompts_eval.jsonl --drafter ngram \\
+    python -m draftsmith.bench.invariance --prompts runs/demo/prompts_eval.jsonl --drafter ngram \\
         --drafter eagle3=runs/demo/eagle3/drafter --drafter hybrid=hybrid:runs/demo/eagle3/drafter --threads 1
 """
 from __future__ import annotations
@@ -16,14 +16,14 @@ import json
 
 import torch
 
-from data.prompts import read_prompts
-from eval import stats
-from eval.drafters import BASELINE, build_entries
-from eval.prompts import prepare_prompts
-from eval.runner import Decoding, exactness_block, mark_exactness, run_methods
-from serve.core.invariant import make_invariant, make_variant
-from serve.core.target import load_target
-from serve.drafters.spec import parse_named_specs
+from draftsmith.data.prompts import read_prompts
+from draftsmith.eval import stats
+from draftsmith.eval.drafters import BASELINE, build_entries
+from draftsmith.eval.prompts import prepare_prompts
+from draftsmith.eval.runner import Decoding, exactness_block, mark_exactness, run_methods
+from draftsmith.serve.core.invariant import make_invariant, make_variant
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.drafters.spec import parse_named_specs
 
 MODES = {"invariant": make_invariant, "ordinary": make_variant}
 

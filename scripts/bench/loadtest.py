@@ -1,8 +1,8 @@
 """Bounded load test of `draftsmith serve` from a second process, on loopback only.
 
-    python -m scripts.bench.loadtest --url http://127.0.0.1:8000 --clients 4 --requests 40 --max-tokens 64
-    python -m scripts.bench.loadtest --compare --target demo --drafter ngram --k 5 --json loadtest.json
-    python -m scripts.bench.loadtest --compare --clients 1,4,16 --max-batch 1,8 --requests 48 --json sweep.json
+    python -m draftsmith.bench.loadtest --url http://127.0.0.1:8000 --clients 4 --requests 40 --max-tokens 64
+    python -m draftsmith.bench.loadtest --compare --target demo --drafter ngram --k 5 --json loadtest.json
+    python -m draftsmith.bench.loadtest --compare --clients 1,4,16 --max-batch 1,8 --requests 48 --json sweep.json
 
 `--compare` starts two servers per `--max-batch` value in this run, one with speculation and one without (plain
 decoding), and sends them all the same requests, alternating between them in blocks (`--rounds`): throughput,
@@ -332,7 +332,7 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.log = open(log_path, "w")
-        cmd = [sys.executable, "-m", "scripts.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "draftsmith.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--served-model-name", "loadtest", *flags, *overrides, "log_level=warning"]
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
         # root: the checkout whose code serves (another one's, to compare versions); default this one

@@ -74,10 +74,10 @@ def main() -> None:
     parser.add_argument("--report", default=None, metavar="DIR")
     args = parser.parse_args()
 
-    from eval.config import EvalConfig
-    from eval.report import write_json, write_report
-    from eval.evaluate import evaluate
-    from serve.core.target_config import TargetConfig
+    from draftsmith.eval.config import EvalConfig
+    from draftsmith.eval.report import write_json, write_report
+    from draftsmith.eval.evaluate import evaluate
+    from draftsmith.serve.core.target_config import TargetConfig
 
     heads = dict(h.split("=", 1) if "=" in h else (Path(h).parent.name, h) for h in args.head)
     config = EvalConfig(target=TargetConfig(spec=args.target, threads=args.threads), k=args.k,

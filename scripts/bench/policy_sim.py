@@ -58,8 +58,8 @@ def head_costs(drafter, step_seconds: float) -> tuple[dict[int, float], float, f
     import torch
     from transformers import DynamicCache
 
-    from serve.drafters.masks import causal_allowed
-    from serve.core.kv import rollback
+    from draftsmith.serve.drafters.masks import causal_allowed
+    from draftsmith.serve.core.kv import rollback
 
     width, vocab = drafter.config.hidden_size, drafter.embed.num_embeddings
     catch_up = {}
@@ -95,10 +95,10 @@ def interpolate(table: dict[int, float], n: int) -> float:
 
 def modelled(stack: ExitStack, clock: ModelledClock, target, costs, head) -> None:
     """Patch the decoder so that `clock` advances by the modelled cost of every target forward and head forward."""
-    import serve.decoding
-    import serve.drafters.length
-    import serve.drafters.hybrid
-    from serve.drafters.eagle_drafter import EagleDrafter
+    import draftsmith.serve.decoding
+    import draftsmith.serve.drafters.length
+    import draftsmith.serve.drafters.hybrid
+    from draftsmith.serve.drafters.eagle_drafter import EagleDrafter
 
     seconds = costs.step_seconds
     catch_up, step_cost, logits_cost = head_costs(head, seconds)
@@ -107,9 +107,9 @@ def modelled(stack: ExitStack, clock: ModelledClock, target, costs, head) -> Non
           f"; head catch-up over 1/64/512 pairs {interpolate(catch_up, 1):.3f}/{interpolate(catch_up, 64):.3f}/"
           f"{interpolate(catch_up, 512):.3f}, draft step {step_cost + logits_cost:.3f}", flush=True)
     fake = types.SimpleNamespace(perf_counter=clock.perf_counter)
-    stack.enter_context(mock.patch.object(serve.drafters.length, "time", fake))
-    stack.enter_context(mock.patch.object(serve.decoding, "time", fake))
-    stack.enter_context(mock.patch.object(serve.drafters.hybrid, "time", fake))  # it times the head's work
+    stack.enter_context(mock.patch.object(draftsmith.serve.drafters.length, "time", fake))
+    stack.enter_context(mock.patch.object(draftsmith.serve.decoding, "time", fake))
+    stack.enter_context(mock.patch.object(draftsmith.serve.drafters.hybrid, "time", fake))  # it times the head's work
     inside = {"catch_up": False}
     run, logits, consume = EagleDrafter._run, EagleDrafter._logits_of, EagleDrafter._consume
 
@@ -161,7 +161,7 @@ class PromptLookup:
         return k  # transformers drafts prompt_lookup_num_tokens every cycle
 
     def propose(self, k, *, temperature=0.0, generator=None, tree=None):
-        from serve.drafters.base import Draft
+        from draftsmith.serve.drafters.base import Draft
         tokens, length = self.tokens, self.tokens.numel()
         for n in range(min(2, length - 1), 0, -1):
             hits = (tokens.unfold(0, n, 1) == tokens[-n:]).all(dim=1).nonzero().flatten()  # (H,) window starts
@@ -174,10 +174,10 @@ class PromptLookup:
 def build_arm(spec: str, head: str, target):
     """`SPEC[@trial=N,wait=N,max_wait=N,max_k=N,reach=R,local=W,gen=W,trees=B]` -> the drafter,
     with its policy settings applied; `prompt_lookup` is transformers' prompt lookup."""
-    from serve.drafters import build_drafter
-    from serve.drafters.hybrid import HybridDrafter
-    from serve.drafters.ngram import NgramDrafter
-    from serve.core.errors import DraftsmithError
+    from draftsmith.serve.drafters import build_drafter
+    from draftsmith.serve.drafters.hybrid import HybridDrafter
+    from draftsmith.serve.drafters.ngram import NgramDrafter
+    from draftsmith.serve.core.errors import DraftsmithError
 
     spec, _, options = spec.partition("@")
     if spec == "prompt_lookup":
@@ -212,8 +212,8 @@ def build_arm(spec: str, head: str, target):
 def fixed_costs(model, text: str):
     """`--costs 1.09,1.30,...` -> those verify costs, installed as the ones measured for `model` (every drafter's
     policy reads them); the 1-token step's seconds are still timed (a head's costs are relative to it)."""
-    import serve.core.costs
-    from serve.core.errors import DraftsmithError
+    import draftsmith.serve.core.costs
+    from draftsmith.serve.core.errors import DraftsmithError
 
     try:
         ratios = [float(v) for v in text.split(",")]
@@ -221,10 +221,10 @@ def fixed_costs(model, text: str):
         raise DraftsmithError(f"--costs takes numbers V(1),V(2),... separated by commas, got {text!r}") from None
     if any(r < 1.0 for r in ratios):  # (an empty --costs fails float() above)
         raise DraftsmithError(f"--costs: every V(n) is a verify forward over a 1-token step, so >= 1; got {text!r}")
-    measured = serve.core.costs.verify_costs_for(model)
-    costs = serve.core.costs.VerifyCosts(ratios={0: 1.0, **{n: r for n, r in enumerate(ratios, 1)}},
+    measured = draftsmith.serve.core.costs.verify_costs_for(model)
+    costs = draftsmith.serve.core.costs.VerifyCosts(ratios={0: 1.0, **{n: r for n, r in enumerate(ratios, 1)}},
                                     step_seconds=measured.step_seconds)
-    serve.core.costs.use_verify_costs(model, costs)
+    draftsmith.serve.core.costs.use_verify_costs(model, costs)
     return costs
 
 
@@ -244,15 +244,15 @@ def main() -> None:
 
     import torch
 
-    from eval.config import EvalConfig
-    from eval.prompts import prepare_prompts
-    from eval.evaluate import _as_rows
-    from serve.core.costs import verify_costs_for
-    from serve.decoding import speculative_generate
-    from serve.drafters import build_drafter
-    from serve.drafters.eagle_drafter import EagleDrafter
-    from serve.core.errors import DraftsmithError
-    from serve.core.target import load_target
+    from draftsmith.eval.config import EvalConfig
+    from draftsmith.eval.prompts import prepare_prompts
+    from draftsmith.eval.evaluate import _as_rows
+    from draftsmith.serve.core.costs import verify_costs_for
+    from draftsmith.serve.decoding import speculative_generate
+    from draftsmith.serve.drafters import build_drafter
+    from draftsmith.serve.drafters.eagle_drafter import EagleDrafter
+    from draftsmith.serve.core.errors import DraftsmithError
+    from draftsmith.serve.core.target import load_target
 
     torch.set_num_threads(1)
     target = load_target(args.target)
@@ -292,7 +292,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from serve.core.errors import DraftsmithError
+    from draftsmith.serve.core.errors import DraftsmithError
 
     try:
         main()

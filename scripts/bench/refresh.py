@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from scripts.bench.served import running_server
+from draftsmith.bench.served import running_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,7 +40,7 @@ def _slice(rows: list[dict], span: str) -> list[dict]:
 
 
 def _cli(*args: str, threads: int) -> list[str]:
-    return [sys.executable, "-m", "scripts.cli", *args, f"target.threads={threads}"]
+    return [sys.executable, "-m", "draftsmith.cli", *args, f"target.threads={threads}"]
 
 
 def serve_traffic(args, rows: list[dict], domain: str, record: Path) -> dict:

@@ -6,45 +6,67 @@ HumanEval's prompts (../shared/data/eval), the roleplay and general prompts of G
 prompts when a demo ran, and, given `--specbench PATH`, Spec-Bench's question.jsonl (github.com/hemingkx/Spec-Bench,
 data/spec_bench/question.jsonl: MT-bench turns, translation, summarization, QA, math reasoning, RAG). Prints each
 drafter's speedup and μ per set and domain, and for a hybrid whether it held the better of its two parts.
+`--sets demo,specbench` runs only those.
 
-    python -m scripts.bench.robust --drafter ngram --drafter eagle3=runs/demo/eagle3/drafter \\
+    python -m draftsmith.bench.robust --drafter ngram --drafter eagle3=runs/demo/eagle3/drafter \\
         --drafter hybrid=hybrid:runs/demo/eagle3/drafter --specbench /path/to/question.jsonl --limit 2 --threads 1
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from data.prompts import PromptRow, limit_per_domain, read_prompts
-from eval.config import EvalConfig
-from eval.evaluate import evaluate
-from eval.report import write_json
-from serve.core.target_config import TargetConfig
+from draftsmith.data.prompts import PromptRow, limit_per_domain, read_prompts
+from draftsmith.eval.config import EvalConfig
+from draftsmith.eval.evaluate import evaluate
+from draftsmith.eval.report import write_json
+from draftsmith.serve.core.target_config import TargetConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data"
 SPECBENCH_TASKS = ("translation", "summarization", "qa", "math_reasoning", "rag")  # the rest are MT-bench's
+SETS = ("gsm8k", "humaneval", "gpteacher", "specbench", "demo")
+HELD_OUT = ROOT / "runs/demo/prompts_eval.jsonl"  # what `make demo` holds out
 
 
-def public_rows(limit: int, specbench: str | None, held_out: str | None) -> list[PromptRow]:
-    """Rows tagged `set/domain`, at most `limit` per domain."""
+def public_rows(limit: int, specbench: str | None, held_out: str | None,
+                sets: tuple[str, ...] = SETS) -> list[PromptRow]:
+    """Rows tagged `set/domain`, at most `limit` per domain, of `sets` (specbench and demo only where their files
+    are given)."""
     rows: list[PromptRow] = []
 
     def add(name: str, found: list[PromptRow], domain=lambda r: r.domain) -> None:
         rows.extend(PromptRow(id=f"{name}/{r.id}", domain=f"{name}/{domain(r)}", messages=r.messages) for r in found)
 
-    add("gsm8k", read_prompts([f"math={SHARED / 'eval/gsm8k_test.jsonl'}"], per_domain_limit=limit))
-    add("humaneval", read_prompts([f"code={SHARED / 'eval/humaneval.jsonl'}"], per_domain_limit=limit))
-    train = read_prompts([str(SHARED / "train/prompts.jsonl")], per_domain_limit=limit)
-    add("gpteacher", [r for r in train if r.domain in ("roleplay", "general")])
-    if specbench:
+    if "gsm8k" in sets:
+        add("gsm8k", read_prompts([f"math={SHARED / 'eval/gsm8k_test.jsonl'}"], per_domain_limit=limit))
+    if "humaneval" in sets:
+        add("humaneval", read_prompts([f"code={SHARED / 'eval/humaneval.jsonl'}"], per_domain_limit=limit))
+    if "gpteacher" in sets:
+        train = read_prompts([str(SHARED / "train/prompts.jsonl")], per_domain_limit=limit)
+        add("gpteacher", [r for r in train if r.domain in ("roleplay", "general")])
+    if specbench and "specbench" in sets:
         add("specbench", read_prompts([specbench], domain_field="category"),
             domain=lambda r: r.domain if r.domain in SPECBENCH_TASKS else "multiturn")
         rows = limit_per_domain(rows, limit)  # Spec-Bench's domains are known once renamed
-    if held_out and Path(held_out).is_file():
+    if held_out and "demo" in sets:
         add("demo", read_prompts([held_out], per_domain_limit=limit))
     return rows
+
+
+def held_out_file(given: str | None) -> str | None:
+    """The demo's held-out prompts: the file given (it must exist), else the demo's own where a demo ran; a run
+    without them says so instead of leaving the set out silently."""
+    if given:
+        if not Path(given).is_file():
+            sys.exit(f"robust: --held-out {given}: no such file")
+        return given
+    if HELD_OUT.is_file():
+        return str(HELD_OUT)
+    print(f"robust: no demo held-out set ({HELD_OUT} is absent: run `make demo` or pass --held-out)", file=sys.stderr)
+    return None
 
 
 def hybrid_holds(result: dict, hybrid: str, parts: tuple[str, str], domain: str | None) -> str:
@@ -62,7 +84,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--drafter", action="append", default=[], metavar="[NAME=]SPEC")
     parser.add_argument("--specbench", default=None, metavar="question.jsonl")
-    parser.add_argument("--held-out", default=str(ROOT / "runs/demo/prompts_eval.jsonl"))
+    parser.add_argument("--held-out", default=None, help=f"the demo's held-out prompts (default: {HELD_OUT})")
+    parser.add_argument("--sets", default=None, help=f"comma-separated, of {', '.join(SETS)} (default: every set "
+                        "whose prompts are at hand)")
     parser.add_argument("--limit", type=int, default=2, help="prompts per domain of each set")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
@@ -72,10 +96,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None, metavar="OUT.json")
     args = parser.parse_args()
-    from serve.drafters.spec import parse_named_specs
+    from draftsmith.serve.drafters.spec import parse_named_specs
 
     drafters = parse_named_specs(args.drafter or ["ngram"])
-    rows = public_rows(args.limit, args.specbench, args.held_out)
+    sets = tuple(s for s in (args.sets or ",".join(SETS)).split(",") if s)
+    if not sets or set(sets) - set(SETS):
+        sys.exit(f"robust: --sets {args.sets}: choose from {', '.join(SETS)}")
+    if args.sets and "specbench" in sets and not args.specbench:
+        sys.exit("robust: --sets specbench needs --specbench question.jsonl")
+    rows = public_rows(args.limit, args.specbench, held_out_file(args.held_out) if "demo" in sets else None, sets)
     config = EvalConfig(target=TargetConfig(spec=args.target, dtype=args.dtype, threads=args.threads),
                         max_new_tokens=args.max_new_tokens, repeats=args.repeats, peers=False, cost_model=args.cost_model,
                         k=args.k)

@@ -5,7 +5,7 @@ batch of N (continuous batching, mixed prompts and lengths), and are compared wi
 the table counts the seeds whose texts are all the same. Then each drafter's μ seeded (position-keyed noise,
 serve/core/noise.py) and unseeded (the rejection sampler) on the same prompts: what keying the noise costs.
 
-    python -m scripts.bench.seeded --prompts runs/demo/prompts_eval.jsonl --drafter ngram \\
+    python -m draftsmith.bench.seeded --prompts runs/demo/prompts_eval.jsonl --drafter ngram \\
         --drafter hybrid=hybrid:runs/demo/eagle3/drafter --drafter eagle3=runs/demo/eagle3/drafter --threads 1
 """
 from __future__ import annotations
@@ -15,13 +15,13 @@ import json
 
 import torch
 
-from data.prompts import read_prompts
-from eval.drafters import build_entries
-from eval.prompts import prepare_prompts
-from serve.batch.decoder import BatchDecoder, Job
-from serve.core.target import load_target
-from serve.decoding import plain_generate, speculative_generate
-from serve.drafters.spec import parse_named_specs
+from draftsmith.data.prompts import read_prompts
+from draftsmith.eval.drafters import build_entries
+from draftsmith.eval.prompts import prepare_prompts
+from draftsmith.serve.batch.decoder import BatchDecoder, Job
+from draftsmith.serve.core.target import load_target
+from draftsmith.serve.decoding import plain_generate, speculative_generate
+from draftsmith.serve.drafters.spec import parse_named_specs
 
 
 def main() -> None:

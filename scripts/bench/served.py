@@ -24,7 +24,7 @@ def free_port() -> int:
 def running_server(*serve_args: str, threads: int, start_timeout: float = 600) -> Iterator[str]:
     """Yield the base URL of `draftsmith serve SERVE_ARGS` once /health answers; the server stops on exit."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "scripts.cli", "serve", *serve_args, "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "draftsmith.cli", "serve", *serve_args, "--port", str(port),
                                f"target.threads={threads}"], cwd=ROOT)
     base = f"http://127.0.0.1:{port}"
     try:

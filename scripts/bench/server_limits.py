@@ -1,7 +1,7 @@
 """What one oversized request costs `draftsmith serve` and its other clients: /health latency (p50 / max) while the
 request is being answered or refused, and the server's resident memory before and after it.
 
-    python -m scripts.bench.server_limits [--target demo] [--compare /work/main] [--chunked-mb 200]
+    python -m draftsmith.bench.server_limits [--target demo] [--compare /work/main] [--chunked-mb 200]
 
 Four requests, each to a fresh `draftsmith serve` (plain decoding, one torch thread, after one short warm-up
 request) started from this checkout and, with --compare ROOT, from another checkout's code, side by side:
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from scripts.bench.loadtest import ServerProcess, percentile
+from draftsmith.bench.loadtest import ServerProcess, percentile
 
 MODEL = "loadtest"  # ServerProcess serves under this id
 PIECE = 1 << 16  # bytes per chunk of a chunked body
@@ -157,8 +157,8 @@ def run_server(root: Path | None, args, log_dir: Path, name: str) -> list[Outcom
 
 def longest_prompt(target: str) -> int:
     """This checkout's default serve.max_prompt_chars for `target` (the vocabulary's longest entry x the context)."""
-    from serve.server.limits import longest_token_chars
-    from serve.core.target import load_target, text_config
+    from draftsmith.serve.server.limits import longest_token_chars
+    from draftsmith.serve.core.target import load_target, text_config
 
     loaded = load_target(target, weights=False)
     return longest_token_chars(loaded.tokenizer) * int(text_config(loaded.model.config).max_position_embeddings)

@@ -43,9 +43,9 @@ class BusyCore:
 
 
 def build_tok_s(target, args, out: Path) -> float:
-    from data.build import build_dataset
-    from data.config import DataBuildConfig
-    from serve.core.target_config import TargetConfig
+    from draftsmith.data.build import build_dataset
+    from draftsmith.data.config import DataBuildConfig
+    from draftsmith.serve.core.target_config import TargetConfig
 
     config = DataBuildConfig(prompts=args.sources, per_domain_limit=args.per_domain, max_new_tokens=args.max_new_tokens,
                              batch_size=args.batch_size, temperature=0.0, target=TargetConfig(device="cpu"))
@@ -53,8 +53,8 @@ def build_tok_s(target, args, out: Path) -> float:
 
 
 def eval_tok_s(target, args) -> tuple[float, float]:
-    from eval.config import EvalConfig
-    from eval.evaluate import evaluate
+    from draftsmith.eval.config import EvalConfig
+    from draftsmith.eval.evaluate import evaluate
 
     config = EvalConfig(per_domain_limit=args.per_domain, max_new_tokens=args.max_new_tokens, peers=False,
                         hf_plain=False, cost_model=False, warmup=False, progress=False)
@@ -77,8 +77,8 @@ def main() -> int:
     import datasets
     import torch
 
-    from serve.core.target import load_target
-    from serve.core.threads import apply_threads, torch_default_threads
+    from draftsmith.serve.core.target import load_target
+    from draftsmith.serve.core.threads import apply_threads, torch_default_threads
 
     datasets.disable_progress_bars()
     default = torch_default_threads()

@@ -1,7 +1,7 @@
 """Training throughput on the default target: tokens/s per method, the share of an online step spent in the
 frozen target, and peak RSS of online against offline training.
 
-    python -m scripts.bench.train [--work runs/bench_train] [--per-domain 6] [--steps 12] [--json out.json]
+    python -m draftsmith.bench.train [--work runs/bench_train] [--per-domain 6] [--steps 12] [--json out.json]
 
 Builds (once, resumable) a small self-distilled dataset from ../shared/data/train/prompts.jsonl and its
 hidden-state cache, then runs `draftsmith train` once per (method, mode) in its own process (so peak RSS is
@@ -22,10 +22,10 @@ METHODS = ("eagle3", "eagle1", "medusa")
 
 
 def prepare_data(work: Path, *, per_domain: int, max_new_tokens: int, target: str) -> tuple[Path, Path]:
-    from data.build import build_dataset
-    from data.capture import capture_hidden_states
-    from data.config import CaptureConfig, DataBuildConfig
-    from serve.core.target import load_target
+    from draftsmith.data.build import build_dataset
+    from draftsmith.data.capture import capture_hidden_states
+    from draftsmith.data.config import CaptureConfig, DataBuildConfig
+    from draftsmith.serve.core.target import load_target
 
     dataset, cache = work / "data", work / "cache"
     model = load_target(target)
@@ -42,7 +42,7 @@ def run_one(work: Path, dataset: Path, cache: Path, *, method: str, mode: str, s
             extra: list[str]) -> dict:
     out = work / f"{method}-{mode}"
     vocab = [] if method == "eagle1" else ["model.draft_vocab_size=8192"]
-    cmd = [sys.executable, "-m", "scripts.cli", "train", "--config", str(ROOT / f"configs/smollm2-135m/{method}.yaml"),
+    cmd = [sys.executable, "-m", "draftsmith", "train", "--config", str(ROOT / f"configs/smollm2-135m/{method}.yaml"),
            f"target={target}", f"data.dataset={dataset}", f"data.cache={cache}", f"data.mode={mode}",
            f"out_dir={out}", f"optim.max_steps={steps}", "optim.batch_size=2", "data.eval_rows=0",
            "data.max_length=512", "tracking=none", "log.every=1", "log.progress=false", "checkpoint.every=0",

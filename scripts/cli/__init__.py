@@ -12,17 +12,18 @@ import sys
 
 # (command path, module, help)
 COMMANDS = [
-    (("target", "fetch-demo"), "scripts.cli.fetch_demo",
+    (("target", "fetch-demo"), "draftsmith.cli.fetch_demo",
      "build the embedded default target into a cached HF folder, print its path"),
-    (("data", "build"), "scripts.cli.data_build",
+    (("data", "build"), "draftsmith.cli.data_build",
      "prompts -> conversations -> self-distilled responses -> tokenized dataset"),
-    (("data", "capture"), "scripts.cli.data_capture", "hidden-state cache for offline training (distributed, resumable)"),
-    (("train",), "scripts.cli.train", "train a drafter (alone or under accelerate launch / torchrun)"),
-    (("eval",), "scripts.cli.eval", "mu per domain and speed side by side; --json and --report DIR"),
-    (("generate",), "scripts.cli.generate", "live speculative generation of one prompt with per-cycle stats"),
-    (("serve",), "scripts.cli.serve", "OpenAI-compatible HTTP server with speculative decoding"),
-    (("export",), "scripts.cli.export", "write a drafter in a serving engine's format and validate it"),
-    (("demo",), "scripts.cli.demo", "the whole main job on the embedded default, end to end"),
+    (("data", "capture"), "draftsmith.cli.data_capture",
+     "hidden-state cache for offline training (distributed, resumable)"),
+    (("train",), "draftsmith.cli.train", "train a drafter (alone or under accelerate launch / torchrun)"),
+    (("eval",), "draftsmith.cli.eval", "mu per domain and speed side by side; --json and --report DIR"),
+    (("generate",), "draftsmith.cli.generate", "live speculative generation of one prompt with per-cycle stats"),
+    (("serve",), "draftsmith.cli.serve", "OpenAI-compatible HTTP server with speculative decoding"),
+    (("export",), "draftsmith.cli.export", "write a drafter in a serving engine's format and validate it"),
+    (("demo",), "draftsmith.cli.demo", "the whole main job on the embedded default, end to end"),
 ]
 
 
@@ -62,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from scripts.cli.errors import INTERRUPTED, describe_os_error, one_line
-    from serve.core.errors import DraftsmithError
+    from draftsmith.cli.errors import INTERRUPTED, describe_os_error, one_line
+    from draftsmith.serve.core.errors import DraftsmithError
 
     try:
         return int(args.func(args) or 0)

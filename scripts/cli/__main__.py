@@ -1,6 +1,6 @@
-"""`python -m scripts.cli ...` (what `accelerate launch -m scripts.cli` and `torchrun -m scripts.cli` run)."""
+"""`python -m draftsmith.cli ...` (what `accelerate launch -m draftsmith.cli` and `torchrun -m draftsmith.cli` run)."""
 import sys
 
-from scripts.cli import main
+from draftsmith.cli import main
 
 sys.exit(main())

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from serve.core.threads import THREADS_HELP
+from draftsmith.serve.core.threads import THREADS_HELP
 
 
 def add_arguments(parser) -> None:
@@ -28,10 +28,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from data.build import build_dataset
-    from data.config import DataBuildConfig
-    from serve.core.config import load_config
-    from serve.core.files import check_output_path
+    from draftsmith.data.build import build_dataset
+    from draftsmith.data.config import DataBuildConfig
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.serve.core.files import check_output_path
 
     flags = {"target.spec": args.target, "target.threads": args.threads, "prompts": args.prompts, "limit": args.limit,
              "domain_field": args.domain_field, "traffic": args.traffic, "server.url": args.server}

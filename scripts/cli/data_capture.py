@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import sys
 
-from scripts.cli.plan_flags import add_plan_arguments
-from serve.core.threads import THREADS_HELP
+from draftsmith.cli.plan_flags import add_plan_arguments
+from draftsmith.serve.core.threads import THREADS_HELP
 
 
 def add_arguments(parser) -> None:
@@ -31,19 +31,19 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from data.capture import capture_hidden_states
-    from data.config import CaptureConfig
-    from serve.core.config import load_config
-    from serve.core.errors import ConfigError
-    from serve.core.files import check_output_path
+    from draftsmith.data.capture import capture_hidden_states
+    from draftsmith.data.config import CaptureConfig
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.serve.core.errors import ConfigError
+    from draftsmith.serve.core.files import check_output_path
 
     flags = {"target.spec": args.target, "target.threads": args.threads, "layers": args.layers,
              "storage_dtype": args.storage_dtype, "allow_other_target": args.allow_other_target}
     config = load_config(CaptureConfig, config_file=args.config, section="capture", overrides=args.overrides,
                          flags=flags)
     if args.plan:
-        from data.capture_plan import capture_plan
-        from scripts.cli.plan_flags import plan_setting, report
+        from draftsmith.data.capture_plan import capture_plan
+        from draftsmith.cli.plan_flags import plan_setting, report
 
         devices, per_node, memory = plan_setting(args)
         _, table, error = capture_plan(config, devices=devices, per_node=per_node, device_gib=memory)

@@ -2,7 +2,7 @@
 default; `--model gemma3-270m` runs configs/demo/gemma3-270m.yaml on Gemma-3-270M)."""
 from __future__ import annotations
 
-from serve.core.threads import THREADS_HELP
+from draftsmith.serve.core.threads import THREADS_HELP
 
 
 def add_arguments(parser) -> None:
@@ -18,17 +18,17 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from scripts.demo import DemoConfig, run_demo
-    from serve.core.config import load_config
-    from serve.core.files import check_output_path
-    from serve.core.recipes import builtin_dir
+    from draftsmith.demo import DemoConfig, run_demo
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.serve.core.files import check_output_path
+    from draftsmith.serve.core.recipes import builtin_dir
 
     demo_recipes = builtin_dir() / "demo"  # the built-in recipes: package data, found from any folder
     recipe = args.config or demo_recipes / ("quick.yaml" if args.quick else "full.yaml")
     flags = {"out_dir": args.out, "target.threads": args.threads, "budget": args.budget}
     if args.model:
-        from serve.core.demo_target import DEFAULT_MODEL, DEMO_MODELS
-        from serve.core.errors import DraftsmithError
+        from draftsmith.serve.core.demo_target import DEFAULT_MODEL, DEMO_MODELS
+        from draftsmith.serve.core.errors import DraftsmithError
 
         if args.model not in DEMO_MODELS:
             raise DraftsmithError(f"--model {args.model!r}: choose one of {', '.join(sorted(DEMO_MODELS))}")

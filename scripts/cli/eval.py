@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from serve.core.threads import THREADS_HELP
+from draftsmith.serve.core.threads import THREADS_HELP
 
 
 def add_arguments(parser) -> None:
@@ -52,8 +52,8 @@ def add_arguments(parser) -> None:
 
 def load_eval_config(args):
     """EvalConfig from its defaults < the recipe's `eval:` section (or the whole file) < overrides < flags."""
-    from eval.config import EvalConfig
-    from serve.core.config import load_config
+    from draftsmith.eval.config import EvalConfig
+    from draftsmith.serve.core.config import load_config
 
     flags = {"target.spec": args.target, "k": args.k, "temperature": args.temperature, "top_k": args.top_k,
              "top_p": args.top_p, "max_new_tokens": args.max_new_tokens, "per_domain_limit": args.limit,
@@ -66,7 +66,7 @@ def load_eval_config(args):
 
 
 def print_summary(result: dict, file=None) -> None:
-    from eval.report import engine_lines, timing_line
+    from draftsmith.eval.report import engine_lines, timing_line
 
     file = file or sys.stdout  # looked up at call time: sys.stdout may have been replaced since import
     print(f"target {result['target']['name']}: K={result['settings']['k']}, "
@@ -104,11 +104,11 @@ def print_summary(result: dict, file=None) -> None:
 
 
 def run(args) -> int:
-    from serve.drafters.spec import parse_named_specs
-    from eval.report import write_json, write_report
-    from eval.evaluate import evaluate
+    from draftsmith.serve.drafters.spec import parse_named_specs
+    from draftsmith.eval.report import write_json, write_report
+    from draftsmith.eval.evaluate import evaluate
 
-    from serve.core.files import check_output_path
+    from draftsmith.serve.core.files import check_output_path
 
     config = load_eval_config(args)  # a bad key, value or sweep fails here, before anything loads
     if args.json:
@@ -123,19 +123,19 @@ def run(args) -> int:
     if args.json:
         print(f"wrote {write_json(result, args.json)}")
     if args.report:
-        from serve.core.config import save_config
+        from draftsmith.serve.core.config import save_config
 
         paths = write_report(result, args.report)
         save_config(config, args.report)
         plots = paths["plots"]
         print(f"wrote {paths['markdown']} and {len(plots)} plots")
     if args.wandb:
-        from eval.tracking import log_to_wandb
+        from draftsmith.eval.tracking import log_to_wandb
 
         print(f"wandb run {log_to_wandb(result, plots, project=args.wandb_project, directory=args.report)}")
     ex = result["exactness"]
     if ex.get("checked") and ex["identical"] != ex["total"]:
-        from eval.stats import exactness_verdict
+        from draftsmith.eval.stats import exactness_verdict
 
         print(f"{ex['identical']}/{ex['total']} outputs identical to {ex.get('against', 'plain greedy decoding')}: "
               f"{exactness_verdict(ex)}", file=sys.stderr)

@@ -35,14 +35,14 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from serve.core.config import load_config
-    from serve.core.files import check_output_path
-    from serve.drafters.folder import verify_weights
-    from serve.export import check_export, export_drafter
-    from serve.export.common import default_prompts
-    from serve.export.config import ExportConfig, check, trained_target
-    from serve.export.destination import check_destination
-    from serve.core.target import load_configured
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.serve.core.files import check_output_path
+    from draftsmith.serve.drafters.folder import verify_weights
+    from draftsmith.serve.export import check_export, export_drafter
+    from draftsmith.serve.export.common import default_prompts
+    from draftsmith.serve.export.config import ExportConfig, check, trained_target
+    from draftsmith.serve.export.destination import check_destination
+    from draftsmith.serve.core.target import load_configured
 
     flags = [f"{name}={getattr(args, name)}" for name in _FLAGS if getattr(args, name, None) is not None]
     config = check(load_config(ExportConfig, config_file=args.config, overrides=[*args.overrides, *flags]))

@@ -5,13 +5,13 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-from serve.core.demo_target import DEFAULT_MODEL, DEMO_MODELS
-from serve.core.errors import ConfigError
+from draftsmith.serve.core.demo_target import DEFAULT_MODEL, DEMO_MODELS
+from draftsmith.serve.core.errors import ConfigError
 
 
 @dataclass
 class FetchDemoConfig:
-    model: str = DEFAULT_MODEL  # one of serve.core.demo_target.DEMO_MODELS
+    model: str = DEFAULT_MODEL  # one of draftsmith.serve.core.demo_target.DEMO_MODELS
     cache_dir: Optional[str] = None  # default: $DRAFTSMITH_CACHE or ~/.cache/draftsmith
     verify: bool = False  # also check every file's sha256
 
@@ -27,8 +27,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from serve.core.config import load_config
-    from serve.core.demo_target import fetch_demo
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.serve.core.demo_target import fetch_demo
 
     config = load_config(FetchDemoConfig, config_file=args.config, section="fetch_demo", overrides=args.overrides,
                          flags={"model": args.model, "cache_dir": args.cache_dir, "verify": args.verify})

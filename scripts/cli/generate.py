@@ -7,10 +7,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-from serve.core.errors import ConfigError
-from serve.core.files import check_output_path, write_text_atomic
-from serve.core.target_config import TargetConfig
-from serve.core.threads import THREADS_HELP
+from draftsmith.serve.core.errors import ConfigError
+from draftsmith.serve.core.files import check_output_path, write_text_atomic
+from draftsmith.serve.core.target_config import TargetConfig
+from draftsmith.serve.core.threads import THREADS_HELP
 
 
 @dataclass
@@ -85,11 +85,11 @@ class _Streamer:
 def run(args) -> int:
     import torch
 
-    from serve.core.config import load_config
-    from serve.decoding import speculative_generate
-    from serve.drafters import build_drafter
-    from serve.drafters.settings import draft_settings
-    from serve.core.prompts import encode_prompt
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.serve.decoding import speculative_generate
+    from draftsmith.serve.drafters import build_drafter
+    from draftsmith.serve.drafters.settings import draft_settings
+    from draftsmith.serve.core.prompts import encode_prompt
 
     flags = {"target.spec": args.target, "target.dtype": args.dtype, "target.threads": args.threads,
              **{name: getattr(args, name) for name in ("drafter", "prompt", "chat", "k", "tree", "temperature",
@@ -99,8 +99,8 @@ def run(args) -> int:
     if args.json:
         check_output_path(args.json, what="--json file")
     config.target.apply_threads()
-    from serve.core.target import load_configured
-    from serve.drafters.early import check_before_loading
+    from draftsmith.serve.core.target import load_configured
+    from draftsmith.serve.drafters.early import check_before_loading
 
     check_before_loading([config.drafter], config.target.spec)  # a missing or mismatched drafter: before the load
     target = load_configured(config.target, require_chat_template=config.chat)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from serve.core.known_configs import KNOWN_CONFIGS
+from draftsmith.serve.core.known_configs import KNOWN_CONFIGS
 
 DEFAULT_DEVICE_GIB = 80.0  # an 80 GB H100 / A100 when no GPU is visible
 
@@ -38,7 +38,7 @@ def plan_setting(args) -> tuple[int, int, float]:
 
 def report(table: str, error: str | None) -> int:
     """Print the plan's table; a refusal becomes the command's one-line error (exit 2)."""
-    from serve.core.errors import ConfigError
+    from draftsmith.serve.core.errors import ConfigError
 
     print(table)
     if error:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from serve.core.threads import THREADS_HELP
+from draftsmith.serve.core.threads import THREADS_HELP
 
 
 def add_arguments(parser) -> None:
@@ -34,8 +34,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from serve.core.config import load_config
-    from serve.server import ServeConfig, serve_forever
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.serve.server import ServeConfig, serve_forever
 
     flags = {"target.spec": args.target, "target.threads": args.threads, **{name: getattr(args, name) for name in (
         "drafter", "k", "host", "port", "speculation", "served_model_name", "record", "max_batch")}}

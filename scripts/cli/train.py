@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 
-from scripts.cli.plan_flags import add_plan_arguments
-from serve.core.threads import THREADS_HELP
+from draftsmith.cli.plan_flags import add_plan_arguments
+from draftsmith.serve.core.threads import THREADS_HELP
 
 
 def add_arguments(parser) -> None:
@@ -26,16 +26,16 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from omegaconf import OmegaConf
 
-    from serve.core.config import load_config
-    from serve.core.files import check_output_path
-    from train.config import TrainConfig, check
-    from train.run import train_drafter
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.serve.core.files import check_output_path
+    from draftsmith.train.config import TrainConfig, check
+    from draftsmith.train.run import train_drafter
 
     config = load_config(TrainConfig, config_file=args.config, overrides=args.overrides,
                          flags={"target.threads": args.threads, "data.allow_other_target": args.allow_other_target})
     if args.plan:
-        from scripts.cli.plan_flags import plan_setting, report
-        from train.plan import train_plan
+        from draftsmith.cli.plan_flags import plan_setting, report
+        from draftsmith.train.plan import train_plan
 
         devices, per_node, memory = plan_setting(args)
         _, table, error = train_plan(check(config, data=False), devices=devices, per_node=per_node, device_gib=memory)

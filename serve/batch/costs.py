@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from serve.core.costs import VerifyCosts, verify_costs_for
+from draftsmith.serve.core.costs import VerifyCosts, verify_costs_for
 
 
 def batch_bucket(rows: int) -> int:

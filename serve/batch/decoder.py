@@ -25,24 +25,24 @@ from typing import Callable, Hashable, Sequence
 
 import torch
 
-from serve.batch.costs import BatchCosts, batch_bucket
-from serve.batch.gate import BatchGate
-from serve.batch.masks import verify_inputs
-from serve.batch.width import batch_width, cut
-from serve.core.errors import DraftsmithError
-from serve.core.invariant import is_invariant, whole_prompt
-from serve.core.kv import cache_kwargs
-from serve.core.layers import pick_hidden_states
-from serve.core.slots import SlotCache, attention_masks, check_fits
-from serve.core.target_config import text_config
-from serve.core.target_masks import for_target
-from serve.core.noise import PositionNoise
-from serve.decoding import (GenerationResult, SpecStats, draft_generator, new_generator, next_token, stopper_for,
-                             verdict_of)
-from serve.drafters.base import Draft, Drafter
-from serve.drafters.settings import resolve_k
-from serve.stopping import StopChecker
-from serve.tree import TreeSpec, node_depths
+from draftsmith.serve.batch.costs import BatchCosts, batch_bucket
+from draftsmith.serve.batch.gate import BatchGate
+from draftsmith.serve.batch.masks import verify_inputs
+from draftsmith.serve.batch.width import batch_width, cut
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.invariant import is_invariant, whole_prompt
+from draftsmith.serve.core.kv import cache_kwargs
+from draftsmith.serve.core.layers import pick_hidden_states
+from draftsmith.serve.core.slots import SlotCache, attention_masks, check_fits
+from draftsmith.serve.core.target_config import text_config
+from draftsmith.serve.core.target_masks import for_target
+from draftsmith.serve.core.noise import PositionNoise
+from draftsmith.serve.decoding import (GenerationResult, SpecStats, draft_generator, new_generator, next_token,
+                                       stopper_for, verdict_of)
+from draftsmith.serve.drafters.base import Draft, Drafter
+from draftsmith.serve.drafters.settings import resolve_k
+from draftsmith.serve.stopping import StopChecker
+from draftsmith.serve.tree import TreeSpec, node_depths
 
 
 @dataclass

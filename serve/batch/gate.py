@@ -9,7 +9,7 @@ realize less than plain ones the batch skips drafting (no drafter runs), and ret
 """
 from __future__ import annotations
 
-from serve.drafters.pause import PauseRule
+from draftsmith.serve.drafters.pause import PauseRule
 
 
 class BatchGate(PauseRule):

@@ -12,8 +12,8 @@ from typing import Sequence
 
 import torch
 
-from serve.drafters.base import Draft
-from serve.tree import ancestor_mask, chain_parents, node_depths
+from draftsmith.serve.drafters.base import Draft
+from draftsmith.serve.tree import ancestor_mask, chain_parents, node_depths
 
 
 def draft_block(draft: Draft) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from serve.drafters.base import Draft
-from serve.drafters.length_model import expected_tokens
+from draftsmith.serve.drafters.base import Draft
+from draftsmith.serve.drafters.length_model import expected_tokens
 
 
 def batch_width(nodes: Sequence[int], chains: Sequence[Sequence[float] | None],

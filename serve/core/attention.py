@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from serve.core.target_config import text_config
+from draftsmith.serve.core.target_config import text_config
 
 FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 

@@ -28,10 +28,10 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from serve.core.errors import ConfigError
-from serve.core.files import write_text_atomic
-from serve.core.ranges import check_ranges
-from serve.core.recipes import resolve_recipe
+from draftsmith.serve.core.errors import ConfigError
+from draftsmith.serve.core.files import write_text_atomic
+from draftsmith.serve.core.ranges import check_ranges
+from draftsmith.serve.core.recipes import resolve_recipe
 
 __all__ = ["ConfigError", "load_config", "save_config", "to_dict"]
 

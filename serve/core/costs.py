@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from serve.core.kv import cache_kwargs, new_cache, rollback
+from draftsmith.serve.core.kv import cache_kwargs, new_cache, rollback
 
 # Verify sizes measured by default (new tokens = drafted + 1); others are interpolated. 13: the width of a chain
 # carrying leaves (serve/drafters/leaves.py), where the curve bends on a CPU.

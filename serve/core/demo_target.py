@@ -21,8 +21,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from serve.core.errors import FetchError
-from serve.core.identity import sha256_file
+from draftsmith.serve.core.errors import FetchError
+from draftsmith.serve.core.identity import sha256_file
 
 MARKER = "draftsmith_target.json"
 

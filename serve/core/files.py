@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from serve.core.errors import DraftsmithError
+from draftsmith.serve.core.errors import DraftsmithError
 
 __all__ = ["DiskFullError", "atomic_path", "check_output_path", "disk_full", "full_disk_error", "write_text_atomic"]
 

@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from serve.core.errors import TargetError
-from serve.core.target_config import INVARIANT_SETTINGS as SETTINGS
+from draftsmith.serve.core.errors import TargetError
+from draftsmith.serve.core.target_config import INVARIANT_SETTINGS as SETTINGS
 
 NAME = "draftsmith_invariant"  # the attention implementation registered with transformers
 # rows per matmul tile: one kernel for every row count. A row's result depended on the call's row count past 32

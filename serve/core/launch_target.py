@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from serve.core.memory_plan import GIB, MemoryPlan, Workload, format_plan, plan_layout
-from serve.core.process_group import check_same, launch
-from serve.core.target_arch import arch_of
-from serve.core.target_config import TargetConfig
+from draftsmith.serve.core.memory_plan import GIB, MemoryPlan, Workload, format_plan, plan_layout
+from draftsmith.serve.core.process_group import check_same, launch
+from draftsmith.serve.core.target_arch import arch_of
+from draftsmith.serve.core.target_config import TargetConfig
 
 
 def _stderr(message: str) -> None:
@@ -38,7 +38,7 @@ def recipe_hash(recipe: dict) -> str:
 def target_files_hash(spec: str) -> str:
     """A fingerprint of a local target folder's files (serve/core/identity.files_fingerprint); other specs (a hub
     id, `demo`) by name, their config and tokenizer hashes being compared once loaded."""
-    from serve.core.identity import files_fingerprint
+    from draftsmith.serve.core.identity import files_fingerprint
 
     folder = Path(spec)
     if folder.is_dir():
@@ -67,7 +67,7 @@ def target_hf_config(spec: str) -> Any:
     (serve/core/known_configs.py), a folder holding config.json, or whatever load_target reads (a hub id, `demo`)."""
     from transformers import AutoConfig
 
-    from serve.core.known_configs import known_config
+    from draftsmith.serve.core.known_configs import known_config
 
     builtin = known_config(spec)
     if builtin is not None:
@@ -75,7 +75,7 @@ def target_hf_config(spec: str) -> Any:
         return AutoConfig.for_model(model_type, **builtin)
     if (Path(spec) / "config.json").is_file():
         return AutoConfig.from_pretrained(spec)
-    from serve.core.target import load_target
+    from draftsmith.serve.core.target import load_target
 
     return load_target(spec, weights=False).config
 
@@ -96,7 +96,7 @@ def load_launch_target(config: TargetConfig, *, dtype: str, device: str, workloa
                        top1: bool = False, log: Callable[[str], None] | None = None) -> Any:
     """The target for this process: whole (one process, or target.parallel=none), else split as the plan's layout
     says after the plan was printed (main process) and found to fit."""
-    from serve.core.target import load_target
+    from draftsmith.serve.core.target import load_target
 
     here = launch()
     if here.world == 1 or config.parallel == "none":

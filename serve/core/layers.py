@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from serve.core.errors import DraftsmithError
+from draftsmith.serve.core.errors import DraftsmithError
 
 FINAL = -1  # key of the final (normed) hidden state in `hidden_states` dicts
 # Written into every drafter config and cache manifest, so readers (and exports) know how to translate.

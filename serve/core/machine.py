@@ -113,7 +113,7 @@ def choose(gflops: dict[str, dict[int, float]], *, idle: float | None, usable: i
            requested_threads: int | None = None, requested_dtype: str | None = None) -> tuple[str, int, str]:
     """(dtype, threads, why) from the measured throughput: bf16 only where it beats fp32 by BF16_GAIN; the fewest
     threads within 10% of the fastest count among the cores idle now (a busy core makes torch's threads wait)."""
-    from serve.core.threads import choose_threads
+    from draftsmith.serve.core.threads import choose_threads
 
     ceiling = choose_threads(None, default=usable, idle=idle)
     best = {dtype: max(v for t, v in by.items() if t <= ceiling) for dtype, by in gflops.items() if by}
@@ -141,7 +141,7 @@ def probe_hardware(*, requested_threads: int | None = None, requested_dtype: str
     """Measure the matmul throughput per dtype for 1..N threads (N: the usable cores) and choose (about 2 s)."""
     import torch
 
-    from serve.core.threads import idle_cores, torch_default_threads, usable_cores
+    from draftsmith.serve.core.threads import idle_cores, torch_default_threads, usable_cores
 
     usable = min(usable_cores(), torch_default_threads())  # OMP_NUM_THREADS caps it, as it caps torch
     idle = idle_cores()
@@ -166,7 +166,7 @@ def probe_target(target: Any, *, batch: int, prefill_tokens: int, repeats: int =
     fastest of `repeats`), and one prefill over `prefill_tokens` tokens in rows of 512."""
     import torch
 
-    from serve.core.invariant import suspended
+    from draftsmith.serve.core.invariant import suspended
 
     model = target.model
     device = next(model.parameters()).device

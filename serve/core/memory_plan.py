@@ -14,9 +14,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from serve.core.errors import ConfigError
-from serve.core.parallel_layout import Layout, divisors, resolve_layout, tp_problem
-from serve.core.target_arch import TargetArch, arch_of, dtype_bytes
+from draftsmith.serve.core.errors import ConfigError
+from draftsmith.serve.core.parallel_layout import Layout, divisors, resolve_layout, tp_problem
+from draftsmith.serve.core.target_arch import TargetArch, arch_of, dtype_bytes
 
 GIB = 1 << 30
 USABLE = 0.9  # of a device's memory: the CUDA context, NCCL buffers and the allocator's fragmentation take the rest

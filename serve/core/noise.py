@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from serve.core.sampling import process_logits
+from draftsmith.serve.core.sampling import process_logits
 
 _MASK = (1 << 64) - 1
 

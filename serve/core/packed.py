@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from serve.core.errors import DraftsmithError
-from serve.core.target_config import PACKED_SETTINGS as SETTINGS
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.target_config import PACKED_SETTINGS as SETTINGS
 
 MIN_ROWS = 4  # rows from which oneDNN's packed linear beats MKL's sgemm (below, sgemm reads the weight once)
 # the kernels a forward over fewer rows may run, timed per machine (tune_small_rows): MKL's sgemm (F.linear), oneDNN
@@ -161,8 +161,8 @@ def tune_small_rows(model: nn.Module, *, rounds: int = 4, context_tokens: int = 
     (interleaved; each round's times over that round's sgemm time, the median over rounds, as serve/core/costs.py
     times verification), set the kernels choose_kernels picks on every PackedLinear of `model`, and return them.
     ~3 s on the default target; a model without PackedLinear layers is left as it is."""
-    from serve.core.costs import context_ids
-    from serve.core.kv import cache_kwargs, new_cache, rollback
+    from draftsmith.serve.core.costs import context_ids
+    from draftsmith.serve.core.kv import cache_kwargs, new_cache, rollback
 
     if not any(type(m) is PackedLinear for m in model.modules()):
         return PackedLinear.small

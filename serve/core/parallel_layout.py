@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serve.core.errors import ConfigError
-from serve.core.target_arch import TargetArch
-from serve.core.target_config import PARALLEL_KINDS
+from draftsmith.serve.core.errors import ConfigError
+from draftsmith.serve.core.target_arch import TargetArch
+from draftsmith.serve.core.target_config import PARALLEL_KINDS
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def resolve_layout(kind: str, *, world: int, per_node: int, arch: TargetArch, ha
     if kind not in PARALLEL_KINDS:
         raise ConfigError(f"target.parallel={kind!r}: choose one of {', '.join(PARALLEL_KINDS)}")
     if kind == "auto":
-        raise ConfigError("target.parallel=auto is resolved from a memory plan (serve.core.memory_plan.choose_layout)")
+        raise ConfigError("target.parallel=auto is resolved from a memory plan (memory_plan.choose_layout)")
     if kind == "none" or world == 1:
         if tp_size > 1 or fsdp_size > 1:
             raise ConfigError(f"target.tp_size={tp_size} / target.fsdp_size={fsdp_size} ask for that many processes "

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from datetime import timedelta
 
-from serve.core.errors import DraftsmithError
+from draftsmith.serve.core.errors import DraftsmithError
 
 # Loading a 70B target shard by shard and the first all-gathers can take long on a busy file system.
 TIMEOUT = timedelta(minutes=60)
@@ -34,7 +34,7 @@ def launch() -> Launch:
 
 
 def launch_command(command: str) -> str:
-    return (f"`torchrun --nproc-per-node N -m scripts.cli {command}` on one node, scripts/launch_multi_node.sh on "
+    return (f"`torchrun --nproc-per-node N -m draftsmith.cli {command}` on one node, scripts/launch_multi_node.sh on "
             f"several")
 
 

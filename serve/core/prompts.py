@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from serve.core.errors import TargetError
+from draftsmith.serve.core.errors import TargetError
 
 
 def has_chat_template(tokenizer: Any) -> bool:

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from serve.core.errors import ConfigError
+from draftsmith.serve.core.errors import ConfigError
 
 __all__ = ["Range", "check_ranges", "parse_range"]
 

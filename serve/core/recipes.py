@@ -12,7 +12,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path, PurePosixPath
 
-from serve.core.errors import ConfigError
+from draftsmith.serve.core.errors import ConfigError
 
 __all__ = ["builtin_dir", "builtin_recipes", "resolve_recipe"]
 
@@ -23,11 +23,11 @@ SUFFIXES = (".yaml", ".yml")
 
 
 def builtin_dir() -> Path:
-    """The folder of the built-in recipes and templates (configs/ in a checkout, site-packages/configs installed)."""
+    """The folder of the built-in recipes and templates (configs/ in a checkout, site-packages/draftsmith/configs installed)."""
     try:
-        return Path(str(resources.files("configs")))
+        return Path(str(resources.files("draftsmith.configs")))
     except ModuleNotFoundError:  # an editable install made before configs/ became package data
-        raise ConfigError("the built-in recipes (package `configs`) are not installed: reinstall draftsmith "
+        raise ConfigError("the built-in recipes (package `draftsmith.configs`) are not installed: reinstall draftsmith "
                           "(`make env` in a checkout, or pip install again)") from None
 
 

@@ -18,8 +18,8 @@ from typing import Any, Sequence
 
 import torch
 
-from serve.core.layers import FINAL, hidden_states_at
-from serve.core.parallel_layout import Layout
+from draftsmith.serve.core.layers import FINAL, hidden_states_at
+from draftsmith.serve.core.parallel_layout import Layout
 
 ARGMAX_CHUNK = 1024  # tokens per lm_head product of `top1`: (chunk, V) logits at a time
 

@@ -18,8 +18,8 @@ from typing import Any, Sequence
 
 import torch
 
-from serve.core.errors import DraftsmithError
-from serve.core.target_config import text_config
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.target_config import text_config
 
 
 def attention_masks(config: Any, allowed: torch.Tensor, query_positions: torch.Tensor,

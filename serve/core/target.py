@@ -7,12 +7,12 @@ from typing import Any
 
 import torch
 
-from serve.core.attention import use_cpu_gqa
-from serve.core.errors import TargetError
-from serve.core.identity import config_hash, tokenizer_hash
-from serve.core.invariant import apply_invariance
-from serve.core.packed import pack_linears, packing_wanted, tune_small_rows
-from serve.core.target_config import DTYPE_NAMES, TargetConfig, text_config
+from draftsmith.serve.core.attention import use_cpu_gqa
+from draftsmith.serve.core.errors import TargetError
+from draftsmith.serve.core.identity import config_hash, tokenizer_hash
+from draftsmith.serve.core.invariant import apply_invariance
+from draftsmith.serve.core.packed import pack_linears, packing_wanted, tune_small_rows
+from draftsmith.serve.core.target_config import DTYPE_NAMES, TargetConfig, text_config
 
 __all__ = ["DTYPES", "SUPPORTED_MODEL_TYPES", "Target", "TargetError", "eos_token_ids", "load_configured", "load_target",
            "text_config"]
@@ -31,7 +31,7 @@ class Target:
     tokenizer: Any
     name: str  # what the user passed (or the hub name of the demo target)
     path: str  # where the weights were read from
-    sharded: Any = None  # serve.core.sharded_target.ShardedForward when the model is split over processes
+    sharded: Any = None  # draftsmith.serve.core.sharded_target.ShardedForward when the model is split over processes
 
     @property
     def config(self):
@@ -132,7 +132,7 @@ def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", devic
     `packed_weights` (auto | on | off): CPU forwards over several tokens through oneDNN's packed linear
     (serve/core/packed.py). `invariant` (auto | on | off): batch-invariant forwards, so that a token's logits do
     not depend on how many tokens or rows are computed with it (serve/core/invariant.py; auto: bfloat16 and
-    float16). `layout` (a sharded serve.core.parallel_layout.Layout, inside a started process
+    float16). `layout` (a sharded draftsmith.serve.core.parallel_layout.Layout, inside a started process
     group): every process loads only its shards, and the target forwards through `Target.sharded`
     (serve/core/sharded_target.py; `top1`: its lock-step forwards also return the lm_head's argmax).
     """
@@ -143,7 +143,7 @@ def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", devic
     spec = str(spec)
     kwargs: dict[str, Any] = {}
     if spec == "demo" or spec.startswith("demo:"):
-        from serve.core.demo_target import DEFAULT_MODEL, DEMO_MODELS, fetch_demo
+        from draftsmith.serve.core.demo_target import DEFAULT_MODEL, DEMO_MODELS, fetch_demo
 
         name = spec.split(":", 1)[1] if ":" in spec else DEFAULT_MODEL
         path = str(fetch_demo(name, cache_dir=cache_dir))
@@ -203,8 +203,8 @@ def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", devic
 
 def _load_sharded(path: str, display: str, tokenizer: Any, config: Any, dtype: torch.dtype, device: str, layout: Any,
                   top1: bool, kwargs: dict[str, Any]) -> Target:
-    from serve.core.process_group import launch
-    from serve.core.sharded_target import ShardedForward, load_sharded_model
+    from draftsmith.serve.core.process_group import launch
+    from draftsmith.serve.core.sharded_target import ShardedForward, load_sharded_model
 
     if "gguf_file" in kwargs:
         raise TargetError("a GGUF target cannot be loaded sharded (target.parallel): convert it to a safetensors "

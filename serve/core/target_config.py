@@ -8,8 +8,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
 
-from serve.core.errors import TargetError
-from serve.core.ranges import check_ranges
+from draftsmith.serve.core.errors import TargetError
+from draftsmith.serve.core.ranges import check_ranges
 
 DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 PACKED_SETTINGS = ("auto", "on", "off")  # target.packed_weights (serve/core/packed.py)
@@ -58,7 +58,7 @@ class TargetConfig:
     def apply_threads(self, *, log: Callable[[str], None] | None = None):
         """Set torch's CPU thread count (process-wide): `threads` when set, else the busy-machine policy of
         serve/core/threads.py, which says in one line (to `log`, default stderr) when it lowered the default."""
-        from serve.core.threads import apply_threads
+        from draftsmith.serve.core.threads import apply_threads
 
         return apply_threads(self.threads, log=log or (lambda msg: print(msg, file=sys.stderr, flush=True)))
 

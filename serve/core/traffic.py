@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from serve.core.errors import DraftsmithError
+from draftsmith.serve.core.errors import DraftsmithError
 
 MANIFEST = "manifest.json"
 SUMMARY = "summary.json"

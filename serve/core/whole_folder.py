@@ -19,8 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from serve.core.errors import DraftsmithError
-from serve.core.files import DiskFullError, disk_full, full_disk_error
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.files import DiskFullError, disk_full, full_disk_error
 
 __all__ = ["FolderTakenError", "clean_stale", "move_into_place", "whole_folder"]
 

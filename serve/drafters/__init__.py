@@ -6,10 +6,10 @@ Every drafter but the oracle chooses its draft length per cycle (`length=auto`, 
 `length=fixed` drafts K every cycle: `ngram:length=fixed`, `DIR:length=fixed`, `hybrid:DIR:length=fixed`."""
 from __future__ import annotations
 
-from serve.drafters.base import Draft, Drafter
-from serve.drafters.spec import TREE_KINDS, DrafterSpec, DrafterSpecError, parse_drafter_spec
-from serve.core.errors import DraftsmithError
-from serve.core.layers import FINAL
+from draftsmith.serve.drafters.base import Draft, Drafter
+from draftsmith.serve.drafters.spec import TREE_KINDS, DrafterSpec, DrafterSpecError, parse_drafter_spec
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.layers import FINAL
 
 __all__ = ["FINAL", "Draft", "Drafter", "DrafterSpec", "DrafterSpecError", "build_drafter", "parse_drafter_spec"]
 
@@ -19,7 +19,7 @@ def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
     of the drafter class (e.g. the oracle's max_new_tokens), winning over the spec's options."""
     parsed = spec if isinstance(spec, DrafterSpec) else parse_drafter_spec(spec)
     if parsed.kind == "ngram":
-        from serve.drafters.ngram import NgramDrafter
+        from draftsmith.serve.drafters.ngram import NgramDrafter
 
         options = {**parsed.options, **opts}
         unknown = set(options) - {"max_n", "min_n", "max_k", "length"}
@@ -35,20 +35,20 @@ def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
         except ValueError as err:
             raise DrafterSpecError(f"bad ngram option in {parsed.text!r}: {err}") from None
     elif parsed.kind == "hybrid":
-        from serve.drafters.hybrid import hybrid_of
+        from draftsmith.serve.drafters.hybrid import hybrid_of
 
         head = build_drafter(parsed.head, target, **opts)
         # the n-gram side drafts like the head: a fixed K when the head was pinned to one
         length = "fixed" if getattr(head.policy, "name", "") == "fixed" else "auto"
         drafter = hybrid_of(head, _ngram_policy(target, length))
     elif parsed.kind == "oracle":
-        from serve.decoding import plain_generate  # the oracle's answer key: what plain decoding outputs
-        from serve.drafters.oracle import OracleDrafter
+        from draftsmith.serve.decoding import plain_generate  # the oracle's answer key: what plain decoding outputs
+        from draftsmith.serve.drafters.oracle import OracleDrafter
 
         drafter = OracleDrafter(target, generate=plain_generate, **opts)
     elif parsed.kind == "model":
-        from serve.drafters.model import ModelDrafter
-        from serve.core.target import load_target, text_config
+        from draftsmith.serve.drafters.model import ModelDrafter
+        from draftsmith.serve.core.target import load_target, text_config
 
         options = {**parsed.options, **opts}
         if set(options) - {"length"}:
@@ -72,14 +72,14 @@ def _ngram_policy(target, length: str):
     """An n-gram drafter's length policy, alone or a hybrid's side (the same, so that a hybrid's n-gram arm is the
     n-gram drafter): per step, it also learns from the current generation (serve/drafters/ngram.py, LOCAL_WEIGHT), and
     its estimates follow how the generation's drafts fared (GENERATION_WEIGHT)."""
-    from serve.drafters.ngram import GENERATION_WEIGHT, LOCAL_WEIGHT
+    from draftsmith.serve.drafters.ngram import GENERATION_WEIGHT, LOCAL_WEIGHT
 
     return _policy(target, length, local_weight=LOCAL_WEIGHT, generation_weight=GENERATION_WEIGHT)
 
 
 def _policy(target, length: str, **gain_options):
-    from serve.core.costs import verify_costs_for
-    from serve.drafters.length import build_policy
+    from draftsmith.serve.core.costs import verify_costs_for
+    from draftsmith.serve.drafters.length import build_policy
 
     try:
         # measured now (once per model and thread count), so the first generation's timing does not include it
@@ -90,7 +90,7 @@ def _policy(target, length: str, **gain_options):
 
 
 def _folder_drafter(parsed: DrafterSpec, target, opts: dict) -> Drafter:
-    from serve.drafters.folder import load_drafter, read_config
+    from draftsmith.serve.drafters.folder import load_drafter, read_config
 
     try:
         read_config(parsed.path)  # not a drafter folder, or a damaged config.json: says which

@@ -24,8 +24,8 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
-from serve.core.layers import FINAL  # noqa: F401  (the key of the final normed state in `hidden_states`)
-from serve.tree import TreeSpec
+from draftsmith.serve.core.layers import FINAL  # noqa: F401  (the key of the final normed state in `hidden_states`)
+from draftsmith.serve.tree import TreeSpec
 
 
 @dataclass
@@ -127,7 +127,7 @@ def _is_shared(value: Any) -> bool:
         return False
     if isinstance(value, torch.nn.Parameter) or callable(value):
         return True
-    if hasattr(value, "model") and hasattr(value, "tokenizer"):  # serve.core.target.Target
+    if hasattr(value, "model") and hasattr(value, "tokenizer"):  # draftsmith.serve.core.target.Target
         return True
     return hasattr(value, "encode") and hasattr(value, "decode") and hasattr(value, "vocab_size")  # a tokenizer
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve.core.errors import DraftsmithError
+from draftsmith.serve.core.errors import DraftsmithError
 
 DRAFT_MODEL_TYPE = "llama"
 # the engines' Llama MLP accepts silu alone (vLLM and SGLang `LlamaMLP`: "Only silu is supported for now")

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from serve.drafters.draft_layer import build_layer, draft_layer_config, rotary
-from serve.drafters.head_config import HeadConfig
-from serve.core.kv import cache_argument
-from serve.core.layers import FINAL
+from draftsmith.serve.drafters.draft_layer import build_layer, draft_layer_config, rotary
+from draftsmith.serve.drafters.head_config import HeadConfig
+from draftsmith.serve.core.kv import cache_argument
+from draftsmith.serve.core.layers import FINAL
 
 
 class Eagle1Head(nn.Module):
@@ -53,7 +53,7 @@ class Eagle1Head(nn.Module):
 
 def eagle1_config(target, *, fc_bias: bool = False, num_speculative_tokens: int = 5,
                   attn_implementation: str = "sdpa") -> HeadConfig:
-    from serve.core.target import text_config
+    from draftsmith.serve.core.target import text_config
 
     text = text_config(target.config)
     layer = draft_layer_config(text.to_dict(), attn_implementation=attn_implementation)

@@ -18,13 +18,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from serve.drafters.draft_layer import build_layer, draft_layer_config, rms_norm, rotary
-from serve.drafters.head_config import HeadConfig
-from serve.drafters.vocab import identity_vocab
-from serve.core.errors import DraftsmithError
-from serve.core.kv import cache_argument
-from serve.core.layers import default_eagle3_layers
-from serve.core.target import text_config
+from draftsmith.serve.drafters.draft_layer import build_layer, draft_layer_config, rms_norm, rotary
+from draftsmith.serve.drafters.head_config import HeadConfig
+from draftsmith.serve.drafters.vocab import identity_vocab
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.kv import cache_argument
+from draftsmith.serve.core.layers import default_eagle3_layers
+from draftsmith.serve.core.target import text_config
 
 _WIDE_INPUTS = ("q_proj", "k_proj", "v_proj", "qkv_proj")
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from serve.drafters.base import Draft, Drafter
-from serve.drafters.draft_layer import shared_embedding
-from serve.drafters.heads_common import confidence_signal, grow_tree, sample_chain_token
-from serve.drafters.identity import check_target_identity
-from serve.drafters.leaves import LEAF_RANKS, MAX_LEAVES, check_leaves, hang_leaves, runner_ups
-from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
-from serve.drafters.masks import additive, causal_allowed
-from serve.core.kv import rollback
+from draftsmith.serve.drafters.base import Draft, Drafter
+from draftsmith.serve.drafters.draft_layer import shared_embedding
+from draftsmith.serve.drafters.heads_common import confidence_signal, grow_tree, sample_chain_token
+from draftsmith.serve.drafters.identity import check_target_identity
+from draftsmith.serve.drafters.leaves import LEAF_RANKS, MAX_LEAVES, check_leaves, hang_leaves, runner_ups
+from draftsmith.serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
+from draftsmith.serve.drafters.masks import additive, causal_allowed
+from draftsmith.serve.core.kv import rollback
 
 
 class EagleDrafter(Drafter):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from serve.drafters.spec import parse_drafter_spec
+from draftsmith.serve.drafters.spec import parse_drafter_spec
 
 
 def folders(specs: Iterable[str]) -> list[str]:
@@ -26,9 +26,9 @@ def check_before_loading(specs: Iterable[str], target_spec: Any) -> None:
     paths = folders(specs)
     if not paths or not isinstance(target_spec, str):
         return
-    from serve.core.target import load_target
-    from serve.drafters.folder import read_config
-    from serve.drafters.identity import check_target_identity
+    from draftsmith.serve.core.target import load_target
+    from draftsmith.serve.drafters.folder import read_config
+    from draftsmith.serve.drafters.identity import check_target_identity
 
     probe = load_target(target_spec, weights=False)  # config and tokenizer: what the identity check reads
     for path in paths:

@@ -17,14 +17,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 from torch import nn
 
-from serve.drafters.head_config import FORMAT_KEY, FORMAT_VERSION, HeadConfig, METHODS
-from serve.drafters.identity import check_target_identity
-from serve.drafters.leaves import MAX_LEAVES
-from serve.drafters.legacy import upgrade_v1
-from serve.drafters.settings import tree_from_record
-from serve.core.errors import DraftsmithError
-from serve.core.files import atomic_path, write_text_atomic
-from serve.core.identity import sha256_file
+from draftsmith.serve.drafters.head_config import FORMAT_KEY, FORMAT_VERSION, HeadConfig, METHODS
+from draftsmith.serve.drafters.identity import check_target_identity
+from draftsmith.serve.drafters.leaves import MAX_LEAVES
+from draftsmith.serve.drafters.legacy import upgrade_v1
+from draftsmith.serve.drafters.settings import tree_from_record
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.files import atomic_path, write_text_atomic
+from draftsmith.serve.core.identity import sha256_file
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -38,18 +38,18 @@ class DrafterFolderError(DraftsmithError):
 def build_head(config: HeadConfig) -> nn.Module:
     """An untrained head module of `config.method` (weights freshly initialized)."""
     if config.method == "eagle1":
-        from serve.drafters.eagle1 import Eagle1Head
+        from draftsmith.serve.drafters.eagle1 import Eagle1Head
         return Eagle1Head(config)
     if config.method == "eagle3":
-        from serve.drafters.eagle3 import Eagle3Head
+        from draftsmith.serve.drafters.eagle3 import Eagle3Head
         return Eagle3Head(config)
     if config.method == "medusa":
-        from serve.drafters.medusa import MedusaHeads
+        from draftsmith.serve.drafters.medusa import MedusaHeads
         return MedusaHeads(config)
     raise DraftsmithError(f"unknown drafter method {config.method!r}; choose one of {', '.join(METHODS)}")
 
 
-# `DIR:length=fixed`, `DIR:min_confidence=0.3`, `DIR:leaves=0` (serve.drafters.build_drafter)
+# `DIR:length=fixed`, `DIR:min_confidence=0.3`, `DIR:leaves=0` (draftsmith.serve.drafters.build_drafter)
 DRAFTER_OPTIONS = {"min_confidence": float, "length": str, "leaves": int}
 
 
@@ -63,17 +63,17 @@ def make_drafter(head: nn.Module, target, *, check: bool = True, min_confidence:
     falls below it (the policy then; 0 = the length policy decides). leaves: at most this many runner-up drafts
     a head's greedy chain carries where the `auto` policy expects them to pay (serve/drafters/leaves.py; 0: plain
     chains)."""
-    from serve.core.costs import verify_costs_for
-    from serve.drafters.length import build_policy
+    from draftsmith.serve.core.costs import verify_costs_for
+    from draftsmith.serve.drafters.length import build_policy
 
     config = head.config
     min_confidence = config.min_confidence if min_confidence is None else min_confidence
     policy = build_policy(length, costs=verify_costs_for(target.model) if length == "auto" and not min_confidence
                           else None, min_confidence=min_confidence)
     if config.method == "medusa":
-        from serve.drafters.medusa import MedusaDrafter as drafter_class
+        from draftsmith.serve.drafters.medusa import MedusaDrafter as drafter_class
     else:
-        from serve.drafters.eagle_drafter import EagleDrafter as drafter_class
+        from draftsmith.serve.drafters.eagle_drafter import EagleDrafter as drafter_class
     drafter = drafter_class(head, target, check=check, policy=policy, leaves=leaves)
     drafter.default_k = config.num_speculative_tokens
     drafter.default_tree = tree_from_record(config.tree)

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
-from serve.core.errors import DraftsmithError
-from serve.core.layers import CONVENTION
-from serve.core.ranges import check_ranges
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.layers import CONVENTION
+from draftsmith.serve.core.ranges import check_ranges
 
 FORMAT_KEY = "draftsmith_drafter"  # the config.json key that marks a native drafter folder (value: format version)
 # 2: every EAGLE head's layer is a Llama layer (serve/drafters/draft_layer.py); 1: the target family's layer

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from serve.drafters.length import Signal
-from serve.drafters.vocab import draft_token_ids, full_vocab_probs
-from serve.core.sampling import sample
+from draftsmith.serve.drafters.length import Signal
+from draftsmith.serve.drafters.vocab import draft_token_ids, full_vocab_probs
+from draftsmith.serve.core.sampling import sample
 
 CONFIDENCE_BINS = 10
 
@@ -46,7 +46,7 @@ def grow_tree(root_logprobs: torch.Tensor, expand, spec, *, max_depth: int) -> t
     tokens: list[int] = []
     parents: list[int] = []
     if spec.is_static:
-        from serve.tree import static_tree_parents
+        from draftsmith.serve.tree import static_tree_parents
 
         choices = tuple(c for c in spec.static_choices if len(c) <= max_depth)
         tree_parents, ordered = static_tree_parents(choices)

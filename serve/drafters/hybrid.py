@@ -23,12 +23,12 @@ import time
 from collections import Counter
 from typing import ClassVar
 
-from serve.drafters.arms import ArmLedger, accepted_depth
-from serve.drafters.base import Draft, Drafter
-from serve.drafters.length import ExpectedGain
-from serve.drafters.ngram import NgramDrafter
-from serve.core.errors import DraftsmithError
-from serve.tree import add_chain, chain_parents
+from draftsmith.serve.drafters.arms import ArmLedger, accepted_depth
+from draftsmith.serve.drafters.base import Draft, Drafter
+from draftsmith.serve.drafters.length import ExpectedGain
+from draftsmith.serve.drafters.ngram import NgramDrafter
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.tree import add_chain, chain_parents
 
 HEAD_KINDS = ("eagle1", "eagle3", "medusa", "model")
 RESTS = "the n-gram copying, and its chain alone led this request's scored cycles: the head rested"

@@ -1,9 +1,9 @@
 """A drafter serves only the target it was trained for: same tokenizer (token ids) and same architecture."""
 from __future__ import annotations
 
-from serve.drafters.head_config import HeadConfig
-from serve.core.errors import DraftsmithError
-from serve.core.target import text_config
+from draftsmith.serve.drafters.head_config import HeadConfig
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.target import text_config
 
 
 def check_target_identity(config: HeadConfig, target) -> None:

@@ -26,8 +26,8 @@ from typing import Callable, Hashable, Sequence
 
 import torch
 
-from serve.drafters.base import Draft
-from serve.tree import chain_parents
+from draftsmith.serve.drafters.base import Draft
+from draftsmith.serve.tree import chain_parents
 
 LEAF_BINS = 10
 LEAF_RANKS = 3  # runner-ups looked at (and learned from) per drafted position

@@ -7,8 +7,8 @@ equivalent: such a folder is refused with what to do. Medusa heads have no decod
 """
 from __future__ import annotations
 
-from serve.drafters.draft_layer import DRAFT_ACT, draft_layer_config
-from serve.core.errors import DraftsmithError
+from draftsmith.serve.drafters.draft_layer import DRAFT_ACT, draft_layer_config
+from draftsmith.serve.core.errors import DraftsmithError
 
 CONVERTIBLE = ("llama", "mistral")
 

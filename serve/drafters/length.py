@@ -38,12 +38,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
-from serve.core.costs import VerifyCosts
-from serve.drafters.calibration import Calibration, generation_factor, scale_odds
-from serve.drafters.leaves import Leaf, choose_leaves, leaf_gains
-from serve.drafters.length_model import best_length, expected_tokens
-from serve.drafters.pause import PauseRule
-from serve.core.errors import DraftsmithError
+from draftsmith.serve.core.costs import VerifyCosts
+from draftsmith.serve.drafters.calibration import Calibration, generation_factor, scale_odds
+from draftsmith.serve.drafters.leaves import Leaf, choose_leaves, leaf_gains
+from draftsmith.serve.drafters.length_model import best_length, expected_tokens
+from draftsmith.serve.drafters.pause import PauseRule
+from draftsmith.serve.core.errors import DraftsmithError
 
 Signal = tuple[Hashable, float]  # (calibration key, prior acceptance for that key)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from serve.core.target_masks import additive_mask
+from draftsmith.serve.core.target_masks import additive_mask
 
 
 def additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -13,15 +13,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from serve.drafters.base import Draft, Drafter
-from serve.drafters.head_config import HeadConfig
-from serve.drafters.heads_common import confidence_signal, grow_tree, sample_chain_token
-from serve.drafters.identity import check_target_identity
-from serve.drafters.leaves import LEAF_RANKS, MAX_LEAVES, check_leaves, hang_leaves, runner_ups
-from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
-from serve.drafters.vocab import draft_token_ids, identity_vocab
-from serve.core.layers import FINAL
-from serve.core.target import text_config
+from draftsmith.serve.drafters.base import Draft, Drafter
+from draftsmith.serve.drafters.head_config import HeadConfig
+from draftsmith.serve.drafters.heads_common import confidence_signal, grow_tree, sample_chain_token
+from draftsmith.serve.drafters.identity import check_target_identity
+from draftsmith.serve.drafters.leaves import LEAF_RANKS, MAX_LEAVES, check_leaves, hang_leaves, runner_ups
+from draftsmith.serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
+from draftsmith.serve.drafters.vocab import draft_token_ids, identity_vocab
+from draftsmith.serve.core.layers import FINAL
+from draftsmith.serve.core.target import text_config
 
 
 class MedusaBlock(nn.Module):

@@ -5,12 +5,12 @@ from typing import ClassVar
 
 import torch
 
-from serve.drafters.base import Draft, Drafter
-from serve.drafters.heads_common import confidence_signal
-from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
-from serve.core.errors import DraftsmithError
-from serve.core.kv import cache_kwargs, new_cache, rollback
-from serve.core.sampling import process_logits, sample
+from draftsmith.serve.drafters.base import Draft, Drafter
+from draftsmith.serve.drafters.heads_common import confidence_signal
+from draftsmith.serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.kv import cache_kwargs, new_cache, rollback
+from draftsmith.serve.core.sampling import process_logits, sample
 
 
 class TokenizerMismatch(DraftsmithError):

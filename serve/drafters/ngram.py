@@ -14,9 +14,9 @@ from typing import ClassVar
 
 import torch
 
-from serve.core.costs import DEFAULT_SIZES
-from serve.drafters.base import Draft, Drafter
-from serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Signal
+from draftsmith.serve.core.costs import DEFAULT_SIZES
+from draftsmith.serve.drafters.base import Draft, Drafter
+from draftsmith.serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Signal
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from serve.drafters.base import Draft, Drafter
+from draftsmith.serve.drafters.base import Draft, Drafter
 
 
 class OracleDrafter(Drafter):

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Iterable, Mapping
 
-from serve.core.errors import DraftsmithError
-from serve.tree import TreeSpec
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.tree import TreeSpec
 
 DEFAULT_K = 5  # draft tokens per cycle for drafters that record no K (ngram, model, oracle)
 

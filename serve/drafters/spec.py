@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from serve.drafters.settings import choose_tree
-from serve.core.errors import DraftsmithError
-from serve.tree import TreeSpec
+from draftsmith.serve.drafters.settings import choose_tree
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.tree import TreeSpec
 
 TREE_SUFFIX = "@tree"
 CHAIN_SUFFIX = "@chain"

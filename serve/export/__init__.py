@@ -18,14 +18,14 @@ import json
 import time
 from pathlib import Path
 
-from serve.core.whole_folder import whole_folder
-from serve.drafters.folder import read_config as read_native_config
-from serve.export.common import ExportError, target_facts
-from serve.export.formats import FORMATS, format_module
-from serve.export.report import ExportReport, readme
-from serve.export.validate import validate_export
-from serve.export.destination import check_destination
-from serve.export.write import README_NAME, REPORT_NAME, check_export, write_export, write_files
+from draftsmith.serve.core.whole_folder import whole_folder
+from draftsmith.serve.drafters.folder import read_config as read_native_config
+from draftsmith.serve.export.common import ExportError, target_facts
+from draftsmith.serve.export.formats import FORMATS, format_module
+from draftsmith.serve.export.report import ExportReport, readme
+from draftsmith.serve.export.validate import validate_export
+from draftsmith.serve.export.destination import check_destination
+from draftsmith.serve.export.write import README_NAME, REPORT_NAME, check_export, write_export, write_files
 
 __all__ = ["FORMATS", "ExportError", "ExportReport", "check_export", "export_drafter", "validate_export",
            "write_export"]

@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
-from serve.drafters.base import Draft, Drafter
-from serve.drafters.folder import CONFIG_NAME, WEIGHTS_NAME  # an export keeps the native folder's (HF's) names
-from serve.core.errors import DraftsmithError
+from draftsmith.serve.drafters.base import Draft, Drafter
+# an export keeps the native folder's (HF's) names
+from draftsmith.serve.drafters.folder import CONFIG_NAME, WEIGHTS_NAME
+from draftsmith.serve.core.errors import DraftsmithError
 
 PROVENANCE_KEY = "draftsmith_export"  # config.json entry recording what was exported, from what, for which target
 ABSENT = object()  # FormatSpec value: the key must not be there
@@ -53,7 +54,7 @@ class TargetFacts:
 
 
 def target_facts(target, *, verifier: str | None = None) -> TargetFacts:
-    from serve.core.target import text_config
+    from draftsmith.serve.core.target import text_config
 
     path = Path(target.path)
     default = str(path.resolve()) if path.is_dir() else target.name
@@ -185,7 +186,7 @@ def check_no_untrained_embeddings(tensors: dict[str, torch.Tensor], target, *, w
 
 def check_layer_ids(config: dict, spec: FormatSpec, *, native_ids: list[int], engine: str, where: str) -> None:
     """The aux layer ids are recorded in both conventions next to the engine's own key."""
-    from serve.export.layer_ids import CONVENTIONS
+    from draftsmith.serve.export.layer_ids import CONVENTIONS
 
     recorded = lookup(config, f"{PROVENANCE_KEY}.aux_layer_ids")
     want = {"draftsmith": list(native_ids), engine: list(spec.engine_layer_ids),
@@ -261,7 +262,7 @@ def default_prompts(target, *, count: int = 3) -> list[torch.Tensor]:
 def compare_drafts(target, native: Drafter, readback: Drafter, prompts: list[torch.Tensor], *, k: int,
                    max_new_tokens: int, where: str) -> DraftComparison:
     """Greedy generation with each drafter; every proposal of the read-back drafter must equal the native one."""
-    from serve.decoding import speculative_generate
+    from draftsmith.serve.decoding import speculative_generate
 
     forwards = {"native": 0, "readback": 0}
     tokens = {"native": 0, "readback": 0}

@@ -6,16 +6,16 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 from pathlib import Path
 
-from serve.core.errors import DraftsmithError
-from serve.core.ranges import check_ranges
-from serve.core.target_config import TargetConfig
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.ranges import check_ranges
+from draftsmith.serve.core.target_config import TargetConfig
 
 FORMAT_NAMES = ("vllm", "sglang", "speculators")
 
 
 @dataclass
 class ExportConfig:
-    # `target=T` / `--target` set target.spec, `dtype=` the dtype of the validation runs (serve.core.config)
+    # `target=T` / `--target` set target.spec, `dtype=` the dtype of the validation runs (draftsmith.serve.core.config)
     ALIASES: ClassVar[dict[str, str]] = {"target": "target.spec", "dtype": "target.dtype", "device": "target.device",
                                          "threads": "target.threads"}
     RANGES: ClassVar[dict[str, str]] = {"prompts": ">= 1", "max_new_tokens": ">= 2", "k": ">= 0"}
@@ -41,7 +41,7 @@ def check(config: ExportConfig) -> ExportConfig:
     if not Path(config.drafter).is_dir():
         raise DraftsmithError(f"drafter folder not found: {config.drafter}")
     if config.engine_version:
-        from serve.export.engines import parse_version
+        from draftsmith.serve.export.engines import parse_version
 
         parse_version(config.engine_version)
     check_ranges(config)
@@ -53,7 +53,7 @@ def trained_target(drafter_dir: str | Path) -> str:
     """The target spec the drafter was trained with: `target` in its config.resolved.yaml, else its target name."""
     from omegaconf import OmegaConf
 
-    from serve.drafters.folder import read_config
+    from draftsmith.serve.drafters.folder import read_config
 
     resolved = Path(drafter_dir) / "config.resolved.yaml"
     if resolved.is_file():

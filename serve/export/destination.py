@@ -7,10 +7,10 @@ import json
 import os
 from pathlib import Path
 
-from serve.core.errors import DraftsmithError
-from serve.core.whole_folder import clean_stale
-from serve.drafters.folder import CHECKSUMS_NAME
-from serve.export.common import CONFIG_NAME, PROVENANCE_KEY, WEIGHTS_NAME
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.whole_folder import clean_stale
+from draftsmith.serve.drafters.folder import CHECKSUMS_NAME
+from draftsmith.serve.export.common import CONFIG_NAME, PROVENANCE_KEY, WEIGHTS_NAME
 
 README_NAME = "README.md"
 REPORT_NAME = "export_report.json"

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import torch
 
-from serve.drafters.draft_layer import draft_layer_config
-from serve.drafters.head_config import HeadConfig
-from serve.core.errors import DraftsmithError
-from serve.export.common import ABSENT, Expect, ExportError, get_field
-from serve.export.layer_ids import engine_default_layer_ids, from_engine_layer_ids
-from serve.export.llama_config import check_llama_like, expected_layer_shapes, rope_fields
-from serve.core.layers import EAGLE3_NUM_AUX as NUM_AUX  # vLLM and SGLang size fc as 3 * target_hidden_size
-from serve.core.layers import FINAL
+from draftsmith.serve.drafters.draft_layer import draft_layer_config
+from draftsmith.serve.drafters.head_config import HeadConfig
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.export.common import ABSENT, Expect, ExportError, get_field
+from draftsmith.serve.export.layer_ids import engine_default_layer_ids, from_engine_layer_ids
+from draftsmith.serve.export.llama_config import check_llama_like, expected_layer_shapes, rope_fields
+from draftsmith.serve.core.layers import EAGLE3_NUM_AUX as NUM_AUX  # vLLM and SGLang size fc as 3 * target_hidden_size
+from draftsmith.serve.core.layers import FINAL
 
 
 def check_eagle_exportable(config: HeadConfig, fmt: str) -> None:
@@ -63,7 +63,7 @@ def first_release_for(config: HeadConfig, fmt: str):
 
 def feature_norm_support(config: HeadConfig, fmt: str, engine: str):
     """engines.Support for a head with norms before fc (None: it has none, the format's own range holds)."""
-    from serve.export.engines import Support
+    from draftsmith.serve.export.engines import Support
 
     first = first_release_for(config, fmt)
     if first is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from serve.core.errors import DraftsmithError
+from draftsmith.serve.core.errors import DraftsmithError
 
 Version = tuple[int, ...]
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from serve.core.errors import DraftsmithError
-from serve.export import sglang, speculators, vllm
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.export import sglang, speculators, vllm
 
 FORMATS: dict[str, ModuleType] = {"vllm": vllm, "sglang": sglang, "speculators": speculators}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from serve.core.errors import DraftsmithError
+from draftsmith.serve.core.errors import DraftsmithError
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve.drafters.draft_layer import DRAFT_MODEL_TYPE
-from serve.drafters.head_config import HeadConfig
-from serve.core.errors import DraftsmithError
+from draftsmith.serve.drafters.draft_layer import DRAFT_MODEL_TYPE
+from draftsmith.serve.drafters.head_config import HeadConfig
+from draftsmith.serve.core.errors import DraftsmithError
 
 _COPIED = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
            "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "bos_token_id", "eos_token_id",

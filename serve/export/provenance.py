@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serve.drafters.head_config import HeadConfig
-from serve.export.common import PROVENANCE_KEY
-from serve.export.layer_ids import CONVENTIONS
+from draftsmith.serve.drafters.head_config import HeadConfig
+from draftsmith.serve.export.common import PROVENANCE_KEY
+from draftsmith.serve.export.layer_ids import CONVENTIONS
 
 FORMAT_VERSION = 1
 FINAL_FEATURE = "final normed hidden state of the target (draftsmith FINAL=-1), what the engines feed EAGLE-1/Medusa"

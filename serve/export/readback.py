@@ -12,13 +12,13 @@ from pathlib import Path
 
 import torch
 
-from serve.drafters.base import Drafter
-from serve.drafters.folder import build_head, make_drafter
-from serve.drafters.identity import check_target_identity
-from serve.export.common import ExportError, read_config, read_tensors
-from serve.export.formats import FORMATS
-from serve.export.provenance import target_identity
-from serve.core.target import text_config
+from draftsmith.serve.drafters.base import Drafter
+from draftsmith.serve.drafters.folder import build_head, make_drafter
+from draftsmith.serve.drafters.identity import check_target_identity
+from draftsmith.serve.export.common import ExportError, read_config, read_tensors
+from draftsmith.serve.export.formats import FORMATS
+from draftsmith.serve.export.provenance import target_identity
+from draftsmith.serve.core.target import text_config
 
 
 def read_export(path: str | Path, target, *, fmt: str, attn_implementation: str = "sdpa") -> Drafter:

@@ -5,8 +5,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from serve.drafters.head_config import HeadConfig
-from serve.export.common import TargetFacts
+from draftsmith.serve.drafters.head_config import HeadConfig
+from draftsmith.serve.export.common import TargetFacts
 
 
 @dataclass

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import torch
 
-from serve.drafters.head_config import HeadConfig
-from serve.core.errors import DraftsmithError
-from serve.export.common import ABSENT, Expect, ExportError, FormatSpec, TargetFacts, get_field
-from serve.export.eagle import (check_eagle_exportable, eagle_tensors, expected_eagle_tensors, expected_llama_fields,
-                                feature_norm_fields, feature_norm_support, feature_norms, read_eagle1, read_eagle3)
-from serve.export.engines import Support
-from serve.export.layer_ids import aux_layer_ids_for
-from serve.export.llama_config import llama_layer_config
+from draftsmith.serve.drafters.head_config import HeadConfig
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.export.common import ABSENT, Expect, ExportError, FormatSpec, TargetFacts, get_field
+from draftsmith.serve.export.eagle import (check_eagle_exportable, eagle_tensors, expected_eagle_tensors,
+                                           expected_llama_fields, feature_norm_fields, feature_norm_support,
+                                           feature_norms, read_eagle1, read_eagle3)
+from draftsmith.serve.export.engines import Support
+from draftsmith.serve.export.layer_ids import aux_layer_ids_for
+from draftsmith.serve.export.llama_config import llama_layer_config
 
 NAME = "sglang"
 ENGINE = "SGLang"

@@ -21,15 +21,16 @@ from pathlib import Path
 
 import torch
 
-from serve.drafters.draft_layer import shared_embedding
-from serve.drafters.head_config import HeadConfig
-from serve.core.errors import DraftsmithError
-from serve.export.common import ABSENT, Expect, ExportError, FormatSpec, TargetFacts
-from serve.export.eagle import (check_eagle_exportable, eagle_tensors, expected_eagle_tensors, expected_llama_fields,
-                                feature_norm_fields, feature_norm_support, feature_norms, read_eagle3, rename_prefix)
-from serve.export.engines import Support
-from serve.export.layer_ids import aux_layer_ids_for
-from serve.export.llama_config import llama_layer_config
+from draftsmith.serve.drafters.draft_layer import shared_embedding
+from draftsmith.serve.drafters.head_config import HeadConfig
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.export.common import ABSENT, Expect, ExportError, FormatSpec, TargetFacts
+from draftsmith.serve.export.eagle import (check_eagle_exportable, eagle_tensors, expected_eagle_tensors,
+                                           expected_llama_fields, feature_norm_fields, feature_norm_support,
+                                           feature_norms, read_eagle3, rename_prefix)
+from draftsmith.serve.export.engines import Support
+from draftsmith.serve.export.layer_ids import aux_layer_ids_for
+from draftsmith.serve.export.llama_config import llama_layer_config
 
 NAME = "speculators"
 ENGINE = "vLLM"  # the engine that serves the speculators format
@@ -205,9 +206,9 @@ def _check_with_package(out: str | Path, target, readback_head, *, where: str) -
 @torch.no_grad()
 def _compare_first_step(model, head, target, *, where: str) -> None:
     """speculators' modules vs our read-back head on one teacher-forced pass over a short prompt."""
-    from serve.drafters.masks import additive, causal_allowed
+    from draftsmith.serve.drafters.masks import additive, causal_allowed
 
-    from serve.core.target import text_config
+    from draftsmith.serve.core.target import text_config
 
     ids = torch.arange(3, 3 + 12) % int(text_config(target.config).vocab_size)
     out = target.model(ids[None], output_hidden_states=True)

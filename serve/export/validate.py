@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serve.drafters.folder import load_head, make_drafter, read_config as read_native_config
-from serve.export.common import (ExportError, check_config, check_layer_ids, check_no_untrained_embeddings,
+from draftsmith.serve.drafters.folder import load_head, make_drafter, read_config as read_native_config
+from draftsmith.serve.export.common import (ExportError, check_config, check_layer_ids, check_no_untrained_embeddings,
                                  check_tensors, compare_drafts, default_prompts, read_config, read_tensors,
                                  target_facts)
-from serve.export.formats import format_module
-from serve.export.readback import read_head
-from serve.export.report import ExportReport
+from draftsmith.serve.export.formats import format_module
+from draftsmith.serve.export.readback import read_head
+from draftsmith.serve.export.report import ExportReport
 
 
 def validate_export(out_dir: str | Path, fmt: str, *, native_dir: str | Path, target, prompts=None,

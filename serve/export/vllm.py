@@ -26,15 +26,15 @@ import json
 
 import torch
 
-from serve.drafters.head_config import HeadConfig
-from serve.core.errors import DraftsmithError
-from serve.export.common import ABSENT, Expect, ExportError, FormatSpec, TargetFacts, get_field
-from serve.export.eagle import (check_eagle_exportable, eagle_tensors, expected_eagle_tensors, expected_llama_fields,
-                                feature_norm_fields, feature_norm_support, feature_norms, read_eagle1, read_eagle3,
-                                read_vocab_maps, rename_prefix)
-from serve.export.engines import Support
-from serve.export.layer_ids import aux_layer_ids_for
-from serve.export.llama_config import llama_layer_config
+from draftsmith.serve.drafters.head_config import HeadConfig
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.export.common import ABSENT, Expect, ExportError, FormatSpec, TargetFacts, get_field
+from draftsmith.serve.export.eagle import (check_eagle_exportable, eagle_tensors, expected_eagle_tensors,
+                                           expected_llama_fields, feature_norm_fields, feature_norm_support,
+                                           feature_norms, read_eagle1, read_eagle3, read_vocab_maps, rename_prefix)
+from draftsmith.serve.export.engines import Support
+from draftsmith.serve.export.layer_ids import aux_layer_ids_for
+from draftsmith.serve.export.llama_config import llama_layer_config
 
 NAME = "vllm"
 ENGINE = "vLLM"
@@ -180,7 +180,7 @@ def read(config: dict, tensors: dict, *, num_layers: int, where: str) -> tuple[H
 
 
 def _read_medusa(config: dict, tensors: dict, where: str) -> tuple[HeadConfig, dict]:
-    from serve.core.layers import FINAL
+    from draftsmith.serve.core.layers import FINAL
 
     # MedusaConfig.from_pretrained renames every key holding "num" + "heads"/"layers".
     renamed = dict(config)

@@ -10,17 +10,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from serve.drafters.folder import load_head, read_config as read_native_config, write_weights
-from serve.drafters.identity import check_target_identity
-from serve.export.common import CONFIG_NAME, target_facts
-from serve.core.files import write_text_atomic
-from serve.core.whole_folder import whole_folder
-from serve.export.destination import README_NAME, REPORT_NAME, check_destination
-from serve.export.engines import refuse_unless_supported
-from serve.export.formats import format_module
-from serve.export.hosts import check_hosted
-from serve.export.layer_ids import aux_layer_ids_for
-from serve.export.provenance import provenance
+from draftsmith.serve.drafters.folder import load_head, read_config as read_native_config, write_weights
+from draftsmith.serve.drafters.identity import check_target_identity
+from draftsmith.serve.export.common import CONFIG_NAME, target_facts
+from draftsmith.serve.core.files import write_text_atomic
+from draftsmith.serve.core.whole_folder import whole_folder
+from draftsmith.serve.export.destination import README_NAME, REPORT_NAME, check_destination
+from draftsmith.serve.export.engines import refuse_unless_supported
+from draftsmith.serve.export.formats import format_module
+from draftsmith.serve.export.hosts import check_hosted
+from draftsmith.serve.export.layer_ids import aux_layer_ids_for
+from draftsmith.serve.export.provenance import provenance
 
 __all__ = ["README_NAME", "REPORT_NAME", "check_export", "write_export", "write_files"]
 

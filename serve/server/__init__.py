@@ -3,23 +3,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve.server.config import ServeConfig
+from draftsmith.serve.server.config import ServeConfig
 
 __all__ = ["ServeConfig", "build_app", "serve_forever"]
 
 
 def build_app(config: ServeConfig, *, log=None) -> Any:
     """Load the target and drafter named in `config` and return the ASGI app."""
-    from serve.drafters import build_drafter
-    from serve.drafters.settings import draft_settings
-    from serve.server.app import create_app
-    from serve.server.engine import Engine
-    from serve.core.target import load_configured
+    from draftsmith.serve.drafters import build_drafter
+    from draftsmith.serve.drafters.settings import draft_settings
+    from draftsmith.serve.server.app import create_app
+    from draftsmith.serve.server.engine import Engine
+    from draftsmith.serve.core.target import load_configured
 
     config.validate()  # a config built by hand is checked too
     config.target.apply_threads()
     if config.speculation:  # a drafter folder that is missing or for another target: refused before the load
-        from serve.drafters.early import check_before_loading
+        from draftsmith.serve.drafters.early import check_before_loading
 
         check_before_loading([config.drafter], config.target.spec)
     if log:
@@ -39,7 +39,7 @@ def build_app(config: ServeConfig, *, log=None) -> Any:
                     max_batch=config.max_batch, keep_cache_bytes=int(config.keep_cache_mb * (1 << 20)))
     recorder = None
     if config.record:
-        from serve.core.traffic import TrafficRecorder
+        from draftsmith.serve.core.traffic import TrafficRecorder
 
         recorder = TrafficRecorder(config.record, target=target,
                                    max_segment_bytes=int(config.record_segment_mb * (1 << 20)))
@@ -54,8 +54,8 @@ def serve_forever(config: ServeConfig, *, log=None) -> None:
     """Take the address, build the app and serve it with uvicorn until interrupted."""
     import uvicorn
 
-    from serve.server.bind import bind_socket
-    from serve.server.drain import DrainingServer
+    from draftsmith.serve.server.bind import bind_socket
+    from draftsmith.serve.server.drain import DrainingServer
 
     config.validate()
     sock = bind_socket(config.host, config.port)  # before loading: a busy port is reported at once

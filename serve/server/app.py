@@ -31,19 +31,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serve.server.config import ServeConfig
-from serve.server.bodies import body_problem
-from serve.server.engine import (Cancelled, Engine, Event, Failed, Finished, GenerationParams, Job, Started, Tokens,
-                                 Unavailable)
-from serve.server.limits import BodyLimit, check_prompt_chars, longest_token_chars
-from serve.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from serve.server.prompts import (check_token_ids, completion_prompt, encode_text_prompt, render_chat,
+from draftsmith.serve.server.config import ServeConfig
+from draftsmith.serve.server.bodies import body_problem
+from draftsmith.serve.server.engine import (Cancelled, Engine, Event, Failed, Finished, GenerationParams, Job, Started,
+                                            Tokens, Unavailable)
+from draftsmith.serve.server.limits import BodyLimit, check_prompt_chars, longest_token_chars
+from draftsmith.serve.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from draftsmith.serve.server.prompts import (check_token_ids, completion_prompt, encode_text_prompt, render_chat,
                                   resolve_max_tokens)
-from serve.core.traffic import TrafficRecorder
-from serve.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList,
+from draftsmith.serve.core.traffic import TrafficRecorder
+from draftsmith.serve.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList,
                                   SamplingFields, Usage, error_body)
-from serve.server.text import TextAssembler
-from serve.core.target import text_config
+from draftsmith.serve.server.text import TextAssembler
+from draftsmith.serve.core.target import text_config
 
 DISCONNECT_POLL_SECONDS = 0.25
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import socket
 
-from serve.core.errors import DraftsmithError
+from draftsmith.serve.core.errors import DraftsmithError
 
 
 class BindError(DraftsmithError):

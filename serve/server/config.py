@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-from serve.core.ranges import check_ranges
-from serve.core.target_config import TargetConfig
+from draftsmith.serve.core.ranges import check_ranges
+from draftsmith.serve.core.target_config import TargetConfig
 
 
 @dataclass
@@ -21,7 +21,7 @@ class TreeOptions:
 
 @dataclass
 class ServeConfig:
-    # the flat spellings of earlier versions keep working (serve.core.config.load_config)
+    # the flat spellings of earlier versions keep working (draftsmith.serve.core.config.load_config)
     ALIASES: ClassVar[dict[str, str]] = {"dtype": "target.dtype", "device": "target.device",
                                          "threads": "target.threads", "target": "target.spec"}
     RANGES: ClassVar[dict[str, str]] = {"k": ">= 1", "port": "[0, 65535]", "context_length": ">= 2",
@@ -58,7 +58,7 @@ class ServeConfig:
     # a longer prompt (characters, before tokenizing) gets a 400; default: the vocabulary's longest entry times the
     # context length, the most characters a prompt that fits could have
     max_prompt_chars: Optional[int] = None
-    record: Optional[str] = None  # folder that keeps every answered request (serve.core.traffic); None: off
+    record: Optional[str] = None  # folder that keeps every answered request (draftsmith.serve.core.traffic); None: off
     record_segment_mb: float = 64.0  # a new traffic-NNNNN.jsonl segment starts beyond this size
     log_level: str = "info"
 

@@ -27,11 +27,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from serve.batch import decoder as batch
-from serve.batch.costs import batch_bucket
-from serve.core.errors import DraftsmithError
-from serve.server.slot_memory import DEFAULT_KEEP_MB, release_slot_cache
-from serve.server.waiting import QueueFull, ShuttingDown, Unavailable, WaitingQueue, retry_after_seconds
+from draftsmith.serve.batch import decoder as batch
+from draftsmith.serve.batch.costs import batch_bucket
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.server.slot_memory import DEFAULT_KEEP_MB, release_slot_cache
+from draftsmith.serve.server.waiting import QueueFull, ShuttingDown, Unavailable, WaitingQueue, retry_after_seconds
 
 __all__ = ["Engine", "QueueFull", "ShuttingDown", "Unavailable"]
 
@@ -62,7 +62,7 @@ class Tokens:
 
 @dataclass(frozen=True)
 class Finished:
-    result: Any  # serve.decoding.GenerationResult
+    result: Any  # draftsmith.serve.decoding.GenerationResult
     time: float
 
 

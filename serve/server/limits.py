@@ -10,7 +10,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serve.server.schemas import APIError, error_body
+from draftsmith.serve.server.schemas import APIError, error_body
 
 BODY_METHODS = ("POST", "PUT", "PATCH")
 

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve.core import prompts
-from serve.server.schemas import APIError, ChatMessage, CompletionRequest
+from draftsmith.serve.core import prompts
+from draftsmith.serve.server.schemas import APIError, ChatMessage, CompletionRequest
 
 
 def render_chat(tokenizer: Any, messages: list[ChatMessage]) -> list[int]:
-    """The target's own chat template with the assistant turn opened (serve.core.prompts.render_chat)."""
+    """The target's own chat template with the assistant turn opened (draftsmith.serve.core.prompts.render_chat)."""
     if not prompts.has_chat_template(tokenizer):
         raise APIError(400, "this model's tokenizer has no chat template, so /v1/chat/completions cannot "
                        "format messages; send a raw prompt to /v1/completions instead",
