@@ -1,4 +1,4 @@
-"""Folders written whole or not at all (issue #66): the trained drafter, a checkpoint saved over one of its step,
+"""Folders written whole or not at all: the trained drafter, a checkpoint saved over one of its step,
 the data build's dataset, and scripts/bench/data.py's --out. A full disk or a kill mid-save leaves the earlier
 folder whole and no temporary sibling; nothing is removed that the run did not write, unless --overwrite says so."""
 from __future__ import annotations

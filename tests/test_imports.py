@@ -1,4 +1,4 @@
-"""The import layering the restructurings settled (issue: one home for the target contract), read from the source:
+"""The import layering the restructurings settled, read from the source:
 the decoder sees drafters only through their protocol, no drafter imports the decoder, and the packages point one
 way (DESIGN.md: serve <- data <- train, serve <- eval, which reads prompts through data; scripts on top), and
 only train/loop.py touches accelerate, DeepSpeed or torch.distributed. Function-level imports count too."""

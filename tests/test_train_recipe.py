@@ -1,4 +1,4 @@
-"""The recipe options of issue 15: EAGLE-3 feature norms and noise, held-out agreement beside train agreement,
+"""The recipe options: EAGLE-3 feature norms and noise, held-out agreement beside train agreement,
 the teacher-forced μ estimate, a held-out set of its own, the best head kept, early stopping, the target's top-1
 stored in the cache."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The installed package is whole (issue #68): the sdist is built from the sources, the wheel from the sdist (as
+"""The installed package is whole: the sdist is built from the sources, the wheel from the sdist (as
 `python -m build` does), and the wheel installed into a fresh virtual environment outside the checkout runs
 `draftsmith --help`, a built-in recipe's `train --print-config` and the quick demo (on a tiny target) from an empty
 folder. The environment reuses the installed torch and the rest (a .pth naming this interpreter's site-packages),

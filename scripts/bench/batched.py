@@ -1,5 +1,5 @@
 """The batched decoder at one row against the batch-1 decoder, and self-distillation before and after it ran on the
-batched decoder (issue 52). Every figure is a ratio of runs interleaved in this process.
+batched decoder. Every figure is a ratio of runs interleaved in this process.
 
     python -m draftsmith.bench.batched [--target demo] [--prompts FILE] [--limit 1] [--max-new-tokens 64]
         [--threads 1] [--repeats 2] [--drafters oracle,ngram] [--json out.json]

@@ -1,4 +1,4 @@
-"""Figures of the data pipeline on the default target (issue 4).
+"""Figures of the data pipeline on the default target.
 
     .venv/bin/python scripts/bench/data.py [--out runs/bench_data] [--per-domain 8] [--max-new-tokens 32]
 

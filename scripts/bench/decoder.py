@@ -1,4 +1,4 @@
-"""Decoder benchmark (issue 3): oracle speedup vs its limit for K = 1..8, n-gram on code editing and free writing.
+"""Decoder benchmark: oracle speedup vs its limit for K = 1..8, n-gram on code editing and free writing.
 
 Runs are interleaved in one process (plain, speculative, plain, ...) so the machine's noise hits both sides;
 every figure printed is a ratio measured in this run.

@@ -1,4 +1,4 @@
-"""Self-distillation generation on the default target: static batches against continuous batching (issue 17).
+"""Self-distillation generation on the default target: static batches against continuous batching.
 
     .venv/bin/python scripts/bench/generate.py [--per-domain 0] [--max-new-tokens 256] [--batch-size 32]
         [--slots 32,64] [--bf16-slots 256] [--json runs/bench_generate.json]

@@ -1,4 +1,4 @@
-"""The thread policy on a busy machine (issue 18): tokens/s of data build (batched self-distillation) and of eval
+"""The thread policy on a busy machine: tokens/s of data build (batched self-distillation) and of eval
 (plain and n-gram speculative decoding) with the machine as it is and with one core taken by a busy loop this
 script starts, under the old policy (torch's default thread count) and the new one (serve/core/threads.py: the
 default lowered to the cores idle at start), side by side in one process.
