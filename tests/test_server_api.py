@@ -366,6 +366,21 @@ def test_a_busy_port_is_reported_before_the_model_loads(tmp_path):
                                                f"one)"]
 
 
+def test_a_free_port_is_free_and_a_busy_one_is_refused():
+    """free_port (the benchmarks' child servers) names a port bind_socket can take; taken, it is refused in one
+    line."""
+    from draftsmith.serve.server.bind import BindError, bind_socket, free_port
+
+    port = free_port()
+    sock = bind_socket("127.0.0.1", port)
+    try:
+        sock.listen()
+        with pytest.raises(BindError, match=f"port {port} on 127.0.0.1 is already in use"):
+            bind_socket("127.0.0.1", port)
+    finally:
+        sock.close()
+
+
 def test_serves_a_drafter_folder_with_tree_drafting_losslessly(target, tiny_target_dir, tmp_path):
     """A (random) EAGLE-3 head folder served with dynamic trees: greedy text equals plain decoding's."""
     from draftsmith.serve.core.config import load_config

@@ -23,7 +23,6 @@ import http.client
 import json
 import os
 import queue
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
+
+from draftsmith.serve.server.bind import free_port
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 MAX_REQUESTS = 2000  # hard bound on one run
@@ -318,12 +319,6 @@ def run_load(urls: dict[str, str], prompts: list[dict], *, clients: int, request
 
 
 # ---- starting servers for --compare ------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class ServerProcess:
     """`draftsmith serve` in a child process on a free loopback port, stopped by its pid on exit."""
 

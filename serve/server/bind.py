@@ -28,3 +28,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
         raise BindError(f"cannot listen on {host}:{port}: {err.strerror or err}; pass --host with an address of "
                         f"this machine (127.0.0.1, 0.0.0.0, ::) and --port with a free port") from None
     return sock
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at `host` now, for a server started next (a benchmark's child `draftsmith serve`).
+    Another process may take it first; a server bound in-process should bind port 0 instead (bind_socket)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
