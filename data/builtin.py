@@ -9,7 +9,7 @@ with a small change): the traffic where a drafter, and prompt lookup, accept lon
 
 Rows are only ever appended to a domain, never edited, so a dataset built from an older set keeps its rows
 (data/build.py reuses a row with the same id and turns). The demo holds out the last rows of each domain for
-evaluation (scripts/demo.py, split_builtin), so they are kept typical of their domain.
+evaluation (scripts/demo/run.py, split_builtin), so they are kept typical of their domain.
 """
 from __future__ import annotations
 

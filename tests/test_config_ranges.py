@@ -12,7 +12,7 @@ from draftsmith.eval.config import EvalConfig
 from draftsmith.cli import main
 from draftsmith.cli.fetch_demo import FetchDemoConfig
 from draftsmith.cli.generate import GenerateConfig
-from draftsmith.demo import DemoConfig
+from draftsmith.demo.run import DemoConfig
 from draftsmith.serve.core.config import load_config
 from draftsmith.serve.core.errors import ConfigError
 from draftsmith.serve.export.config import ExportConfig

@@ -1,5 +1,5 @@
-"""`demo --budget`: the plan from measured rates (scripts/demo_budget.py), the ledger an interrupted demo resumes
-from (scripts/demo_ledger.py), and the machine probe's choices (serve/core/machine.py)."""
+"""`demo --budget`: the plan from measured rates (scripts/demo/budget.py), the ledger an interrupted demo resumes
+from (scripts/demo/ledger.py), and the machine probe's choices (scripts/demo/machine.py)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from draftsmith.demo_budget import (MIN_PROMPTS_PER_DOMAIN, MIN_TRAIN_SECONDS, BudgetError, Rates, Workload,
+from draftsmith.demo.budget import (MIN_PROMPTS_PER_DOMAIN, MIN_TRAIN_SECONDS, BudgetError, Rates, Workload,
                                  least_budget, parse_budget, plan_demo, replan)
 from draftsmith.serve.core.config import ConfigError
 
@@ -113,9 +113,9 @@ def test_the_capture_is_planned_again_from_the_data_built():
 
 
 def test_an_interrupted_demo_keeps_its_data_and_what_is_left(tmp_path, monkeypatch):
-    import draftsmith.demo_ledger as ledger_module
-    from draftsmith.demo_ledger import BudgetLedger
-    from draftsmith.demo_pacer import Pacer
+    import draftsmith.demo.ledger as ledger_module
+    from draftsmith.demo.ledger import BudgetLedger
+    from draftsmith.demo.pacer import Pacer
 
     monkeypatch.setattr(ledger_module, "HEARTBEAT_SECONDS", 0.05)
     lines: list[str] = []
@@ -164,7 +164,7 @@ def test_an_interrupted_demo_keeps_its_data_and_what_is_left(tmp_path, monkeypat
 
 
 def test_the_probe_picks_bf16_only_where_it_is_faster():
-    from draftsmith.serve.core.machine import choose
+    from draftsmith.demo.machine import choose
 
     avx2 = {"float32": {1: 88.0, 2: 167.0}, "bfloat16": {1: 1.3, 2: 1.2}}
     dtype, threads, why = choose(avx2, idle=2.0, usable=2)
@@ -181,7 +181,7 @@ def test_the_probe_picks_bf16_only_where_it_is_faster():
 def test_the_probe_measures_this_machine_and_a_target(tiny_target):
     import torch
 
-    from draftsmith.serve.core.machine import MachineReport, probe_hardware, probe_target
+    from draftsmith.demo.machine import MachineReport, probe_hardware, probe_target
 
     threads = torch.get_num_threads()
     hardware = probe_hardware(dtypes=("float32",))
@@ -223,7 +223,7 @@ def test_every_replan_scales_the_first_predictions_by_all_that_finished():
 def test_a_resume_with_little_left_plans_what_is_left(tmp_path):
     """Killed late in a tight budget: the least budget counts only the stages still to do, so the rerun goes on
     with what is left instead of refusing."""
-    from draftsmith.demo_pacer import Pacer
+    from draftsmith.demo.pacer import Pacer
 
     budget = 900.0
     done = {"data": {"planned": 230.0, "real": 249.0}, "capture": {"planned": 121.0, "real": 116.0},

@@ -50,7 +50,7 @@ def test_demo_quick_end_to_end(demo_target_dir, tmp_path):
 
 
 def test_demo_rejects_a_bad_train_mode(tmp_path):
-    from draftsmith.demo import DemoConfig, run_demo
+    from draftsmith.demo.run import DemoConfig, run_demo
     from draftsmith.serve.core.config import ConfigError
 
     with pytest.raises(ConfigError, match="train_mode must be offline or online"):
@@ -59,7 +59,7 @@ def test_demo_rejects_a_bad_train_mode(tmp_path):
 
 
 def test_a_stage_is_reused_only_for_the_same_inputs(tmp_path):
-    from draftsmith.demo import _spec_digest, finished, record_finished
+    from draftsmith.demo.run import _spec_digest, finished, record_finished
 
     drafter = tmp_path / "eagle3" / "drafter"
     drafter.mkdir(parents=True)
@@ -77,7 +77,7 @@ def test_a_stage_is_reused_only_for_the_same_inputs(tmp_path):
 
 def test_the_demo_table_names_the_fastest_drafter_and_a_tie():
     from draftsmith.eval.winners import winners
-    from draftsmith.demo import mu_table
+    from draftsmith.demo.run import mu_table
 
     def cell(mu, speedup):
         return {"mu": mu, "speedup": speedup}

@@ -18,7 +18,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from draftsmith.demo import DemoConfig, run_demo
+    from draftsmith.demo.run import DemoConfig, run_demo
     from draftsmith.serve.core.config import load_config
     from draftsmith.serve.core.files import check_output_path
     from draftsmith.serve.core.recipes import builtin_dir

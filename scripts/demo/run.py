@@ -187,10 +187,10 @@ def mu_table(result: dict) -> str:
 
 
 def measure_machine(config: DemoConfig, log: Callable[[str], None]):
-    """The probe of serve/core/machine.py: sets the target's dtype (when auto) and torch's threads (unless set)."""
+    """The probe of scripts/demo/machine.py: sets the target's dtype (when auto) and torch's threads (unless set)."""
     import torch
 
-    from draftsmith.serve.core.machine import MachineReport, probe_hardware
+    from draftsmith.demo.machine import MachineReport, probe_hardware
 
     began = time.perf_counter()
     hardware = probe_hardware(requested_threads=config.target.threads,
@@ -236,10 +236,10 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     from draftsmith.serve.core.prompts import encode_prompt
     from draftsmith.serve.core.target import load_configured
     from draftsmith.serve.core.invariant import is_invariant
-    from draftsmith.serve.core.machine import probe_target
+    from draftsmith.demo.machine import probe_target
     from draftsmith.eval.stats import exactness_verdict
-    from draftsmith.demo_budget import parse_budget
-    from draftsmith.demo_pacer import Pacer, rates_of, workload_of
+    from draftsmith.demo.budget import parse_budget
+    from draftsmith.demo.pacer import Pacer, rates_of, workload_of
 
     if config.train_mode not in ("offline", "online"):
         raise ConfigError(f"train_mode must be offline or online, got {config.train_mode!r}")

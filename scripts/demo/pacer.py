@@ -1,6 +1,6 @@
-"""`demo --budget`: keeps the demo's stages to the plan of scripts/demo_budget.py. Before a stage it says what the
+"""`demo --budget`: keeps the demo's stages to the plan of scripts/demo/budget.py. Before a stage it says what the
 stage is given (prompts per domain, a head's seconds, the evaluation's size); after it, it records the planned
-and real seconds in the ledger (scripts/demo_ledger.py) and plans the rest again from what is left.
+and real seconds in the ledger (scripts/demo/ledger.py) and plans the rest again from what is left.
 
     pacer = Pacer.start(out, budget_seconds, rates, workload, log=print)   # prints the plan with each ETA
     given = pacer.before("data")       # {"per_domain_limit": 40, "rows": 520, ...}
@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from draftsmith.demo_budget import Plan, Rates, Workload, minutes, plan_demo, replan
-from draftsmith.demo_ledger import BudgetLedger
+from draftsmith.demo.budget import Plan, Rates, Workload, minutes, plan_demo, replan
+from draftsmith.demo.ledger import BudgetLedger
 
 ANSWER_SHARE = 0.6  # of max_new_tokens, written before EOS on average (the demo target on the built-in prompts)
 DEADLINE_SLACK = (1.1, 20.0)  # self-distillation stops starting rows at 1.1x its planned time + 20 s

@@ -1,5 +1,5 @@
 """The demo's stages sized to a wall-clock budget (`draftsmith demo --budget 30m`), from the machine's measured
-rates (serve/core/machine.py). Pure functions: no clock, no model.
+rates (scripts/demo/machine.py). Pure functions: no clock, no model.
 
 Two stages are elastic, the budget decides their size: self-distillation (how many prompts per domain the target
 answers; the capture of their tokens follows) and training (seconds per head, `optim.max_seconds`: the loop fits its
@@ -58,7 +58,7 @@ def minutes(seconds: float) -> str:
 
 @dataclass(frozen=True)
 class Rates:
-    """What the probe measured (draftsmith.serve.core.machine.TargetRates), in the units the plan needs."""
+    """What the probe measured (draftsmith.demo.machine.TargetRates), in the units the plan needs."""
     step_seconds: float  # one plain decode step of one row
     generate_tokens_per_second: float  # batched self-distillation, data.batch_size rows
     prefill_tokens_per_second: float  # capture
