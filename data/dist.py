@@ -3,9 +3,10 @@
 gloo on CPU, NCCL on GPUs)."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
+
+from draftsmith.serve.core.process_group import launch
 
 
 @dataclass
@@ -24,10 +25,6 @@ class Dist:
             self._state.wait_for_everyone()
 
 
-def launched_world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def current(*, cpu: bool | None = None) -> Dist:
     """This process's place in the launch (a single process when not launched).
 
@@ -38,7 +35,7 @@ def current(*, cpu: bool | None = None) -> Dist:
 
     if cpu is None:
         cpu = not torch.cuda.is_available()
-    if launched_world_size() <= 1:
+    if launch().world <= 1:
         return Dist(rank=0, world=1, device=torch.device("cpu" if cpu else "cuda"))
     from accelerate import PartialState
 

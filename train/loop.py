@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from draftsmith.serve.core.process_group import launch
 from draftsmith.train import losses
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.evaluate import BestTracker, agreement_over, sample_rows
@@ -88,7 +88,7 @@ def make_accelerator(config: TrainConfig):
         "gradient_accumulation_steps": config.optim.grad_accum,
         "step_scheduler_with_optimizer": False,  # we step it once per optimizer step, whatever the world size
     }
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = launch().world
     if world > 1:
         kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(backend=backend)]
     if world > 1 and dist.strategy == "deepspeed":

@@ -102,8 +102,7 @@ def train_drafter(config: TrainConfig, *, overwrite: bool = False) -> Path:
         _start_afresh(out_dir, earlier.description, is_main=here.is_main)
     check_launch_inputs(recipe=to_dict(config), spec=config.target.spec)
     if device == "cuda":
-        import os
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        device = f"cuda:{here.local_rank}"
     dtype = "bfloat16" if resolve_precision(config) == "bf16" else "float32"
     target = load_launch_target(config.target, dtype=dtype, device=device,
                                 workload=partial(train_workload, config, precision=resolve_precision(config)))

@@ -3,10 +3,10 @@
 Runs alone or under `accelerate launch` / `torchrun` (each process captures its own shards)."""
 from __future__ import annotations
 
-import os
 import sys
 
 from draftsmith.cli.plan_flags import add_plan_arguments
+from draftsmith.serve.core.process_group import launch
 from draftsmith.serve.core.threads import THREADS_HELP
 
 
@@ -56,6 +56,6 @@ def run(args) -> int:
     config.target.apply_threads()  # each process of a multi-process capture then takes its share
     result = capture_hidden_states(config.target.spec, args.dataset, args.out, config, progress=not args.no_progress,
                                    log=lambda msg: print(msg, file=sys.stderr))
-    if os.environ.get("RANK", "0") == "0":  # one line for the whole launch
+    if launch().is_main:  # one line for the whole launch
         print(result.out_dir)
     return 0

@@ -2,9 +2,8 @@
 from the recipe and the target's config alone (a built-in config name such as llama-3.3-70b works as --target)."""
 from __future__ import annotations
 
-import os
-
 from draftsmith.serve.core.known_configs import KNOWN_CONFIGS
+from draftsmith.serve.core.process_group import launch
 
 DEFAULT_DEVICE_GIB = 80.0  # an 80 GB H100 / A100 when no GPU is visible
 
@@ -28,8 +27,9 @@ def plan_setting(args) -> tuple[int, int, float]:
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    devices = args.devices or int(os.environ.get("WORLD_SIZE", "0")) or gpus or 1
-    per_node = args.per_node or int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or 8
+    here = launch()  # under torchrun / accelerate launch, the launch's own size
+    devices = args.devices or (here.world if here.world > 1 else gpus) or 1
+    per_node = args.per_node or (here.local_world if here.world > 1 else 8)
     memory = args.device_memory
     if memory is None:
         memory = torch.cuda.get_device_properties(0).total_memory / (1 << 30) if gpus else DEFAULT_DEVICE_GIB

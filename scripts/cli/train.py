@@ -4,9 +4,8 @@ Runs alone or under `accelerate launch` / `torchrun` (see scripts/launch_*.sh); 
 """
 from __future__ import annotations
 
-import os
-
 from draftsmith.cli.plan_flags import add_plan_arguments
+from draftsmith.serve.core.process_group import launch
 from draftsmith.serve.core.threads import THREADS_HELP
 
 
@@ -47,6 +46,6 @@ def run(args) -> int:
     check_output_path(config.out_dir, what="out_dir", folder=True)
     config.target.apply_threads()
     path = train_drafter(config, overwrite=args.overwrite)
-    if int(os.environ.get("RANK", "0")) == 0:  # one line from a multi-process run, not one per process
+    if launch().is_main:  # one line from a multi-process run, not one per process
         print(path)
     return 0
