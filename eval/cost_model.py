@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from draftsmith.serve.core.costs import verify_ratio_at
+from draftsmith.serve.core.costs import VerifyCosts, verify_ratio_at
 
 
 def tokens_per_cycle(alpha: float, k: int) -> float:
@@ -41,11 +41,9 @@ def alpha_from_mu(mu: float, k: int, *, tol: float = 1e-9) -> float:
 
 
 def verify_ratios(forward_seconds: Mapping[int, float]) -> dict[int, float]:
-    """forward_seconds[n] = time of a target forward over n new tokens -> {K: t(K+1) / t(1)}."""
-    if 1 not in forward_seconds:
-        raise ValueError("verify ratios need the 1-token forward time (key 1)")
-    base = forward_seconds[1]
-    return {n - 1: t / base for n, t in sorted(forward_seconds.items())}
+    """forward_seconds[n] = time of a target forward over n new tokens -> {K: t(K+1) / t(1)} (the decoder's
+    VerifyCosts, serve/core/costs.py)."""
+    return dict(VerifyCosts.from_forward_seconds(forward_seconds).ratios)
 
 
 def draft_step_cost(draft_seconds: float, cycles: int, k: int, step_seconds: float) -> float:

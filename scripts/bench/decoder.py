@@ -15,7 +15,7 @@ import torch
 
 from draftsmith.serve.decoding import plain_generate, speculative_generate
 from draftsmith.serve.drafters import build_drafter
-from draftsmith.serve.core.kv import cache_kwargs, new_cache, rollback
+from draftsmith.serve.core.costs import measure_verify_costs
 from draftsmith.serve.core.prompts import encode_prompt
 from draftsmith.serve.core.target import load_target
 
@@ -30,21 +30,11 @@ def chat_ids(target, text):
     return torch.tensor([encode_prompt(target.tokenizer, text, chat=True)])  # (1, T)
 
 
-@torch.inference_mode()
 def verify_ratios(target, *, context: int = 256, ks=range(1, 9), repeats: int = 5) -> dict[int, float]:
-    """Cost of a forward over K+1 new tokens on a `context`-token cache, over the cost of one token."""
-    model = target.model
-    cache = new_cache(model)
-    model(torch.randint(100, 1000, (1, context)), **cache_kwargs(model, cache))
-    times: dict[int, list[float]] = {n: [] for n in [1] + [k + 1 for k in ks]}
-    for _ in range(repeats):
-        for n in times:
-            t0 = time.perf_counter()
-            model(torch.randint(100, 1000, (1, n)), **cache_kwargs(model, cache))
-            times[n].append(time.perf_counter() - t0)
-            rollback(cache, context)
-    one = statistics.median(times[1])
-    return {k: statistics.median(times[k + 1]) / one for k in ks}
+    """Cost of a forward over K+1 new tokens on a `context`-token cache, over the cost of one token (the decoder's
+    own measurement, serve/core/costs.py)."""
+    costs = measure_verify_costs(target.model, sizes=[k + 1 for k in ks], repeats=repeats, context_tokens=context)
+    return {k: costs.ratio(k) for k in ks}
 
 
 def timed(fn):
