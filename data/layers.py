@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from draftsmith.serve.core.errors import DraftsmithError
-from draftsmith.serve.core.layers import CONVENTION, FINAL, default_eagle3_layers
+from draftsmith.serve.core.layers import CONVENTION, FINAL
+from draftsmith.serve.methods import registry
 
-__all__ = ["CONVENTION", "LAYER_SETS", "LayerSpec", "resolve_layers"]
-
-LAYER_SETS = ("eagle3", "eagle1", "medusa")
+__all__ = ["CONVENTION", "LayerSpec", "resolve_layers"]
 
 
 @dataclass(frozen=True)
@@ -20,17 +19,17 @@ class LayerSpec:
 
 
 def resolve_layers(spec: str, num_layers: int) -> LayerSpec:
-    """`eagle3` | `eagle1` | `medusa` | comma-separated ids (e.g. `1,14,26`, `-1`) -> LayerSpec."""
+    """A registered method's name (its layer set: `eagle3`, `eagle1`, `medusa`, ...) | comma-separated ids (e.g.
+    `1,14,26`, `-1`) -> LayerSpec."""
     text = str(spec).strip().lower()
-    if text == "eagle3":
-        aux = tuple(default_eagle3_layers(num_layers))
-    elif text in ("eagle1", "medusa"):
-        aux = (FINAL,)
+    method = registry.find(text)
+    if method is not None:
+        aux = tuple(method.layers(num_layers))
     else:
         try:
             aux = tuple(int(part) for part in text.split(",") if part.strip())
         except ValueError:
-            raise DraftsmithError(f"layers {spec!r}: expected {', '.join(LAYER_SETS)} or comma-separated layer ids "
+            raise DraftsmithError(f"layers {spec!r}: expected a method's name ({', '.join(registry.names())}) or comma-separated layer ids "
                                   f"(0..{num_layers - 1}, -1 = final normed state)") from None
         if not aux:
             raise DraftsmithError(f"layers {spec!r} names no layer")

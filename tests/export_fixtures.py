@@ -21,9 +21,9 @@ def _scatter_vocab(head, vocab: int, draft_vocab: int, seed: int) -> None:
 
 def make_native(target, method: str, folder: str | Path, *, seed: int = 0, **options) -> Path:
     """A random-weight drafter of `method` for `target`, saved as a native drafter folder."""
-    from draftsmith.serve.drafters.eagle1 import eagle1_config
-    from draftsmith.serve.drafters.eagle3 import eagle3_config
-    from draftsmith.serve.drafters.medusa import medusa_config
+    from draftsmith.serve.methods.eagle1.head import eagle1_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
+    from draftsmith.serve.methods.medusa.head import medusa_config
 
     torch.manual_seed(seed)
     if method == "eagle1":

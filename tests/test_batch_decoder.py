@@ -46,10 +46,10 @@ def batched(target, drafter, prompts, *, slots, k=4, tree=None, max_new=MAX_NEW,
 
 
 def head_drafter(target, method: str, *, auto: bool = False):
-    from draftsmith.serve.drafters.eagle1 import eagle1_config
-    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.methods.eagle1.head import eagle1_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
     from draftsmith.serve.drafters.folder import build_head, make_drafter
-    from draftsmith.serve.drafters.medusa import medusa_config
+    from draftsmith.serve.methods.medusa.head import medusa_config
 
     torch.manual_seed(5)
     config = {"eagle1": lambda: eagle1_config(target), "eagle3": lambda: eagle3_config(target, aux_layer_ids=[0, 1, 1]),

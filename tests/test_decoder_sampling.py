@@ -47,7 +47,7 @@ def test_speculative_sampling_matches_target_distribution(target, settings, draf
     if drafter_kind == "model-sampled":
         drafter = ModelDrafter(other, target.tokenizer, target_vocab_size=VOCAB)
     elif drafter_kind == "eagle3-min-confidence":  # a sampled EAGLE-3 chain whose length varies with confidence
-        from draftsmith.serve.drafters.eagle3 import eagle3_config
+        from draftsmith.serve.methods.eagle3.head import eagle3_config
         from draftsmith.serve.drafters.folder import build_head, make_drafter
 
         torch.manual_seed(5)
@@ -96,10 +96,10 @@ FLAT = VerifyCosts(ratios={0: 1.0, 8: 1.2})  # no step time: c stays 0, the test
 
 def _auto_drafter(target, kind: str):
     """A drafter whose length is chosen per step (calibration learning across the samples, as in serving)."""
-    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
     from draftsmith.serve.drafters.folder import build_head, make_drafter
     from draftsmith.serve.drafters.hybrid import HybridDrafter
-    from draftsmith.serve.drafters.medusa import medusa_config
+    from draftsmith.serve.methods.medusa.head import medusa_config
     from draftsmith.serve.drafters.ngram import NgramDrafter
 
     torch.manual_seed(5)

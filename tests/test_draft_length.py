@@ -377,9 +377,9 @@ PROMPTS = ["hello hello hello world", "abcabcabcabc", "def f(x):\n    return x",
 
 
 def _folders(target, tmp_path):
-    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
     from draftsmith.serve.drafters.folder import build_head, save_drafter
-    from draftsmith.serve.drafters.medusa import medusa_config
+    from draftsmith.serve.methods.medusa.head import medusa_config
 
     out = {}
     for cfg in (eagle3_config(target, aux_layer_ids=[0, 1, 1]), medusa_config(target, num_heads=3)):

@@ -25,7 +25,7 @@ def save_folder(target, folder, **recorded):
     """A random EAGLE-3 head folder whose config.json records `recorded` (num_speculative_tokens, tree, ...)."""
     from dataclasses import replace
 
-    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
     from draftsmith.serve.drafters.folder import build_head, save_drafter
 
     torch.manual_seed(0)

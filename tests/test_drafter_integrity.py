@@ -25,7 +25,7 @@ def target(tiny_target_dir):
 
 @pytest.fixture(scope="module")
 def saved(target, tmp_path_factory):
-    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
 
     torch.manual_seed(0)
     cfg = eagle3_config(target, aux_layer_ids=[0, 1, 1], draft_vocab_size=64)

@@ -247,7 +247,7 @@ def test_wandb_logging_offline(result, tmp_path, monkeypatch):
 
 def test_drafter_folder_spec(target, tiny_target_dir, prompt_file, tmp_path):
     """A native drafter folder (an untrained EAGLE-3 head) is built through build_drafter and stays lossless."""
-    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
     from draftsmith.serve.drafters.folder import build_head, save_drafter
 
     torch.manual_seed(0)
@@ -332,7 +332,7 @@ def test_cli_prints_the_sweep(tiny_target_dir, prompt_file, capsys):
 
 
 def test_the_report_says_which_part_of_a_hybrid_drafted_and_why(target, tiny_target_dir, prompt_file, tmp_path):
-    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
     from draftsmith.serve.drafters.folder import build_head, save_drafter
 
     torch.manual_seed(0)
@@ -364,7 +364,7 @@ def test_a_drafter_for_another_target_is_refused_before_the_target_loads(target,
                                                                         capsys, monkeypatch):
     import draftsmith.serve.core.target
     from draftsmith.cli import main
-    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
     from draftsmith.serve.drafters.folder import build_head, save_drafter
 
     torch.manual_seed(0)

@@ -19,8 +19,8 @@ def _features(target, ids):
 
 
 def _configs(target):
-    from draftsmith.serve.drafters.eagle1 import eagle1_config
-    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.methods.eagle1.head import eagle1_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
 
     return [eagle1_config(target), eagle3_config(target, aux_layer_ids=[0, 1, 1])]
 
@@ -40,7 +40,7 @@ def test_eagle1_tensor_names_and_shapes(tiny_target_dir):
 
 
 def test_eagle3_tensor_names_and_shapes(tiny_target_dir):
-    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
     from draftsmith.serve.core.layers import default_eagle3_layers
 
     target = load_target(tiny_target_dir)
@@ -91,7 +91,7 @@ def test_commit_rolls_back_the_draft_cache(tiny_target_dir):
 
 
 def test_sampled_chain_returns_q_over_the_full_vocabulary(tiny_target_dir):
-    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
 
     target = load_target(tiny_target_dir)
     ids = torch.arange(10, 22)
@@ -145,7 +145,7 @@ def test_min_confidence_shortens_chains_and_stays_exact(tiny_target_dir, tmp_pat
     from draftsmith.serve.decoding import plain_generate, speculative_generate
     from draftsmith.serve.drafters import DrafterSpecError, build_drafter
     from draftsmith.serve.drafters.folder import save_drafter
-    from draftsmith.serve.drafters.medusa import medusa_config
+    from draftsmith.serve.methods.medusa.head import medusa_config
     from draftsmith.serve.core.errors import DraftsmithError
 
     target = load_target(tiny_target_dir)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from draftsmith.serve.drafters import build_drafter
-from draftsmith.serve.drafters.eagle3 import eagle3_config
+from draftsmith.serve.methods.eagle3.head import eagle3_config
 from draftsmith.serve.drafters.folder import build_head, load_drafter, load_head, save_drafter
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.layers import FINAL
@@ -40,7 +40,7 @@ def test_folder_round_trip_and_build_drafter(tmp_path, tiny_target_dir):
 
 
 def test_loading_against_another_target_is_a_clear_error(tmp_path, tiny_target_factory):
-    from draftsmith.serve.drafters.eagle1 import eagle1_config
+    from draftsmith.serve.methods.eagle1.head import eagle1_config
 
     target = load_target(tiny_target_factory("llama"))
     folder = save_drafter(build_head(eagle1_config(target)), eagle1_config(target), tmp_path / "d")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.serve.drafters.folder import build_head, make_drafter
-from draftsmith.serve.drafters.medusa import medusa_config
+from draftsmith.serve.methods.medusa.head import medusa_config
 from draftsmith.serve.core.layers import FINAL
 from draftsmith.serve.core.target import load_target
 from draftsmith.serve.tree import TreeSpec

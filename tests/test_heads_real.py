@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from draftsmith.serve.decoding import plain_generate, speculative_generate
-from draftsmith.serve.drafters.eagle3 import eagle3_config
+from draftsmith.serve.methods.eagle3.head import eagle3_config
 from draftsmith.serve.drafters.folder import build_head, load_drafter, save_drafter
 from draftsmith.serve.core.target import load_target
 from draftsmith.serve.tree import TreeSpec

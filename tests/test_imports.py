@@ -148,10 +148,10 @@ def test_cli_and_benchmarks_live_apart():
 
 def test_data_train_and_eval_take_shared_concepts_from_the_core():
     """data/, train/ and eval/ take what every package shares from serve/core; of the rest of serve/ only the
-    drafters (which training trains and evaluation measures) and the decoders, batch 1 and batched (which evaluation
-    measures and self-distillation generates with)."""
-    allowed = ("draftsmith.serve.core", "draftsmith.serve.drafters", "draftsmith.serve.decoding",
-               "draftsmith.serve.batch")
+    drafters and the methods' registry and folders (which training trains and evaluation measures) and the decoders,
+    batch 1 and batched (which evaluation measures and self-distillation generates with)."""
+    allowed = ("draftsmith.serve.core", "draftsmith.serve.drafters", "draftsmith.serve.methods",
+               "draftsmith.serve.decoding", "draftsmith.serve.batch")
     wrong = []
     for package in ("data", "train", "eval"):
         for path in sorted((ROOT / package).rglob("*.py")):

@@ -107,11 +107,11 @@ def test_a_left_padded_batch_prefills_each_row_as_alone(row_count_kernels, bf16)
 
 
 def drafter_for(spec: str, target, tiny_target_factory):
-    from draftsmith.serve.drafters.eagle1 import eagle1_config
-    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.methods.eagle1.head import eagle1_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
     from draftsmith.serve.drafters.folder import build_head, make_drafter
     from draftsmith.serve.drafters.hybrid import HybridDrafter
-    from draftsmith.serve.drafters.medusa import medusa_config
+    from draftsmith.serve.methods.medusa.head import medusa_config
     from draftsmith.serve.drafters.ngram import NgramDrafter
 
     if spec == "model":

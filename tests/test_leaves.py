@@ -84,9 +84,9 @@ def test_the_policy_hangs_leaves_only_where_rows_are_cheap():
 
 
 def _folder(target, tmp_path, method="eagle3"):
-    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
     from draftsmith.serve.drafters.folder import build_head, save_drafter
-    from draftsmith.serve.drafters.medusa import medusa_config
+    from draftsmith.serve.methods.medusa.head import medusa_config
 
     cfg = eagle3_config(target, aux_layer_ids=[0, 1, 1]) if method == "eagle3" else medusa_config(target, num_heads=3)
     torch.manual_seed(0)

@@ -12,7 +12,7 @@ from draftsmith.serve.core.target import load_target
 
 
 def _eagle3_folder(target, tmp_path) -> str:
-    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
     from draftsmith.serve.drafters.folder import build_head, save_drafter
 
     cfg = eagle3_config(target, aux_layer_ids=[0, 1, 1])

@@ -38,11 +38,11 @@ def plain_seeded(target, prompt, seed, **probs) -> list[int]:
 
 
 def make_drafter(spec: str, target, tiny_target_dir):
-    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
     from draftsmith.serve.drafters.folder import build_head, make_drafter as head_drafter
     from draftsmith.serve.drafters.hybrid import HybridDrafter
     from draftsmith.serve.drafters.length import ExpectedGain, FixedLength
-    from draftsmith.serve.drafters.medusa import medusa_config
+    from draftsmith.serve.methods.medusa.head import medusa_config
     from draftsmith.serve.drafters.ngram import NgramDrafter
     from draftsmith.serve.core.costs import VerifyCosts
 

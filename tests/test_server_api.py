@@ -385,7 +385,7 @@ def test_serves_a_drafter_folder_with_tree_drafting_losslessly(target, tiny_targ
     """A (random) EAGLE-3 head folder served with dynamic trees: greedy text equals plain decoding's."""
     from draftsmith.serve.core.config import load_config
     from draftsmith.serve.decoding import plain_generate
-    from draftsmith.serve.drafters.eagle3 import eagle3_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
     from draftsmith.serve.drafters.folder import build_head, save_drafter
     from draftsmith.serve.server import ServeConfig, build_app
 

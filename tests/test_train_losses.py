@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.serve.drafters.masks import causal_allowed, ttt_allowed
-from draftsmith.train import losses
+from draftsmith.serve.methods import losses
 
 
 def test_shift_left_and_row_mask():

@@ -38,7 +38,8 @@ def _config(target, dataset, root, method: str, mode: str) -> TrainConfig:
 @pytest.mark.parametrize("method", ["eagle3", "eagle1", "medusa"])
 def test_offline_and_online_give_the_same_loss_on_the_same_batch(cached, method):
     from draftsmith.train.features import open_rows
-    from draftsmith.train.objectives import TargetParts, build_objective
+    from draftsmith.serve.methods.objective import TargetParts
+    from draftsmith.train.objectives import build_objective
     from draftsmith.train.run import _batch_maker, head_config, needed_layers
 
     target_dir, dataset, root = cached

@@ -15,7 +15,7 @@ from draftsmith.serve.drafters import build_drafter
 from draftsmith.serve.core.target import load_target
 from tests.train_fixtures import EAGLE3_LAYERS, greedy_rows, save_rows, sharp_target
 from draftsmith.train.config import TrainConfig
-from draftsmith.train.objectives import agreement_of
+from draftsmith.serve.methods.objective import agreement_of
 from draftsmith.train.run import train_drafter
 from draftsmith.train.tracking import read_log
 
@@ -93,7 +93,8 @@ def test_feature_norms_train_and_draft_losslessly(job, norm):
 def test_aux_noise_is_seeded_and_changes_the_loss(job):
     from draftsmith.serve.drafters.folder import build_head
     from draftsmith.train.features import open_rows
-    from draftsmith.train.objectives import TargetParts, build_objective
+    from draftsmith.serve.methods.objective import TargetParts
+    from draftsmith.train.objectives import build_objective
     from draftsmith.train.run import _batch_maker, head_config, needed_layers
 
     target_dir, root = job
@@ -120,7 +121,8 @@ def test_held_out_set_curves_and_best_head(job):
     from draftsmith.serve.drafters.folder import load_head
     from draftsmith.train.evaluate import agreement_over
     from draftsmith.train.features import open_rows
-    from draftsmith.train.objectives import TargetParts, build_objective
+    from draftsmith.serve.methods.objective import TargetParts
+    from draftsmith.train.objectives import build_objective
     from draftsmith.train.run import _batch_maker, head_config, needed_layers
 
     target_dir, root = job
@@ -200,7 +202,8 @@ def test_prompt_positions_train_with_their_weight(job):
     distribution); 0 keeps the assistant-only rows."""
     from draftsmith.serve.drafters.folder import build_head
     from draftsmith.train.features import open_rows
-    from draftsmith.train.objectives import TargetParts, build_objective
+    from draftsmith.serve.methods.objective import TargetParts
+    from draftsmith.train.objectives import build_objective
     from draftsmith.train.run import _batch_maker, head_config, needed_layers
 
     target_dir, root = job

@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from draftsmith.serve.core.errors import DraftsmithError
-from draftsmith.serve.core.layers import check_eagle3_layers
 from draftsmith.serve.core.ranges import check_ranges
 from draftsmith.serve.core.target_config import TargetConfig
+from draftsmith.serve.methods import registry
 
-METHODS = ("eagle1", "eagle3", "medusa")
 STRATEGIES = ("ddp", "deepspeed", "fsdp")
 
 
@@ -20,7 +19,7 @@ STRATEGIES = ("ddp", "deepspeed", "fsdp")
 class ModelConfig:
     RANGES: ClassVar[dict[str, str]] = {"num_speculative_tokens": ">= 1", "draft_vocab_size": ">= 0",
                                         "ttt_steps": ">= 1", "medusa_num_layers": ">= 1", "aux_layer_ids": ">= 0"}
-    method: str = "eagle3"                 # eagle1 | eagle3 | medusa
+    method: str = "eagle3"                 # a registered method (serve/methods/): eagle1 | eagle3 | medusa | ...
     num_speculative_tokens: int = 5        # K trained for; Medusa: number of heads
     draft_vocab_size: int = 0              # 0 = the target's whole vocabulary (EAGLE-1 always uses it)
     aux_layer_ids: list[int] = field(default_factory=list)  # EAGLE-3; empty = serve.core.layers.default_eagle3_layers
@@ -154,7 +153,7 @@ def check(config: TrainConfig, *, data: bool = True) -> TrainConfig:
     if config.target.dtype != "auto":
         raise DraftsmithError(f"target.dtype={config.target.dtype}: training runs the target in "
                               f"distributed.precision; set that (fp32 | bf16) and leave target.dtype=auto")
-    _choice("model.method", config.model.method, METHODS)
+    method = registry.method(config.model.method, what="model.method")
     _choice("data.mode", config.data.mode, ("online", "offline"))
     _choice("distributed.strategy", config.distributed.strategy, STRATEGIES)
     _choice("distributed.precision", config.distributed.precision, ("auto", "fp32", "bf16"))
@@ -166,12 +165,8 @@ def check(config: TrainConfig, *, data: bool = True) -> TrainConfig:
         raise DraftsmithError("data.mode=online needs data.dataset (a `draftsmith data build` folder)")
     if data and config.data.mode == "offline" and not config.data.cache:
         raise DraftsmithError("data.mode=offline needs data.cache (a `draftsmith data capture` folder)")
-    if config.model.method == "eagle3" and config.model.aux_layer_ids:
-        check_eagle3_layers(config.model.aux_layer_ids)  # what export would refuse; the depth is checked at load
-    if config.model.method == "eagle1" and config.model.draft_vocab_size:
-        raise DraftsmithError("EAGLE-1 reads the target's lm_head: model.draft_vocab_size must be 0")
-    if config.model.method != "eagle3" and (config.model.fc_norm or config.model.norm_before_fc):
-        raise DraftsmithError("model.fc_norm / model.norm_before_fc are EAGLE-3 options (model.method=eagle3)")
+    _check_options(config.model, method)
+    method.check(config)
     if config.model.fc_norm and config.model.norm_before_fc:
         raise DraftsmithError("model.fc_norm (a norm per aux feature) and model.norm_before_fc (one norm over their "
                               "concatenation) exclude each other, as in vLLM, SGLang and speculators: pick one")
@@ -179,7 +174,15 @@ def check(config: TrainConfig, *, data: bool = True) -> TrainConfig:
         raise DraftsmithError("data.eval_cache is read in offline mode; online training takes data.eval_dataset")
     if config.data.eval_dataset and config.data.mode != "online":
         raise DraftsmithError("data.eval_dataset is read in online mode; offline training takes data.eval_cache")
-    if config.model.method == "medusa" and config.loss.prompt_weight:
-        raise DraftsmithError("loss.prompt_weight needs soft targets (EAGLE-1/3): Medusa learns the data's tokens, "
-                              "and prompt tokens are the user's, not the target's")
     return config
+
+
+def _check_options(model: ModelConfig, method: registry.Method) -> None:
+    """A model.* option that only other methods read, set on this recipe: refused rather than silently ignored."""
+    for other in registry.names():
+        owner = registry.method(other)
+        for key in owner.options:
+            if owner is not method and key not in method.options and \
+                    getattr(model, key) != getattr(ModelConfig, key, None):
+                raise DraftsmithError(f"model.{key} is an option of {owner.title} (model.method={owner.name}), "
+                                      f"not of model.method={method.name}")

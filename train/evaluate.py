@@ -1,7 +1,7 @@
 """Agreement of a head with the target on rows it does not train on (and on a sample it does), during training.
 
 What is logged at every evaluation: top-1 agreement by drafted position on the held-out rows and on as many
-training rows, and `mu_tf`, the chain's mean accepted length estimated teacher-forced (train/objectives.py
+training rows, and `mu_tf`, the chain's mean accepted length estimated teacher-forced (serve/methods/objective.py
 Agreement). The held-out curve is what tells under-fitting from over-fitting, picks the best checkpoint and stops
 training early.
 """
@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from draftsmith.train.objectives import Agreement, Objective
+from draftsmith.serve.methods.objective import Agreement, Objective
 
 
 def agreement_over(objective: Objective, rows, indices: Sequence[int], make_batch: Callable[[list], tuple],

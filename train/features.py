@@ -15,7 +15,7 @@ import torch
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.invariant import suspended
 from draftsmith.serve.core.layers import pick_hidden_states
-from draftsmith.train.objectives import FeatureBatch
+from draftsmith.serve.methods.objective import FeatureBatch
 
 REQUIRED_COLUMNS = ("input_ids", "loss_mask")
 

@@ -3,30 +3,17 @@ layers its training step reads."""
 from __future__ import annotations
 
 from draftsmith.serve.core.errors import DraftsmithError
-from draftsmith.serve.core.layers import FINAL, check_eagle3_layers
+from draftsmith.serve.core.layers import FINAL
 from draftsmith.serve.drafters.folder import read_config
 from draftsmith.serve.drafters.head_config import HeadConfig
 from draftsmith.serve.drafters.identity import check_target_identity
+from draftsmith.serve.methods.registry import method
 from draftsmith.train.config import TrainConfig
 
 
 def head_config(config: TrainConfig, target) -> HeadConfig:
-    m = config.model
-    if m.method == "eagle1":
-        from draftsmith.serve.drafters.eagle1 import eagle1_config
-        return eagle1_config(target, fc_bias=m.fc_bias, num_speculative_tokens=m.num_speculative_tokens,
-                             attn_implementation=m.attn_implementation)
-    if m.method == "eagle3":
-        from draftsmith.serve.drafters.eagle3 import eagle3_config
-        cfg = eagle3_config(target, draft_vocab_size=m.draft_vocab_size or None, aux_layer_ids=m.aux_layer_ids or None,
-                            num_speculative_tokens=m.num_speculative_tokens, ttt_steps=m.ttt_steps,
-                            fc_norm=m.fc_norm, norm_before_fc=m.norm_before_fc,
-                            attn_implementation=m.attn_implementation)
-        check_eagle3_layers(cfg.aux_layer_ids, target.num_layers)  # refused now rather than at export
-        return cfg
-    from draftsmith.serve.drafters.medusa import medusa_config
-    return medusa_config(target, num_heads=m.num_speculative_tokens, num_layers=m.medusa_num_layers,
-                         draft_vocab_size=m.draft_vocab_size or None)
+    """A fresh head of model.method for `target`, as its method folder builds it from the recipe's model section."""
+    return method(config.model.method, what="model.method").config(config.model, target)
 
 
 def continued_config(config: TrainConfig, target) -> HeadConfig:

@@ -18,11 +18,11 @@ from typing import Callable
 import torch
 
 from draftsmith.serve.core.process_group import launch
-from draftsmith.train import losses
+from draftsmith.serve.methods import losses
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.evaluate import BestTracker, agreement_over, sample_rows
 from draftsmith.train.metrics import MetricWindow, StepStats
-from draftsmith.train.objectives import Agreement, FeatureBatch, Objective
+from draftsmith.serve.methods.objective import Agreement, FeatureBatch, Objective
 from draftsmith.train.preflight import check_rows_fill_a_batch
 from draftsmith.train.schedule import CALIBRATION_STEPS, REFIT_EVERY, Cadence, DataOrder, lr_lambda, steps_within
 

@@ -10,6 +10,7 @@ import torch
 from draftsmith.serve.core.identity import config_hash
 from draftsmith.serve.core.memory_plan import MemoryPlan, Workload, plan_report
 from draftsmith.serve.core.target_config import text_config
+from draftsmith.serve.methods.registry import method
 from draftsmith.train.config import TrainConfig
 
 
@@ -32,8 +33,7 @@ def train_workload(config: TrainConfig, hf_config: Any, *, precision: str) -> Wo
     from draftsmith.train.heads import needed_layers
 
     params, cfg = head_size(config, hf_config)
-    method = config.model.method
-    unroll = config.model.ttt_steps if method == "eagle3" else (cfg.num_speculative_tokens if method == "medusa" else 1)
+    unroll = method(cfg.method).unroll(config.model, cfg)
     return Workload(task="train", dtype="bfloat16" if precision == "bf16" else "float32",
                     tokens=config.optim.batch_size * config.data.max_length, stored_layers=len(needed_layers(cfg)),
                     online=config.data.mode == "online", head_params=params,

@@ -30,13 +30,14 @@ from draftsmith.train.config import TrainConfig, check
 from draftsmith.train.earlier_drafter import DRAFTER_DIR, check_earlier_drafter
 from draftsmith.train.features import collate, open_rows, split_rows, target_features
 from draftsmith.train.heads import continued_config, head_config, needed_layers
-from draftsmith.train.objectives import TargetParts, build_objective
+from draftsmith.serve.methods.objective import TargetParts
+from draftsmith.train.objectives import build_objective
 from draftsmith.train.preflight import check_data_target, check_rows_fill_a_batch, check_token_ids
 
 
 def init_head(cfg: HeadConfig, target, rows, train_idx: list[int], *, vocab_rows: int, seed: int):
-    """A fresh head; EAGLE-3 / Medusa with a reduced vocabulary get d2t/t2d from the training rows'
-    loss-masked token counts; Medusa's lm_heads start from the target's."""
+    """A fresh head; one with a reduced vocabulary gets d2t/t2d from the training rows' loss-masked token counts; a
+    head that starts from the target's lm_head (`init_from_target`: Medusa's) is given it."""
     torch.manual_seed(seed)
     head = build_head(cfg)
     coverage = 1.0
@@ -46,12 +47,8 @@ def init_head(cfg: HeadConfig, target, rows, train_idx: list[int], *, vocab_rows
         picked = train_idx[:vocab_rows] if vocab_rows else train_idx
         counted = ({"input_ids": rows[i]["input_ids"], "loss_mask": rows[i]["loss_mask"]} for i in picked)
         d2t, t2d, coverage = select_draft_vocab(counted, cfg.vocab_size, cfg.draft_vocab_size)
-        if cfg.method == "eagle3":
-            head.set_vocab(d2t, t2d)
-        else:
-            head.d2t.copy_(d2t)
-            head.t2d.copy_(t2d)
-    if cfg.method == "medusa":
+        head.set_vocab(d2t, t2d)
+    if hasattr(head, "init_from_target"):
         from draftsmith.serve.core.sharded_target import full_tensor
 
         head.init_from_target(full_tensor(target.model.get_output_embeddings().weight).float().cpu())

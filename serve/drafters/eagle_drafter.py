@@ -37,7 +37,7 @@ class EagleDrafter(Drafter):
         if check:
             self.check_target(target)
         self.embed = shared_embedding(target)  # what the engines share with the draft (Gemma: unscaled)
-        self.lm_head = target.model.get_output_embeddings() if self.config.method == "eagle1" else None
+        self.lm_head = target.model.get_output_embeddings() if getattr(head, "reads_target_lm_head", False) else None
         param = next(head.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.d2t = getattr(head, "d2t", None)

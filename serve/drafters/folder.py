@@ -17,7 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 from torch import nn
 
-from draftsmith.serve.drafters.head_config import FORMAT_KEY, FORMAT_VERSION, HeadConfig, METHODS
+from draftsmith.serve.drafters.head_config import FORMAT_KEY, FORMAT_VERSION, HeadConfig
 from draftsmith.serve.drafters.identity import check_target_identity
 from draftsmith.serve.drafters.leaves import MAX_LEAVES
 from draftsmith.serve.drafters.legacy import upgrade_v1
@@ -25,6 +25,7 @@ from draftsmith.serve.drafters.settings import tree_from_record
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.files import atomic_path, write_text_atomic
 from draftsmith.serve.core.identity import sha256_file
+from draftsmith.serve.methods.registry import method
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -37,16 +38,7 @@ class DrafterFolderError(DraftsmithError):
 
 def build_head(config: HeadConfig) -> nn.Module:
     """An untrained head module of `config.method` (weights freshly initialized)."""
-    if config.method == "eagle1":
-        from draftsmith.serve.drafters.eagle1 import Eagle1Head
-        return Eagle1Head(config)
-    if config.method == "eagle3":
-        from draftsmith.serve.drafters.eagle3 import Eagle3Head
-        return Eagle3Head(config)
-    if config.method == "medusa":
-        from draftsmith.serve.drafters.medusa import MedusaHeads
-        return MedusaHeads(config)
-    raise DraftsmithError(f"unknown drafter method {config.method!r}; choose one of {', '.join(METHODS)}")
+    return method(config.method, what="drafter method").head(config)
 
 
 # `DIR:length=fixed`, `DIR:min_confidence=0.3`, `DIR:leaves=0` (draftsmith.serve.drafters.build_drafter)
@@ -70,11 +62,8 @@ def make_drafter(head: nn.Module, target, *, check: bool = True, min_confidence:
     min_confidence = config.min_confidence if min_confidence is None else min_confidence
     policy = build_policy(length, costs=verify_costs_for(target.model) if length == "auto" and not min_confidence
                           else None, min_confidence=min_confidence)
-    if config.method == "medusa":
-        from draftsmith.serve.drafters.medusa import MedusaDrafter as drafter_class
-    else:
-        from draftsmith.serve.drafters.eagle_drafter import EagleDrafter as drafter_class
-    drafter = drafter_class(head, target, check=check, policy=policy, leaves=leaves)
+    drafter = method(config.method, what="drafter method").drafter(head, target, check=check, policy=policy,
+                                                                    leaves=leaves)
     drafter.default_k = config.num_speculative_tokens
     drafter.default_tree = tree_from_record(config.tree)
     return drafter

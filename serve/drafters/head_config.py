@@ -16,7 +16,6 @@ FORMAT_KEY = "draftsmith_drafter"  # the config.json key that marks a native dra
 # 2: every EAGLE head's layer is a Llama layer (serve/drafters/draft_layer.py); 1: the target family's layer
 # (serve/drafters/legacy.py reads those folders)
 FORMAT_VERSION = 2
-METHODS = ("eagle1", "eagle3", "medusa")
 
 
 @dataclass
@@ -71,8 +70,9 @@ class HeadConfig:
             if not _is_a(value, hints[name]):
                 raise DraftsmithError(f"{source}: {name}={value!r} is not of type {_type_name(hints[name])}: the "
                                       f"drafter folder is damaged; copy or train it again")
-        if data["method"] not in METHODS:
-            raise DraftsmithError(f"{source}: unknown drafter method {data['method']!r}; one of {', '.join(METHODS)}")
+        from draftsmith.serve.methods.registry import method
+
+        method(data["method"], what=f"{source}: drafter method")  # a folder of a method not installed: refused
         config = cls(**data)
         check_ranges(config, prefix=f"{source}: ")
         return config

@@ -19,7 +19,7 @@ def upgrade_v1(data: dict, *, source: str) -> dict:
     family = data.get("model_type", "")
     data["target_model_type"] = family
     data["draftsmith_drafter"] = 2
-    if data.get("method") not in ("eagle1", "eagle3"):
+    if not data.get("layer_config"):  # a head without a decoder layer (Medusa): nothing to convert
         return data
     layer = dict(data.get("layer_config") or {})
     biased = [flag for flag in ("attention_bias", "mlp_bias") if layer.get(flag)]

@@ -24,6 +24,8 @@ from draftsmith.serve.core.layers import FINAL
 class Eagle1Head(nn.Module):
     """Stored tensors: fc.weight (h, 2h) [fc.bias], layers.0.* (without input_layernorm)."""
 
+    reads_target_lm_head = True  # its logits are the target's lm_head over its output (EagleDrafter takes it)
+
     def __init__(self, config: HeadConfig):
         super().__init__()
         self.config = config

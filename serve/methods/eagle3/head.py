@@ -45,6 +45,8 @@ class Eagle3Head(nn.Module):
     """Stored tensors: fc.weight (h, 3h), midlayer.*, norm.weight, lm_head.weight (Vd, h), d2t (Vd,), t2d (V,);
     fc_norm.{i}.weight (h,) when config.fc_norm, input_norm.weight (3h,) when config.norm_before_fc."""
 
+    reads_target_lm_head = False  # its own lm_head over the draft vocabulary
+
     def __init__(self, config: HeadConfig):
         super().__init__()
         self.config = config

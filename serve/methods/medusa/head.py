@@ -58,12 +58,15 @@ class MedusaHeads(nn.Module):
     def num_heads(self) -> int:
         return len(self.blocks)
 
+    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
     def init_from_target(self, lm_head_weight: torch.Tensor, d2t: torch.Tensor | None = None,
                          t2d: torch.Tensor | None = None) -> None:
         """Copy the target's lm_head (V, h) into every head, restricted to the draft vocabulary if given."""
         if d2t is not None:
-            self.d2t.copy_(d2t)
-            self.t2d.copy_(t2d)
+            self.set_vocab(d2t, t2d)
         rows = lm_head_weight[draft_token_ids(self.d2t).to(lm_head_weight.device)]  # (Vd, h)
         with torch.no_grad():
             for head in self.lm_heads:

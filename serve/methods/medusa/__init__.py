@@ -1,0 +1,27 @@
+"""Medusa-1 (Cai et al. 2024): independent heads on the target's last final feature, head i predicting the token
+i+1 places after the pending one. Its heads and drafter (head.py), objective (objective.py), and what the project
+asks of it (below)."""
+from __future__ import annotations
+
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.layers import FINAL
+from draftsmith.serve.methods.medusa.head import MedusaDrafter, MedusaHeads, medusa_config
+from draftsmith.serve.methods.medusa.objective import medusa_objective
+from draftsmith.serve.methods.registry import Method, register
+
+
+def _config(model, target):
+    return medusa_config(target, num_heads=model.num_speculative_tokens, num_layers=model.medusa_num_layers,
+                         draft_vocab_size=model.draft_vocab_size or None)
+
+
+def _check(config) -> None:
+    if config.loss.prompt_weight:
+        raise DraftsmithError("loss.prompt_weight needs soft targets (EAGLE-1/3): Medusa learns the data's tokens, "
+                              "and prompt tokens are the user's, not the target's")
+
+
+METHOD = register(Method(name="medusa", title="Medusa", config=_config, head=MedusaHeads, drafter=MedusaDrafter,
+                         objective=medusa_objective, layers=lambda num_layers: (FINAL,),
+                         unroll=lambda model, cfg: cfg.num_speculative_tokens, check=_check,
+                         options=("medusa_num_layers",)))
