@@ -19,8 +19,10 @@ def upgrade_v1(data: dict, *, source: str) -> dict:
     family = data.get("model_type", "")
     data["target_model_type"] = family
     data["draftsmith_drafter"] = 2
-    if not data.get("layer_config"):  # a head without a decoder layer (Medusa): nothing to convert
-        return data
+    from draftsmith.serve.methods.registry import method
+
+    if not method(str(data.get("method")), what=f"{source}: drafter method").llama_layer:
+        return data  # a head without a decoder layer (Medusa): nothing to convert
     layer = dict(data.get("layer_config") or {})
     biased = [flag for flag in ("attention_bias", "mlp_bias") if layer.get(flag)]
     act = layer.get("hidden_act", DRAFT_ACT)

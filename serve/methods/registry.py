@@ -48,6 +48,8 @@ class Method:
     unroll: Callable[[Any, Any], int] = lambda model, cfg: 1
     # TrainConfig -> None or DraftsmithError naming the key: what this method asks of a recipe beyond the common checks
     check: Callable[[Any], None] = _no_check
+    # its head holds one Llama decoder layer built from HeadConfig.layer_config (serve/drafters/draft_layer.py)
+    llama_layer: bool = False
     # model.* keys only this method reads: set on a recipe of another method they are refused, not ignored
     options: tuple[str, ...] = ()
     # engine format name (serve/export/formats.py) -> what this method exports to it; a format not named refuses
@@ -60,6 +62,7 @@ _loaded = False
 
 def register(method: Method) -> Method:
     """Add `method` under its name; MethodError when another method holds that name already."""
+    _load()  # the project's own first: a name of theirs is taken whatever was imported first
     held = _METHODS.get(method.name)
     if held is not None and held is not method:
         raise MethodError(f"two drafting methods register the name {method.name!r} ({held.title} and "
@@ -81,9 +84,9 @@ def _load() -> None:
 
 
 def names() -> tuple[str, ...]:
-    """The registered methods' names, in registration order."""
+    """The registered methods' names, sorted (whichever module imported a method folder first)."""
     _load()
-    return tuple(_METHODS)
+    return tuple(sorted(_METHODS))
 
 
 def find(name: str) -> Optional[Method]:

@@ -21,5 +21,5 @@ def _check(config) -> None:
 
 
 METHOD = register(Method(name="eagle1", title="EAGLE-1", config=_config, head=Eagle1Head, drafter=EagleDrafter,
-                         objective=eagle1_objective, layers=lambda num_layers: (FINAL,), check=_check,
+                         llama_layer=True, objective=eagle1_objective, layers=lambda num_layers: (FINAL,), check=_check,
                          options=("fc_bias",)))
