@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from draftsmith.serve.core.errors import DraftsmithError
-from draftsmith.serve.export.eagle import engine_order, fc_in_engine_order
+from draftsmith.serve.methods.eagle3.export import engine_order, fc_in_engine_order
 from draftsmith.serve.export.layer_ids import engine_default_layer_ids, from_engine_layer_ids, to_engine_layer_ids
 from draftsmith.serve.core.layers import default_eagle3_layers
 

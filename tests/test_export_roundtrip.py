@@ -62,9 +62,9 @@ def test_round_trip(natives, target, tmp_path, method, fmt):
 
 
 @pytest.mark.parametrize("method,fmt,message", [
-    ("medusa", "sglang", "SGLang has no Medusa"),
-    ("eagle1", "speculators", "EAGLE-3 only"),
-    ("medusa", "speculators", "EAGLE-3 only"),
+    ("medusa", "sglang", "SGLang's sglang format has no Medusa drafter; use --format vllm"),
+    ("eagle1", "speculators", "vLLM's speculators format has no EAGLE-1 drafter; use --format sglang or vllm"),
+    ("medusa", "speculators", "vLLM's speculators format has no Medusa drafter; use --format vllm"),
 ])
 def test_unsupported_pairs_are_refused(natives, target, tmp_path, method, fmt, message):
     with pytest.raises(DraftsmithError, match=message):
@@ -185,7 +185,7 @@ def test_feature_norms_export_under_the_engines_names(target, tmp_path, fmt, nor
     and the same drafts read back; releases that drop the norm silently are refused by --engine-version."""
     from safetensors.torch import load_file
 
-    from draftsmith.serve.export.eagle import FEATURE_NORM_FIRST
+    from draftsmith.serve.methods.eagle3.export import FEATURE_NORM_FIRST
 
     native = make_native(target, "eagle3", tmp_path / "native", **{norm: True})
     report = export_drafter(native, fmt, tmp_path / "out", target=target, prompts=default_prompts(target, count=1),

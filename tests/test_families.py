@@ -47,4 +47,4 @@ def test_hosting_refusals_name_engine_version_and_what_is_missing():
     with pytest.raises(DraftsmithError, match="has not read"):
         check_hosted("eagle3", "olmo2", "vllm")
     check_hosted("eagle1", "gemma3_text", "vllm")  # vLLM's EAGLE-1 needs nothing of the target class
-    check_hosted("medusa", "gemma2", "vllm")
+    check_hosted(None, "gemma2", "vllm")  # Medusa's form needs nothing of the target class (hosted_as None)

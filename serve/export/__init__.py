@@ -21,7 +21,7 @@ from pathlib import Path
 from draftsmith.serve.core.whole_folder import whole_folder
 from draftsmith.serve.drafters.folder import read_config as read_native_config
 from draftsmith.serve.export.common import ExportError, target_facts
-from draftsmith.serve.export.formats import FORMATS, format_module
+from draftsmith.serve.export.formats import FORMATS, export_format
 from draftsmith.serve.export.report import ExportReport, readme
 from draftsmith.serve.export.validate import validate_export
 from draftsmith.serve.export.destination import check_destination
@@ -36,7 +36,7 @@ def export_drafter(native_dir: str | Path, fmt: str, out_dir: str | Path, *, tar
                    max_new_tokens: int = 32, overwrite: bool = False) -> ExportReport:
     """Write, validate and document one export, whole or not at all; returns the report (also written to
     OUT/export_report.json)."""
-    module = format_module(fmt)
+    module = export_format(fmt)
     config = read_native_config(native_dir)
     facts = target_facts(target, verifier=verifier)
     check_export(native_dir, fmt, target=target, engine_version=engine_version)

@@ -23,9 +23,10 @@ class Hosts:
     eagle1: tuple[str, ...] | None                               # None: any target class hosts EAGLE-1
     lacks: dict[str, str] = field(default_factory=dict)          # family -> what its class lacks
 
-    def refusal(self, method: str, family: str, version: str | None) -> str | None:
-        """None when `family` hosts `method`; else one line naming the engine, the version and what it lacks."""
-        hosted = self.eagle3 if method == "eagle3" else self.eagle1
+    def refusal(self, capability: str, family: str, version: str | None) -> str | None:
+        """None when `family` hosts a draft needing `capability` (a field above: `eagle3`, `eagle1`); else one line
+        naming the engine, the version and what it lacks."""
+        hosted = getattr(self, capability)
         if hosted is None or family in hosted:
             return None
         release = f"{self.engine} {version}" if version else f"{self.engine} (read in {self.read_in})"
@@ -34,7 +35,7 @@ class Hosts:
         else:
             why = (f"draftsmith has not read {self.engine}'s code for {family!r} targets (it knows "
                    f"{', '.join(sorted(hosted))})")
-        return f"{release} cannot host an {method} drafter for a {family!r} target: {why}"
+        return f"{release} cannot host an {capability} drafter for a {family!r} target: {why}"
 
 
 _CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
@@ -67,13 +68,14 @@ def text_family(model_type: str) -> str:
     return {"gemma3": "gemma3_text"}.get(model_type, model_type)
 
 
-def check_hosted(method: str, target_model_type: str, fmt: str, version: str | None = None) -> None:
-    """Raise (one line) when the engine behind `fmt` cannot host a `method` draft on this target family."""
-    if method not in ("eagle1", "eagle3") or not target_model_type:
+def check_hosted(capability: str | None, target_model_type: str, fmt: str, version: str | None = None) -> None:
+    """Raise (one line) when the engine behind `fmt` cannot host a draft needing `capability` (the method's form's
+    `hosted_as`; None: any target class hosts it) on this target family."""
+    if capability is None or not target_model_type:
         return
-    problem = HOSTS[fmt].refusal(method, text_family(target_model_type), version)
+    problem = HOSTS[fmt].refusal(capability, text_family(target_model_type), version)
     if problem:
         other = [f for f, hosts in HOSTS.items() if hosts is not HOSTS[fmt]
-                 and hosts.refusal(method, text_family(target_model_type), None) is None]
+                 and hosts.refusal(capability, text_family(target_model_type), None) is None]
         fix = f"export --format {other[0]} instead" if other else "serve it with `draftsmith serve`"
         raise DraftsmithError(f"--format {fmt}: {problem}. {fix[0].upper()}{fix[1:]}.")

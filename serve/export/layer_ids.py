@@ -23,7 +23,7 @@ cannot be served; the final normed state (our FINAL = -1) is not an aux layer at
 from __future__ import annotations
 
 from draftsmith.serve.core.errors import DraftsmithError
-from draftsmith.serve.core.layers import CONVENTION, published_eagle3_layers
+from draftsmith.serve.core.layers import CONVENTION, FINAL, published_eagle3_layers
 
 ENGINES = ("draftsmith", "vllm", "sglang", "speculators")
 # engine id = draftsmith id + offset
@@ -82,6 +82,6 @@ def engine_default_layer_ids(engine: str, *, num_layers: int) -> list[int]:
 def aux_layer_ids_for(config, engine: str, num_layers: int) -> list[int] | None:
     """An EAGLE-3 head's aux layer ids (sorted, as the engines collect them) in `engine`'s convention;
     None for methods without aux layers. `config` is a draftsmith.serve.drafters.head_config.HeadConfig."""
-    if config.method != "eagle3":
+    if FINAL in config.aux_layer_ids:  # a head of the final state alone (EAGLE-1, Medusa): no aux layers
         return None
     return to_engine_layer_ids(sorted(config.aux_layer_ids), engine, num_layers=num_layers)

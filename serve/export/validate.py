@@ -9,9 +9,10 @@ from draftsmith.serve.drafters.folder import load_head, make_drafter, read_confi
 from draftsmith.serve.export.common import (ExportError, check_config, check_layer_ids, check_no_untrained_embeddings,
                                  check_tensors, compare_drafts, default_prompts, read_config, read_tensors,
                                  target_facts)
-from draftsmith.serve.export.formats import format_module
+from draftsmith.serve.export.formats import export_format
 from draftsmith.serve.export.readback import read_head
 from draftsmith.serve.export.report import ExportReport
+from draftsmith.serve.methods.registry import method
 
 
 def validate_export(out_dir: str | Path, fmt: str, *, native_dir: str | Path, target, prompts=None,
@@ -19,7 +20,7 @@ def validate_export(out_dir: str | Path, fmt: str, *, native_dir: str | Path, ta
                     report: ExportReport | None = None, shown_as: str | Path | None = None) -> ExportReport:
     """Check an exported folder against the engine's schema, then read it back and draft next to the native.
     `shown_as`: the path errors name (the folder's final place while a temporary copy is validated)."""
-    module = format_module(fmt)
+    module = export_format(fmt)
     out = Path(out_dir)
     where = f"{fmt} export {shown_as or out}"
     config = read_native_config(native_dir)
@@ -36,7 +37,7 @@ def validate_export(out_dir: str | Path, fmt: str, *, native_dir: str | Path, ta
     report.checks.append(f"tensors: exactly {len(spec.tensors)} names, shapes from the target's config")
     check_no_untrained_embeddings(tensors, target, where=where)
     report.checks.append("no embeddings exported (the engine shares the target's)")
-    if config.method == "eagle3":
+    if spec.engine_layer_ids:  # a head of aux layers (EAGLE-3): their ids in the engine's convention
         check_layer_ids(exported, spec, native_ids=list(config.aux_layer_ids), engine=fmt, where=where)
         report.layer_ids = {"draftsmith": list(config.aux_layer_ids), fmt: list(spec.engine_layer_ids)}
         report.checks.append(f"aux layer ids {config.aux_layer_ids} (draftsmith) -> {spec.engine_layer_ids} ({fmt})")
@@ -49,7 +50,7 @@ def validate_export(out_dir: str | Path, fmt: str, *, native_dir: str | Path, ta
     weight = target.model.get_input_embeddings().weight
     native = make_drafter(load_head(native_dir, device=weight.device, dtype=weight.dtype), target)
     readback = make_drafter(head.to(device=weight.device, dtype=weight.dtype), target)
-    k = k or (min(config.num_speculative_tokens, 5) if config.method != "medusa" else config.num_speculative_tokens)
+    k = k or method(config.method).validation_k(config)
     comparison = compare_drafts(target, native, readback, prompts if prompts is not None else default_prompts(target),
                                 k=k, max_new_tokens=max_new_tokens, where=where)
     report.k = k

@@ -17,7 +17,7 @@ from draftsmith.serve.core.files import write_text_atomic
 from draftsmith.serve.core.whole_folder import whole_folder
 from draftsmith.serve.export.destination import README_NAME, REPORT_NAME, check_destination
 from draftsmith.serve.export.engines import refuse_unless_supported
-from draftsmith.serve.export.formats import format_module
+from draftsmith.serve.export.formats import export_format
 from draftsmith.serve.export.hosts import check_hosted
 from draftsmith.serve.export.layer_ids import aux_layer_ids_for
 from draftsmith.serve.export.provenance import provenance
@@ -28,12 +28,12 @@ __all__ = ["README_NAME", "REPORT_NAME", "check_export", "write_export", "write_
 def check_export(native_dir: str | Path, fmt: str, *, target=None, engine_version: str | None = None) -> None:
     """Raise (DraftsmithError, with the reason and the fix) if `fmt` cannot carry this drafter, or the named
     engine version cannot load it; writes nothing."""
-    module = format_module(fmt)
+    module = export_format(fmt)
     config = read_native_config(native_dir)
     if target is not None:
         check_target_identity(config, target)
     module.check_exportable(config)
-    check_hosted(config.method, config.target_model_type, fmt, engine_version)
+    check_hosted(module.form(config).hosted_as, config.target_model_type, fmt, engine_version)
     refuse_unless_supported(module.support(config), engine_version, what=f"a {config.method} drafter in --format {fmt}")
 
 
@@ -50,7 +50,7 @@ def write_export(native_dir: str | Path, fmt: str, out_dir: str | Path, *, targe
 
 def write_files(native_dir: str | Path, fmt: str, folder: Path, *, target, verifier: str | None = None) -> None:
     """config.json + model.safetensors of `fmt` in `folder` (an empty folder the caller renames into place)."""
-    module = format_module(fmt)
+    module = export_format(fmt)
     config = read_native_config(native_dir)
     facts = target_facts(target, verifier=verifier)
     body, tensors = module.build(load_head(native_dir).state_dict(), config, facts)

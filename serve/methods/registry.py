@@ -52,8 +52,11 @@ class Method:
     llama_layer: bool = False
     # model.* keys only this method reads: set on a recipe of another method they are refused, not ignored
     options: tuple[str, ...] = ()
-    # engine format name (serve/export/formats.py) -> what this method exports to it; a format not named refuses
+    # engine format name (serve/export/formats.py) -> its FormatExport (serve/export/method_export.py); a format
+    # not named refuses the export with one line
     exports: Mapping[str, Any] = field(default_factory=dict)
+    # HeadConfig -> the draft tokens per cycle an export's read-back is compared at (each a forward of the head)
+    validation_k: Callable[[Any], int] = lambda cfg: min(cfg.num_speculative_tokens, 5)
 
 
 _METHODS: dict[str, Method] = {}

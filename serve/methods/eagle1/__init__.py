@@ -5,6 +5,7 @@ from __future__ import annotations
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.layers import FINAL
 from draftsmith.serve.drafters.eagle_drafter import EagleDrafter
+from draftsmith.serve.methods.eagle1.export import EXPORTS
 from draftsmith.serve.methods.eagle1.head import Eagle1Head, eagle1_config
 from draftsmith.serve.methods.eagle1.objective import eagle1_objective
 from draftsmith.serve.methods.registry import Method, register
@@ -22,4 +23,4 @@ def _check(config) -> None:
 
 METHOD = register(Method(name="eagle1", title="EAGLE-1", config=_config, head=Eagle1Head, drafter=EagleDrafter,
                          llama_layer=True, objective=eagle1_objective, layers=lambda num_layers: (FINAL,), check=_check,
-                         options=("fc_bias",)))
+                         options=("fc_bias",), exports=EXPORTS))

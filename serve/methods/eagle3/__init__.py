@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from draftsmith.serve.core.layers import check_eagle3_layers, default_eagle3_layers
 from draftsmith.serve.drafters.eagle_drafter import EagleDrafter
+from draftsmith.serve.methods.eagle3 import to_sglang, to_speculators, to_vllm
 from draftsmith.serve.methods.eagle3.head import Eagle3Head, eagle3_config
 from draftsmith.serve.methods.eagle3.objective import eagle3_objective
 from draftsmith.serve.methods.registry import Method, register
@@ -27,4 +28,5 @@ def _check(config) -> None:
 METHOD = register(Method(name="eagle3", title="EAGLE-3", config=_config, head=Eagle3Head, drafter=EagleDrafter,
                          llama_layer=True, objective=eagle3_objective, layers=lambda num_layers: tuple(default_eagle3_layers(num_layers)),
                          unroll=lambda model, cfg: model.ttt_steps, check=_check,
-                         options=("fc_norm", "norm_before_fc")))
+                         options=("fc_norm", "norm_before_fc"),
+                         exports={"vllm": to_vllm.FORM, "sglang": to_sglang.FORM, "speculators": to_speculators.FORM}))

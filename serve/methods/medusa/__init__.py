@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.layers import FINAL
+from draftsmith.serve.methods.medusa.export import EXPORTS
 from draftsmith.serve.methods.medusa.head import MedusaDrafter, MedusaHeads, medusa_config
 from draftsmith.serve.methods.medusa.objective import medusa_objective
 from draftsmith.serve.methods.registry import Method, register
@@ -24,4 +25,5 @@ def _check(config) -> None:
 METHOD = register(Method(name="medusa", title="Medusa", config=_config, head=MedusaHeads, drafter=MedusaDrafter,
                          objective=medusa_objective, layers=lambda num_layers: (FINAL,),
                          unroll=lambda model, cfg: cfg.num_speculative_tokens, check=_check,
-                         options=("medusa_num_layers",)))
+                         options=("medusa_num_layers",), exports=EXPORTS,
+                         validation_k=lambda cfg: cfg.num_speculative_tokens))  # every head: one forward for all
