@@ -23,13 +23,13 @@ def resolve_layers(spec: str, num_layers: int) -> LayerSpec:
     `1,14,26`, `-1`) -> LayerSpec."""
     text = str(spec).strip().lower()
     method = registry.find(text)
-    if method is not None:
+    if method is not None and method.layers is not None:
         aux = tuple(method.layers(num_layers))
     else:
         try:
             aux = tuple(int(part) for part in text.split(",") if part.strip())
         except ValueError:
-            raise DraftsmithError(f"layers {spec!r}: expected a method's name ({', '.join(registry.names())}) or comma-separated layer ids "
+            raise DraftsmithError(f"layers {spec!r}: expected a method's name ({', '.join(registry.names(trained=True))}) or comma-separated layer ids "
                                   f"(0..{num_layers - 1}, -1 = final normed state)") from None
         if not aux:
             raise DraftsmithError(f"layers {spec!r} names no layer")

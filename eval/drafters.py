@@ -12,6 +12,7 @@ from typing import Any, Mapping
 from draftsmith.serve.drafters.settings import describe_tree
 from draftsmith.serve.drafters.spec import parse_drafter_spec, spec_path
 from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.methods.registry import has
 
 BASELINE = "plain"  # the name of plain decoding in results and records
 RESERVED_NAMES = (BASELINE,)
@@ -71,7 +72,7 @@ def build_entries(target: Any, drafters: Mapping[str, Any], *, max_new_tokens: i
             raise DraftsmithError(f"drafter name {name!r} is reserved for the baseline or empty; pick another")
         if isinstance(value, str):
             parsed = parse_drafter_spec(value)
-            opts = {"max_new_tokens": max_new_tokens} if parsed.kind == "oracle" else {}
+            opts = {"max_new_tokens": max_new_tokens} if has(parsed.kind, "ceiling") else {}
             drafter = build_drafter(parsed, target, **opts)
             entries.append(DrafterEntry(name=name, kind=str(drafter.kind), path=spec_path(value), spec=value,
                                         drafter=drafter, tree=drafter.default_tree))

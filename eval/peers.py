@@ -14,6 +14,8 @@ from typing import Any, Sequence
 
 import torch
 
+from draftsmith.serve.methods.registry import has
+
 
 @dataclass
 class Peer:
@@ -40,9 +42,9 @@ def assistant_model_of(entry: Any, *, dtype: torch.dtype, device: str) -> Any:
 def build_peers(entries: Sequence[Any], *, hf_plain: bool, dtype: torch.dtype, device: str) -> list[Peer]:
     peers = [Peer("hf_plain", "hf_generate")] if hf_plain else []
     peers.append(Peer("hf_prompt_lookup", "prompt_lookup", drafter=next(
-        (e.name for e in entries if e.kind == "ngram"), None)))
+        (e.name for e in entries if has(e.kind, "lookup")), None)))
     for entry in entries:
-        if entry.kind == "model" and entry.path:
+        if has(entry.kind, "assistant") and entry.path:
             peers.append(Peer(f"hf_assisted:{entry.name}", "assisted", drafter=entry.name,
                               assistant=assistant_model_of(entry, dtype=dtype, device=device)))
     return peers

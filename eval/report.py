@@ -10,6 +10,7 @@ from typing import Any
 from draftsmith.eval.plots import write_plots
 from draftsmith.eval.stats import exactness_verdict
 from draftsmith.serve.core.files import write_text_atomic
+from draftsmith.serve.methods.registry import has
 
 ANCHORS = ("Published anchors (other targets, GPUs): EAGLE-3 μ ≈ 6.2 and 4.4× on LLaMA-3.1-8B (T=0, dynamic "
            "tree); EAGLE-2 μ ≈ 4.6–4.7; EAGLE-1 μ ≈ 3.6–4.0 on MT-bench; Medusa-1/2 ≈ 2.2× / 2.8×. Speedups on a "
@@ -80,7 +81,7 @@ def _peers_per_domain(result: dict) -> list[str]:
     if not peers:
         return []
     lookup = any(result["peers"][n]["kind"] == "prompt_lookup" for n in peers)
-    ours = [d["name"] for d in result["drafters"] if lookup and d["kind"] == "ngram"]
+    ours = [d["name"] for d in result["drafters"] if lookup and has(d["kind"], "lookup")]
     rows = [[domain] + [_f(result["domains"][domain][n]["speedup"]) + "×" for n in ours]
             + [_f(result["peers"][n]["domains"].get(domain, {}).get("speedup")) + "×" for n in peers]
             for domain in result["domains"]]
@@ -261,7 +262,7 @@ def invariance_lines(costs: dict | None, settings: dict) -> list[str]:
 def engine_lines(result: dict) -> list[str]:
     """The oracle's decode phase against the (K+1)/V(K) limit: the decoder's own overhead, one line per oracle."""
     cost, lines = result.get("cost_model") or {}, []
-    oracles = [d["name"] for d in result.get("drafters", []) if d.get("kind") == "oracle"]
+    oracles = [d["name"] for d in result.get("drafters", []) if has(d.get("kind", ""), "ceiling")]
     for name in oracles:
         block = (cost.get("drafters") or {}).get(name)
         if not block:

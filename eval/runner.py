@@ -22,6 +22,7 @@ from draftsmith.eval.drafters import BASELINE, BeginTimed, DrafterEntry
 from draftsmith.eval.peers import Peer, run_peer
 from draftsmith.eval.prompts import EvalPrompt, group_by_domain
 from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.methods.registry import has
 
 WARMUP_TOKENS = 16  # the untimed runs before timing: one per method at the start, one plain run per prompt
 
@@ -63,7 +64,7 @@ def _plain(target: Any, input_ids: torch.Tensor, d: Decoding, seed: int) -> dict
 def _speculative(target: Any, entry: DrafterEntry, input_ids: torch.Tensor, d: Decoding, seed: int) -> dict[str, Any]:
     from draftsmith.serve.decoding import speculative_generate
 
-    drafter = BeginTimed(entry.drafter) if entry.kind == "oracle" else entry.drafter
+    drafter = BeginTimed(entry.drafter) if has(entry.kind, "ceiling") else entry.drafter
     reasons = Counter(getattr(drafter, "reasons", {}))  # a hybrid's (part, why) per cycle, before this prompt
     res = speculative_generate(target, drafter, input_ids, max_new_tokens=d.max_new_tokens, k=d.k,
                                temperature=d.temperature, top_k=d.top_k, top_p=d.top_p, seed=seed,
@@ -71,7 +72,7 @@ def _speculative(target: Any, entry: DrafterEntry, input_ids: torch.Tensor, d: D
     out = _from_result(res)
     if hasattr(drafter, "reasons"):
         out["drafted_by"] = {f"{part}: {why}": n for (part, why), n in (Counter(drafter.reasons) - reasons).items()}
-    ledger = getattr(drafter, "ledger", None)  # a hybrid's arms scored on this prompt (serve/drafters/arms.py)
+    ledger = getattr(drafter, "ledger", None)  # a hybrid's arms scored on this prompt (serve/methods/hybrid/arms.py)
     if ledger is not None:
         out["arms"] = {"cycles": ledger.cycles, "tokens": dict(ledger.tokens), "cost": dict(ledger.cost)}
     if isinstance(drafter, BeginTimed):
@@ -135,7 +136,7 @@ def run_methods(target: Any, entries: Sequence[DrafterEntry], peers: Sequence[Pe
 
     short = replace(decoding, max_new_tokens=min(WARMUP_TOKENS, decoding.max_new_tokens))
     if warmup and prompts:  # first calls pay for lazy initialisation; keep them out of the timings
-        oracles = {e.name for e in entries if e.kind == "oracle"}  # their begin() is a whole plain run
+        oracles = {e.name for e in entries if has(e.kind, "ceiling")}  # their begin() is a whole plain run
         for name, fn in methods(prompts[0], decoding.seed, short):
             if name not in oracles:
                 fn()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from draftsmith.serve.methods.registry import has
+
 
 def _predicted(result: dict, name: str, domain: str) -> float:
     cost = (result.get("cost_model") or {}).get("drafters", {}).get(name)
@@ -20,7 +22,7 @@ def winners(result: dict) -> dict[str, dict[str, Any]]:
     the run's resolution (`settings.timing_spread`, the median spread of repeated timings; only with --repeats)."""
     lengths = (result.get("settings") or {}).get("draft_length") or {}
     resolution = (result.get("settings") or {}).get("timing_spread")
-    ceilings = {d["name"] for d in result.get("drafters", []) if d.get("kind") == "oracle"}
+    ceilings = {d["name"] for d in result.get("drafters", []) if has(d.get("kind", ""), "ceiling")}
     out: dict[str, dict[str, Any]] = {}
     for domain, per in list(result["domains"].items()) + [("overall", result["overall"])]:
         ranked = sorted((n for n in per if n not in ceilings), key=lambda n: -_finite(per[n]["speedup"]))

@@ -11,7 +11,7 @@ run before changing an export, like a benchmark; never in CI, never a dependency
    environment (torch, transformers) through a .pth file: never the reverse.
 2. For every target family (`--families`, default all of tests/tiny_models.py) builds a tiny 4-layer target and
    seeded random-weight drafters for every method and vocabulary (EAGLE-1 full; EAGLE-3 and Medusa full and
-   reduced; Medusa for Llama only, see MEDUSA_FAMILIES), and exports each in every format with draftsmith's
+   reduced; Medusa for Llama only, see FAMILY_FREE), and exports each in every format with draftsmith's
    exporter (`--exporter-repo` picks another checkout's exporter, e.g. an older commit, for a before/after). A
    combination the exporter refuses (an engine whose target class cannot host the draft) is reported as such.
 3. Runs scripts/engine_worker.py inside each engine environment: the engine's config readers, draft-model
@@ -48,13 +48,25 @@ EXTRAS = {
                "aiosignal", "frozenlist", "msgspec", "pybase64"],
 }
 FORMATS_OF = {"vllm": ("vllm", "speculators"), "speculators": ("speculators",), "sglang": ("sglang",)}
-CASES = [("eagle1", "full"), ("eagle3", "full"), ("eagle3", "reduced"), ("medusa", "full"), ("medusa", "reduced")]
 # tests/tiny_models.py's families (gemma = gemma3_text)
 FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "gemma", "phi3", "gpt_oss")
-# Medusa heads read only the target's last hidden state and share nothing else with it: the family does not change
-# what the engine loads, so one family is enough
-MEDUSA_FAMILIES = ("llama",)
-FORMAT_METHODS = {"vllm": ("eagle1", "eagle3", "medusa"), "sglang": ("eagle1", "eagle3"), "speculators": ("eagle3",)}
+# heads without a decoder layer (Medusa) read only the target's last hidden state and share nothing else with it: the
+# family does not change what the engine loads, so one family is enough
+FAMILY_FREE = ("llama",)
+
+
+def cases() -> list[tuple[str, str]]:
+    """(method, full | reduced vocabulary) of every registered method with an engine form."""
+    from draftsmith.serve.methods.registry import method, names
+
+    return [(name, vocab) for name in names(trained=True) if method(name).exports
+            for vocab in (("full", "reduced") if method(name).own_vocab else ("full",))]
+
+
+def formats_of(name: str) -> tuple[str, ...]:
+    from draftsmith.serve.methods.registry import method
+
+    return tuple(method(name).exports)
 REDUCED = 150  # draft vocabulary of the reduced drafters (the tiny target has 259 tokens)
 
 
@@ -97,10 +109,12 @@ def make_drafters(work: Path, family: str) -> tuple[Path, dict]:
     target_dir = save_tiny_target(work / "target", family, num_hidden_layers=4)
     target = load_target(str(target_dir))
     natives = {}
-    for method, vocab in CASES:
-        if method == "medusa" and family not in MEDUSA_FAMILIES:
+    from draftsmith.serve.methods.registry import method as method_of
+
+    for method, vocab in cases():
+        if not method_of(method).llama_layer and family not in FAMILY_FREE:
             continue
-        options = {} if method == "eagle1" else {"draft_vocab_size": None if vocab == "full" else REDUCED}
+        options = {"draft_vocab_size": None if vocab == "full" else REDUCED} if method_of(method).own_vocab else {}
         natives[method, vocab] = make_native(target, method, work / "native" / f"{method}-{vocab}", seed=7, **options)
     return target_dir, natives
 
@@ -138,7 +152,7 @@ def export_all(natives: dict, target_dir: Path, work: Path, exporter_repo: Path)
     """(fmt, method, vocab) -> folder, or the exporter's refusal (its first line)."""
     jobs = {(fmt, method, vocab): (str(native), fmt, str(work / "exports" / f"{fmt}-{method}-{vocab}"))
             for (method, vocab), native in natives.items()
-            for fmt, methods in FORMAT_METHODS.items() if method in methods}
+            for fmt in formats_of(method)}
     namespaced = (exporter_repo / "scripts" / "__main__.py").is_file()
     code = CHECKOUT_PACKAGE + EXPORT_FAMILY if namespaced else EXPORT_FAMILY.replace("from draftsmith.", "from ")
     proc = subprocess.run([sys.executable, "-c", code, str(target_dir), json.dumps(list(jobs.values())),
@@ -169,6 +183,7 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
     from draftsmith.serve.drafters.folder import load_head
     from draftsmith.serve.drafters.masks import additive, causal_allowed
     from draftsmith.serve.drafters.vocab import draft_token_ids
+    from draftsmith.serve.methods.registry import method as method_of
     from draftsmith.serve.core.target import load_target
 
     target = load_target(str(target_dir))
@@ -183,7 +198,7 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
             head = load_head(native).eval()
             config = head.config
             vocab = config.vocab_size
-            if config.method == "medusa":
+            if not method_of(config.method).llama_layer:  # independent heads on the final state (Medusa)
                 logits = head(features[FINAL])  # (heads, T, Vd)
                 fed_back = torch.stack([block(features[FINAL]) for block in head.blocks])
             else:
@@ -192,7 +207,7 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
                 mask = additive(causal_allowed(T, 0), torch.float32)[None]
                 out = head(hidden, embeds, position_ids=torch.arange(T)[None], attention_mask=mask)
                 fed_back = out[0]
-                logits = (target.model.get_output_embeddings()(out) if config.method == "eagle1"
+                logits = (target.model.get_output_embeddings()(out) if getattr(head, "reads_target_lm_head", False)
                           else head.logits(out))[0]
             ids = draft_token_ids(head.d2t) if hasattr(head, "d2t") else torch.arange(vocab)
             full = logits.new_full((*logits.shape[:-1], vocab), float("-inf"))

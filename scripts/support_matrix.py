@@ -18,7 +18,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe", "gemma", "gpt_oss")
-FORMATS = {"eagle3": ("vllm", "sglang", "speculators"), "eagle1": ("vllm", "sglang")}
+
+def matrix_methods() -> tuple[str, ...]:
+    """The methods whose engine forms depend on the target's family (a head with a decoder layer: EAGLE-3, EAGLE-1,
+    newest first); Medusa reads the final state alone and is checked once, not per family."""
+    from draftsmith.serve.methods.registry import method, names
+
+    return tuple(sorted((n for n in names(trained=True) if method(n).llama_layer), key=lambda n: method(n).title,
+                        reverse=True))
+
+
+def formats_of(name: str) -> tuple[str, ...]:
+    from draftsmith.serve.methods.registry import method
+
+    return tuple(method(name).exports)
 MARK, END = "<!-- support-matrix -->", "<!-- /support-matrix -->"
 
 
@@ -54,20 +67,22 @@ def check_family(family: str, work: Path, *, prompts: int = 3, new_tokens: int =
     result = FamilyResult(family, text_config(target.config).model_type)
     held_out = torch.randint(0, 256, (prompts, 8), generator=torch.Generator().manual_seed(7))
     plain = [plain_generate(target, p[None], max_new_tokens=new_tokens).output_ids for p in held_out]
-    for method, formats in FORMATS.items():
+    from draftsmith.serve.methods.registry import method as method_of
+
+    for method in matrix_methods():
         t0 = time.perf_counter()
         folder = train_drafter(load_config(TrainConfig, overrides=[
             f"target={target_dir}", f"data.dataset={dataset}", f"out_dir={work / method}", f"model.method={method}",
             "model.num_speculative_tokens=3", "model.ttt_steps=2", "optim.batch_size=8", "optim.max_steps=12",
             "optim.lr=1e-2", "data.eval_rows=4", "tracking=none", "log.progress=false", "log.every=20",
-            "checkpoint.every=0", *(("model.draft_vocab_size=200",) if method == "eagle3" else ())]))
+            "checkpoint.every=0", *(("model.draft_vocab_size=200",) if method_of(method).own_vocab else ())]))
         result.train_seconds[method] = time.perf_counter() - t0
         drafter = build_drafter(str(folder), target)
         same = sum(speculative_generate(target, drafter, p[None], max_new_tokens=new_tokens, k=3).output_ids == ref
                    for p, ref in zip(held_out, plain))
         result.exact[method] = (same, prompts)
         result.exports[method], result.mu[method] = {}, {}
-        for fmt in formats:
+        for fmt in formats_of(method):
             try:
                 report = export_drafter(folder, fmt, work / f"{method}-{fmt}", target=target,
                                         prompts=default_prompts(target, count=1), k=3, max_new_tokens=10)
@@ -81,11 +96,12 @@ def check_family(family: str, work: Path, *, prompts: int = 3, new_tokens: int =
 
 
 def _engine_cells(rows: list[dict]) -> dict[str, str]:
-    """check_engines rows (EAGLE only: Medusa is family-independent) -> family -> one cell, per engine release:
+    """check_engines rows (family-bound methods only: Medusa is family-independent) -> family -> one cell, per engine release:
     how many exports its own loader drafted identically, how many it could only source-read, refusals, failures."""
     tally: dict[str, dict[str, dict[str, int]]] = {}
+    family_bound = set(matrix_methods())
     for row in rows:
-        if row["method"] == "medusa":
+        if row["method"] not in family_bound:
             continue
         result = row["result"]
         kind = ("identical" if result.startswith("loads, drafts identically") else
@@ -108,17 +124,25 @@ def _cell(verdict: str | None) -> str:
 
 def matrix_markdown(results: list[FamilyResult], engine_rows: list[dict] | None = None) -> str:
     engines = _engine_cells(engine_rows or [])
-    lines = ["| family (model_type) | train EAGLE-3 / EAGLE-1 | exact decode | vLLM EAGLE-3 / EAGLE-1 | "
-             "SGLang EAGLE-3 / EAGLE-1 | speculators | engine-checked |", "|---|---|---|---|---|---|---|"]
+    from draftsmith.serve.methods.registry import method
+
+    shown = matrix_methods()
+    titles = " / ".join(method(m).title for m in shown)
+    # a format every shown method has gets a cell per method; one only some have (speculators: EAGLE-3) one cell
+    shared = [f for f in ("vllm", "sglang") if all(f in formats_of(m) for m in shown)]
+    single = [(f, m) for m in shown for f in formats_of(m) if f not in shared]
+    engine_names = {"vllm": "vLLM", "sglang": "SGLang", "speculators": "speculators"}
+    lines = [f"| family (model_type) | train {titles} | exact decode | "
+             + "".join(f"{engine_names[f]} {titles} | " for f in shared)
+             + "".join(f"{engine_names[f]} | " for f, _ in single) + "engine-checked |",
+             "|---|---|---|" + "---|" * (len(shared) + len(single)) + "---|"]
     for r in results:
         exact = sum(a for a, _ in r.exact.values()), sum(b for _, b in r.exact.values())
-        engine_cell = engines.get(r.family, "–")
-        lines.append(
-            f"| {r.family} ({r.model_type}) | ✓ {r.train_seconds['eagle3']:.0f} s / ✓ {r.train_seconds['eagle1']:.0f} s"
-            f" | {exact[0]}/{exact[1]} identical | {_cell(r.exports['eagle3'].get('vllm'))} / "
-            f"{_cell(r.exports['eagle1'].get('vllm'))} | {_cell(r.exports['eagle3'].get('sglang'))} / "
-            f"{_cell(r.exports['eagle1'].get('sglang'))} | {_cell(r.exports['eagle3'].get('speculators'))} | "
-            f"{engine_cell} |")
+        train = " / ".join(f"✓ {r.train_seconds[m]:.0f} s" for m in shown)
+        cells = [" / ".join(_cell(r.exports[m].get(f)) for m in shown) for f in shared]
+        cells += [_cell(r.exports[m].get(f)) for f, m in single]
+        lines.append(f"| {r.family} ({r.model_type}) | {train} | {exact[0]}/{exact[1]} identical | "
+                     + "".join(f"{c} | " for c in cells) + f"{engines.get(r.family, '–')} |")
     return "\n".join(lines)
 
 

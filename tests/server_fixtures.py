@@ -11,7 +11,7 @@ import time
 import httpx
 import uvicorn
 
-from draftsmith.serve.drafters.ngram import NgramDrafter
+from draftsmith.serve.methods.ngram.drafter import NgramDrafter
 
 POISON = [7, 7, 7]  # a prompt starting with these token ids makes SlowNgram's drafts raise
 

@@ -64,8 +64,8 @@ def head_drafter(target, method: str, *, auto: bool = False):
 
 
 def drafter_for(spec: str, target, tiny_target_factory):
-    from draftsmith.serve.drafters.hybrid import HybridDrafter
-    from draftsmith.serve.drafters.ngram import NgramDrafter
+    from draftsmith.serve.methods.hybrid.drafter import HybridDrafter
+    from draftsmith.serve.methods.ngram.drafter import NgramDrafter
 
     if spec == "plain":
         return None
@@ -155,7 +155,7 @@ def test_sampled_rows_do_not_depend_on_their_neighbours(target):
 
 @pytest.mark.parametrize("drafter_kind", ["model-sampled", "tree"])
 def test_batched_sampling_matches_target_distribution(drafter_kind):
-    from draftsmith.serve.drafters.model import ModelDrafter
+    from draftsmith.serve.methods.model.drafter import ModelDrafter
     from tests.decoder_fixtures import (PROMPT, SAMPLES, SETTINGS, STEPS, VOCAB, GreedyTreeDrafter, chi_square_p,
                                         exact_joint, sampling_target)
     from tests.tiny_models import tiny_model

@@ -121,7 +121,7 @@ def test_streamed_tokens_equal_output(target):
 
 
 def test_model_drafter_with_other_tokenizer_is_rejected(target, tmp_path):
-    from draftsmith.serve.drafters.model import TokenizerMismatch
+    from draftsmith.serve.methods.model.drafter import TokenizerMismatch
     from tests.tiny_models import save_tiny_target, tiny_tokenizer
 
     folder = save_tiny_target(tmp_path / "other", "llama", vocab_size=260)

@@ -15,7 +15,7 @@ import torch
 from draftsmith.serve.core.costs import VerifyCosts
 from draftsmith.serve.decoding import plain_generate, speculative_generate
 from draftsmith.serve.drafters.length import ExpectedGain
-from draftsmith.serve.drafters.model import ModelDrafter
+from draftsmith.serve.methods.model.drafter import ModelDrafter
 from tests.decoder_fixtures import (PROMPT, SAMPLES, SETTINGS, STEPS, VOCAB, GreedyTreeDrafter, chi_square_p,
                                     exact_joint, sampling_target)
 from tests.tiny_models import tiny_model
@@ -98,9 +98,9 @@ def _auto_drafter(target, kind: str):
     """A drafter whose length is chosen per step (calibration learning across the samples, as in serving)."""
     from draftsmith.serve.methods.eagle3.head import eagle3_config
     from draftsmith.serve.drafters.folder import build_head, make_drafter
-    from draftsmith.serve.drafters.hybrid import HybridDrafter
+    from draftsmith.serve.methods.hybrid.drafter import HybridDrafter
     from draftsmith.serve.methods.medusa.head import medusa_config
-    from draftsmith.serve.drafters.ngram import NgramDrafter
+    from draftsmith.serve.methods.ngram.drafter import NgramDrafter
 
     torch.manual_seed(5)
     if kind == "model-auto":

@@ -12,9 +12,9 @@ from draftsmith.serve.drafters.calibration import Calibration, generation_factor
 from draftsmith.serve.drafters.length import (ExpectedGain, FixedLength, LastDraft, MinConfidence, build_policy,
                                               matched_prefix)
 from draftsmith.serve.drafters.length_model import best_length, expected_tokens
-from draftsmith.serve.drafters.ngram import (GENERATION_WEIGHT as NGRAM_GENERATION_WEIGHT,
+from draftsmith.serve.methods.ngram.drafter import (GENERATION_WEIGHT as NGRAM_GENERATION_WEIGHT,
                                              LOCAL_WEIGHT as NGRAM_LOCAL_WEIGHT)
-from draftsmith.serve.drafters.ngram import Match, NgramDrafter, longest_match, match_signal
+from draftsmith.serve.methods.ngram.drafter import Match, NgramDrafter, longest_match, match_signal
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.target import load_target
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from draftsmith.support_matrix import FAMILIES, FORMATS, check_family, matrix_markdown
+from draftsmith.support_matrix import FAMILIES, check_family, formats_of, matrix_markdown, matrix_methods
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.export.hosts import HOSTS
 
@@ -16,14 +16,16 @@ from draftsmith.serve.export.hosts import HOSTS
 @pytest.mark.parametrize("family", FAMILIES)
 def test_family_trains_drafts_exactly_and_exports(family, tmp_path):
     result = check_family(family, tmp_path)
-    for method, formats in FORMATS.items():
+    from draftsmith.serve.methods.registry import method as method_of
+
+    for method in matrix_methods():
         config = json.loads((tmp_path / method / "drafter" / "config.json").read_text())
         assert config["model_type"] == config["layer_config"]["model_type"] == "llama"
         assert config["target_model_type"] == result.model_type and config["layer_config"]["hidden_act"] == "silu"
         assert result.exact[method] == (3, 3), (family, method)
-        for fmt in formats:
+        for fmt in formats_of(method):
             verdict = result.exports[method][fmt]
-            refusal = HOSTS[fmt].refusal(method, result.model_type, None)
+            refusal = HOSTS[fmt].refusal(method_of(method).exports[fmt].hosted_as, result.model_type, None)
             if refusal:  # one line naming the engine and what its target class lacks; nothing written
                 assert verdict.startswith("refused: ") and refusal in verdict and "\n" not in verdict
                 assert not (tmp_path / f"{method}-{fmt}" / "config.json").exists()

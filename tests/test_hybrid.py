@@ -7,10 +7,10 @@ import torch
 from draftsmith.serve.core.costs import VerifyCosts
 from draftsmith.serve.drafters import DrafterSpecError, build_drafter
 from draftsmith.serve.drafters.base import Draft, Drafter
-from draftsmith.serve.drafters.arms import ArmLedger, accepted_depth
-from draftsmith.serve.drafters.hybrid import HybridDrafter, hybrid_of
+from draftsmith.serve.methods.hybrid.arms import ArmLedger, accepted_depth
+from draftsmith.serve.methods.hybrid.drafter import HybridDrafter, hybrid_of
 from draftsmith.serve.drafters.length import ExpectedGain, FixedLength, LastDraft
-from draftsmith.serve.drafters.ngram import NgramDrafter
+from draftsmith.serve.methods.ngram.drafter import NgramDrafter
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.tree import add_chain, chain_parents
 

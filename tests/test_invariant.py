@@ -110,9 +110,9 @@ def drafter_for(spec: str, target, tiny_target_factory):
     from draftsmith.serve.methods.eagle1.head import eagle1_config
     from draftsmith.serve.methods.eagle3.head import eagle3_config
     from draftsmith.serve.drafters.folder import build_head, make_drafter
-    from draftsmith.serve.drafters.hybrid import HybridDrafter
+    from draftsmith.serve.methods.hybrid.drafter import HybridDrafter
     from draftsmith.serve.methods.medusa.head import medusa_config
-    from draftsmith.serve.drafters.ngram import NgramDrafter
+    from draftsmith.serve.methods.ngram.drafter import NgramDrafter
 
     if spec == "model":
         return build_drafter(f"model:{tiny_target_factory('llama', seed=1)}", target)

@@ -93,20 +93,28 @@ def test_a_method_from_outside_trains_drafts_exactly_and_is_refused_by_the_expor
 
 def test_an_unregistered_method_is_one_line_naming_the_registered(job, tmp_path, capsys):
     target, dataset, _ = job
-    with pytest.raises(MethodError, match=r"model.method 'eagle9' is not registered; registered: eagle1, eagle3, "
-                                          r"medusa"):
-        load_config(TrainConfig, overrides=[f"target={target}", f"data.dataset={dataset}", "model.method=eagle9"])
-    line = _cli_line(capsys, "train", f"target={target}", f"data.dataset={dataset}", f"out_dir={tmp_path / 'o'}",
-                     "model.method=eagle9")
-    assert line.startswith("error: model.method 'eagle9' is not registered; registered: eagle1, eagle3, medusa"), line
-    assert not (tmp_path / "o").exists()
+    for name in ("eagle9", "ngram"):  # a name nobody registered; a drafter that trains nothing
+        with pytest.raises(MethodError, match=rf"model.method '{name}' is not a registered trained method; "
+                                              rf"registered: eagle1, eagle3, medusa \("):
+            load_config(TrainConfig, overrides=[f"target={target}", f"data.dataset={dataset}", f"model.method={name}"])
+        line = _cli_line(capsys, "train", f"target={target}", f"data.dataset={dataset}", f"out_dir={tmp_path / 'o'}",
+                         f"model.method={name}")
+        assert line.startswith(f"error: model.method '{name}' is not a registered trained method; registered: "
+                               f"eagle1, eagle3, medusa ("), line
+        assert not (tmp_path / "o").exists()
+    from draftsmith.serve.drafters import parse_drafter_spec
+
+    with pytest.raises(DraftsmithError, match=r"unknown drafter 'eagle9': use hybrid:DIR, model:PATH, ngram, "
+                                              r"ngram:max_n=3, oracle, or a trained drafter folder"):
+        parse_drafter_spec("eagle9")
 
 
 def test_two_methods_of_one_name_are_refused(toy):
     twin = Method(name="eagle3", title="Another EAGLE-3", config=toy.config, head=toy.head, drafter=toy.drafter,
                   objective=toy.objective, layers=toy.layers)
     with pytest.raises(MethodError, match=r"two drafting methods register the name 'eagle3' \(EAGLE-3 and Another "
-                                          r"EAGLE-3\); registered: eagle1, eagle3, medusa, toy"):
+                                          r"EAGLE-3\); registered: eagle1, eagle3, hybrid, medusa, model, ngram, "
+                                          r"oracle, toy"):
         register(twin)
     from draftsmith.serve.methods import method
 
@@ -120,7 +128,8 @@ def test_a_drafter_folder_of_a_method_not_installed_is_refused(toy, job, tmp_pat
     from draftsmith.serve.core.target import load_target
     from draftsmith.serve.drafters import build_drafter
 
-    with pytest.raises(DraftsmithError, match="drafter method .toy. is not registered; registered: eagle1, eagle3, medusa"):
+    with pytest.raises(DraftsmithError, match="drafter method .toy. is not a registered trained method; registered: "
+                                              "eagle1, eagle3, medusa"):
         build_drafter(str(folder), load_target(target_dir))
     line = _cli_line(capsys, "export", "--drafter", folder, "--format", "vllm", "--out", tmp_path / "x")
-    assert "drafter method 'toy' is not registered; registered: eagle1, eagle3, medusa" in line, line
+    assert "drafter method 'toy' is not a registered trained method; registered: eagle1, eagle3, medusa" in line, line

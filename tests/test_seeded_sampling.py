@@ -40,10 +40,10 @@ def plain_seeded(target, prompt, seed, **probs) -> list[int]:
 def make_drafter(spec: str, target, tiny_target_dir):
     from draftsmith.serve.methods.eagle3.head import eagle3_config
     from draftsmith.serve.drafters.folder import build_head, make_drafter as head_drafter
-    from draftsmith.serve.drafters.hybrid import HybridDrafter
+    from draftsmith.serve.methods.hybrid.drafter import HybridDrafter
     from draftsmith.serve.drafters.length import ExpectedGain, FixedLength
     from draftsmith.serve.methods.medusa.head import medusa_config
-    from draftsmith.serve.drafters.ngram import NgramDrafter
+    from draftsmith.serve.methods.ngram.drafter import NgramDrafter
     from draftsmith.serve.core.costs import VerifyCosts
 
     flat = VerifyCosts(ratios={0: 1.0, 8: 1.2})

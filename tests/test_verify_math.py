@@ -1,7 +1,7 @@
 """The pure functions of verification on hand-made cases."""
 import torch
 
-from draftsmith.serve.drafters.ngram import continuation, lookup
+from draftsmith.serve.methods.ngram.drafter import continuation, lookup
 from draftsmith.serve.core.sampling import greedy_tokens, process_logits, residual, sample, target_probs
 from draftsmith.serve.tree import ancestor_mask, node_depths, path_to, static_tree_parents
 from draftsmith.serve.verify import verify_chain, verify_greedy, verify_tree

@@ -153,7 +153,7 @@ def check(config: TrainConfig, *, data: bool = True) -> TrainConfig:
     if config.target.dtype != "auto":
         raise DraftsmithError(f"target.dtype={config.target.dtype}: training runs the target in "
                               f"distributed.precision; set that (fp32 | bf16) and leave target.dtype=auto")
-    method = registry.method(config.model.method, what="model.method")
+    method = registry.method(config.model.method, what="model.method", trained=True)
     _choice("data.mode", config.data.mode, ("online", "offline"))
     _choice("distributed.strategy", config.distributed.strategy, STRATEGIES)
     _choice("distributed.precision", config.distributed.precision, ("auto", "fp32", "bf16"))
@@ -179,7 +179,7 @@ def check(config: TrainConfig, *, data: bool = True) -> TrainConfig:
 
 def _check_options(model: ModelConfig, method: registry.Method) -> None:
     """A model.* option that only other methods read, set on this recipe: refused rather than silently ignored."""
-    for other in registry.names():
+    for other in registry.names(trained=True):
         owner = registry.method(other)
         for key in owner.options:
             if owner is not method and key not in method.options and \

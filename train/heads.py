@@ -13,7 +13,7 @@ from draftsmith.train.config import TrainConfig
 
 def head_config(config: TrainConfig, target) -> HeadConfig:
     """A fresh head of model.method for `target`, as its method folder builds it from the recipe's model section."""
-    return method(config.model.method, what="model.method").config(config.model, target)
+    return method(config.model.method, what="model.method", trained=True).config(config.model, target)
 
 
 def continued_config(config: TrainConfig, target) -> HeadConfig:

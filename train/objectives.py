@@ -8,4 +8,4 @@ from draftsmith.serve.methods.registry import method
 
 def build_objective(head, parts: TargetParts, **settings) -> Objective:
     """The Objective of `head`'s method; settings: the ObjectiveSettings fields (ttt_steps, decay, ...)."""
-    return method(head.config.method, what="drafter method").objective(head, parts, ObjectiveSettings(**settings))
+    return method(head.config.method, what="drafter method", trained=True).objective(head, parts, ObjectiveSettings(**settings))

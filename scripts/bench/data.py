@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 
 from draftsmith.serve.core.target_config import TargetConfig
+from draftsmith.serve.methods import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED_PROMPTS = ROOT.parent / "shared" / "data" / "train" / "prompts.jsonl"
-KINDS = {"eagle3": "eagle3", "eagle1": "eagle1", "medusa": "medusa"}
 MARKER = ".draftsmith-bench-data"  # written first into --out: the folder is this script's own
 # what the stages and the report write in --out (each stage must do its work, not resume an earlier run's)
 OWN = ("data", "data-small", "data-b*-*", "cache-*", "bench_data.json", MARKER)
@@ -172,7 +172,7 @@ def stage_sizes(args) -> dict:
         datasets.load_from_disk(str(Path(args.out) / "data")).select(range(4)).save_to_disk(str(small))
     hidden = text_config(target.config).hidden_size
     sizes = {}
-    for kind in KINDS:
+    for kind in registry.names(trained=True):  # each trained method's layer set
         stored = resolve_layers(kind, target.num_layers).stored
         for dtype in DTYPES:
             config = CaptureConfig(layers=kind, storage_dtype=dtype, batch_tokens=args.batch_tokens,

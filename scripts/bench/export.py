@@ -16,8 +16,9 @@ import os
 import time
 from pathlib import Path
 
+from draftsmith.serve.methods.registry import method as method_of, names
+
 PROMPTS_FILE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "train" / "prompts.jsonl"
-PAIRS = {"eagle1": ("vllm", "sglang"), "eagle3": ("vllm", "sglang", "speculators"), "medusa": ("vllm",)}
 
 
 def distilled_rows(target, *, count: int, new_tokens: int, prompts_file: Path) -> list[dict]:
@@ -67,11 +68,9 @@ def train_quick(target_spec: str, target, out: Path, *, steps: int, rows: int, n
         table = distilled_rows(target, count=rows, new_tokens=new_tokens, prompts_file=PROMPTS_FILE)
         Dataset.from_dict({k: [r[k] for r in table] for k in ("id", "domain", "input_ids", "loss_mask")}
                           ).save_to_disk(str(data_dir))
-    recipes = {
-        "eagle1": ["model.num_speculative_tokens=3"],
-        "eagle3": ["model.num_speculative_tokens=3", "model.draft_vocab_size=2048", "model.ttt_steps=3"],
-        "medusa": ["model.num_speculative_tokens=3", "model.draft_vocab_size=2048"],
-    }
+    recipes = {name: ["model.num_speculative_tokens=3", "model.ttt_steps=3",
+                      *(["model.draft_vocab_size=2048"] if method_of(name).own_vocab else [])]
+               for name in names(trained=True) if method_of(name).exports}
     drafters = {}
     for method, extra in recipes.items():
         run_dir = out / "train" / method
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for drafter in drafters:
         method = read_config(drafter).method
-        for fmt in PAIRS[method]:
+        for fmt in method_of(method).exports:
             row = {"drafter": str(drafter), "method": method, "format": fmt}
             try:
                 # overwrite: a rerun replaces this benchmark's own earlier export of the pair

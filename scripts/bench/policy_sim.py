@@ -97,7 +97,7 @@ def modelled(stack: ExitStack, clock: ModelledClock, target, costs, head) -> Non
     """Patch the decoder so that `clock` advances by the modelled cost of every target forward and head forward."""
     import draftsmith.serve.decoding
     import draftsmith.serve.drafters.length
-    import draftsmith.serve.drafters.hybrid
+    import draftsmith.serve.methods.hybrid.drafter
     from draftsmith.serve.drafters.eagle_drafter import EagleDrafter
 
     seconds = costs.step_seconds
@@ -109,7 +109,7 @@ def modelled(stack: ExitStack, clock: ModelledClock, target, costs, head) -> Non
     fake = types.SimpleNamespace(perf_counter=clock.perf_counter)
     stack.enter_context(mock.patch.object(draftsmith.serve.drafters.length, "time", fake))
     stack.enter_context(mock.patch.object(draftsmith.serve.decoding, "time", fake))
-    stack.enter_context(mock.patch.object(draftsmith.serve.drafters.hybrid, "time", fake))  # it times the head's work
+    stack.enter_context(mock.patch.object(draftsmith.serve.methods.hybrid.drafter, "time", fake))  # it times the head's work
     inside = {"catch_up": False}
     run, logits, consume = EagleDrafter._run, EagleDrafter._logits_of, EagleDrafter._consume
 
@@ -175,8 +175,8 @@ def build_arm(spec: str, head: str, target):
     """`SPEC[@trial=N,wait=N,max_wait=N,max_k=N,reach=R,local=W,gen=W,trees=B]` -> the drafter,
     with its policy settings applied; `prompt_lookup` is transformers' prompt lookup."""
     from draftsmith.serve.drafters import build_drafter
-    from draftsmith.serve.drafters.hybrid import HybridDrafter
-    from draftsmith.serve.drafters.ngram import NgramDrafter
+    from draftsmith.serve.methods.hybrid.drafter import HybridDrafter
+    from draftsmith.serve.methods.ngram.drafter import NgramDrafter
     from draftsmith.serve.core.errors import DraftsmithError
 
     spec, _, options = spec.partition("@")

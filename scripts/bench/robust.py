@@ -96,7 +96,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None, metavar="OUT.json")
     args = parser.parse_args()
-    from draftsmith.serve.drafters.spec import parse_named_specs
+    from draftsmith.serve.drafters.spec import parse_drafter_spec, parse_named_specs
+    from draftsmith.serve.methods.registry import has
 
     drafters = parse_named_specs(args.drafter or ["ngram"])
     sets = tuple(s for s in (args.sets or ",".join(SETS)).split(",") if s)
@@ -118,10 +119,11 @@ def main() -> None:
     for hybrid, by in (result.get("drafted_by") or {}).items():
         spec = drafters[hybrid]
         head = next((n for n, s in drafters.items() if n != hybrid and s == spec.partition(":")[2]), None)
-        if head and "ngram" in drafters:
-            print(f"\n{hybrid} against the better of ngram and {head}:")
+        lookup = next((n for n, s in drafters.items() if has(parse_drafter_spec(s).kind, "lookup")), None)
+        if head and lookup:
+            print(f"\n{hybrid} against the better of {lookup} and {head}:")
             for domain in list(result["domains"]) + [None]:
-                print(f"  {domain or 'all':<24} {hybrid_holds(result, hybrid, ('ngram', head), domain)}")
+                print(f"  {domain or 'all':<24} {hybrid_holds(result, hybrid, (lookup, head), domain)}")
         print(f"{hybrid} cycles: " + json.dumps(by["overall"]))
     fitted = (result.get("cost_model") or {}).get("drafters") or {}
     for name, block in fitted.items():

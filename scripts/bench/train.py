@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from draftsmith.serve.methods.registry import method as method_of
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ROOT.parent / "shared" / "data" / "train" / "prompts.jsonl"
 METHODS = ("eagle3", "eagle1", "medusa")
@@ -41,7 +43,7 @@ def prepare_data(work: Path, *, per_domain: int, max_new_tokens: int, target: st
 def run_one(work: Path, dataset: Path, cache: Path, *, method: str, mode: str, steps: int, target: str,
             extra: list[str]) -> dict:
     out = work / f"{method}-{mode}"
-    vocab = [] if method == "eagle1" else ["model.draft_vocab_size=8192"]
+    vocab = ["model.draft_vocab_size=8192"] if method_of(method).own_vocab else []
     cmd = [sys.executable, "-m", "draftsmith", "train", "--config", str(ROOT / f"configs/smollm2-135m/{method}.yaml"),
            f"target={target}", f"data.dataset={dataset}", f"data.cache={cache}", f"data.mode={mode}",
            f"out_dir={out}", f"optim.max_steps={steps}", "optim.batch_size=2", "data.eval_rows=0",

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from draftsmith.demo.budget import Plan, Rates, Workload, minutes, plan_demo, replan
 from draftsmith.demo.ledger import BudgetLedger
+from draftsmith.serve.methods.registry import method as method_of
 
 ANSWER_SHARE = 0.6  # of max_new_tokens, written before EOS on average (the demo target on the built-in prompts)
 DEADLINE_SLACK = (1.1, 20.0)  # self-distillation stops starting rows at 1.1x its planned time + 20 s
@@ -40,7 +41,8 @@ def workload_of(config: Any, target: Any, train_prompts: Path) -> Workload:
     held_out = min(config.eval.per_domain_limit or config.eval_prompts_per_domain, config.eval_prompts_per_domain)
     answer = config.data.max_new_tokens * ANSWER_SHARE * mean_turns
     methods = tuple(config.methods)
-    weights = tuple(0.75 if m.startswith("eagle") else 0.25 for m in methods)  # Medusa pays least at this scale
+    # a head with a decoder layer (EAGLE) trains at about three times the cost of one without (Medusa) at this scale
+    weights = tuple(0.75 if method_of(m).llama_layer else 0.25 for m in methods)
     drafters = len(methods) + 1 + (1 if methods else 0)  # the heads, n-gram, the hybrid
     exports = sum(_exportable(config, m, fmt) for m in methods for fmt in config.export_formats)
     return Workload(prompts_per_domain=per_domain, prompt_tokens=sum(lengths) / len(lengths),
@@ -53,11 +55,10 @@ def workload_of(config: Any, target: Any, train_prompts: Path) -> Workload:
 
 
 def _exportable(config: Any, method: str, fmt: str) -> bool:
-    """Whether the export will be written (serve/export refuses the others before any work): SGLang has no Medusa,
-    vLLM's Medusa needs the full vocabulary."""
-    if method != "medusa":
-        return True
-    return fmt == "vllm" and getattr(config, method).model.draft_vocab_size == 0
+    """Whether the export will be written (serve/export refuses the others before any work): the method has a form
+    in `fmt`, and one loaded with the full vocabulary only (vLLM's Medusa) is not given a reduced one."""
+    form = method_of(method).exports.get(fmt)
+    return form is not None and not (form.full_vocab_only and getattr(config, method).model.draft_vocab_size)
 
 
 def rates_of(measured: Any) -> Rates:

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from draftsmith.serve.drafters.spec import parse_drafter_spec
+from draftsmith.serve.drafters.spec import FOLDER, parse_drafter_spec
 
 
 def folders(specs: Iterable[str]) -> list[str]:
     """The drafter folders the spec strings name (a hybrid's head included); ngram, oracle and model:PATH none."""
     found = []
     for spec in specs:
-        parsed = parse_drafter_spec(spec)  # a path that is no folder fails here
-        if parsed.kind == "hybrid":
-            parsed = parsed.head
-        if parsed.kind == "folder":
+        parsed = parse_drafter_spec(spec).named  # a path that is no folder fails here
+        if parsed.kind == FOLDER:
             found.append(parsed.path)
     return found
 

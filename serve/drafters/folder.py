@@ -38,7 +38,7 @@ class DrafterFolderError(DraftsmithError):
 
 def build_head(config: HeadConfig) -> nn.Module:
     """An untrained head module of `config.method` (weights freshly initialized)."""
-    return method(config.method, what="drafter method").head(config)
+    return method(config.method, what="drafter method", trained=True).head(config)
 
 
 # `DIR:length=fixed`, `DIR:min_confidence=0.3`, `DIR:leaves=0` (draftsmith.serve.drafters.build_drafter)
@@ -62,7 +62,7 @@ def make_drafter(head: nn.Module, target, *, check: bool = True, min_confidence:
     min_confidence = config.min_confidence if min_confidence is None else min_confidence
     policy = build_policy(length, costs=verify_costs_for(target.model) if length == "auto" and not min_confidence
                           else None, min_confidence=min_confidence)
-    drafter = method(config.method, what="drafter method").drafter(head, target, check=check, policy=policy,
+    drafter = method(config.method, what="drafter method", trained=True).drafter(head, target, check=check, policy=policy,
                                                                     leaves=leaves)
     drafter.default_k = config.num_speculative_tokens
     drafter.default_tree = tree_from_record(config.tree)

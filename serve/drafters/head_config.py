@@ -72,7 +72,7 @@ class HeadConfig:
                                       f"drafter folder is damaged; copy or train it again")
         from draftsmith.serve.methods.registry import method
 
-        method(data["method"], what=f"{source}: drafter method")  # a folder of a method not installed: refused
+        method(data["method"], what=f"{source}: drafter method", trained=True)  # a folder of a method not installed: refused
         config = cls(**data)
         check_ranges(config, prefix=f"{source}: ")
         return config

@@ -21,7 +21,7 @@ def upgrade_v1(data: dict, *, source: str) -> dict:
     data["draftsmith_drafter"] = 2
     from draftsmith.serve.methods.registry import method
 
-    if not method(str(data.get("method")), what=f"{source}: drafter method").llama_layer:
+    if not method(str(data.get("method")), what=f"{source}: drafter method", trained=True).llama_layer:
         return data  # a head without a decoder layer (Medusa): nothing to convert
     layer = dict(data.get("layer_config") or {})
     biased = [flag for flag in ("attention_bias", "mlp_bias") if layer.get(flag)]

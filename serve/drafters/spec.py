@@ -25,14 +25,13 @@ from typing import Sequence
 
 from draftsmith.serve.drafters.settings import choose_tree
 from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.methods.registry import find, has, names
 from draftsmith.serve.tree import TreeSpec
 
 TREE_SUFFIX = "@tree"
 CHAIN_SUFFIX = "@chain"
 TREE_OPTIONS = ("depth", "top_k", "total_tokens")
-TREE_KINDS = ("eagle1", "eagle3", "medusa", "hybrid")  # drafters that grow trees
-KINDS = ("ngram", "oracle", "model", "folder", "hybrid")
-HYBRID_PREFIX = "hybrid:"
+FOLDER = "folder"  # the kind of a trained drafter folder's spec: its method is what its config.json records
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -43,12 +42,22 @@ class DrafterSpecError(DraftsmithError):
 @dataclass(frozen=True)
 class DrafterSpec:
     text: str  # as the user wrote it, without a NAME= label
-    kind: str  # one of KINDS
+    kind: str  # FOLDER, or the registered untrained method that parsed it (serve/methods/registry.py)
     path: str | None = None  # the folder (folder) or the small LM (model)
     options: dict[str, str] = field(default_factory=dict)  # `:key=value,...` after ngram, model:PATH or a folder
     head: DrafterSpec | None = None  # hybrid: the trained drafter beside the n-gram one
     tree: bool | None = None  # True: @tree, False: @chain, None: whatever the drafter records
     tree_shape: dict[str, int] = field(default_factory=dict)  # the keys @tree: sets
+
+    @property
+    def drafts_from_a_model(self) -> bool:
+        """A trained drafter folder or a draft model (what a hybrid pairs with its n-gram side)."""
+        return self.kind == FOLDER or has(self.kind, "assistant")
+
+    @property
+    def named(self) -> "DrafterSpec":
+        """The spec of the drafter that names a path: the head of a spec that wraps one (hybrid:DIR), else itself."""
+        return self.head if self.head is not None else self
 
     def tree_for(self, recorded: TreeSpec | None) -> TreeSpec | None:
         """The tree this spec drafts, given the one the drafter records (None = chains)."""
@@ -97,34 +106,24 @@ def parse_drafter_spec(text: str) -> DrafterSpec:
     base, tree, shape = _split_tree(text)
     kind, _, rest = base.partition(":")
     common = dict(text=text, tree=tree, tree_shape=shape)
-    if kind == "ngram":
-        return DrafterSpec(kind="ngram", options=options(rest), **common)
-    if kind == "oracle" and not rest:
-        return DrafterSpec(kind="oracle", **common)
-    if kind == "hybrid":
-        head = parse_drafter_spec(rest) if rest else None
-        if head is None or head.kind not in ("folder", "model"):
-            raise DrafterSpecError(f"the hybrid drafter needs a trained drafter: hybrid:DIR (or hybrid:model:PATH), "
-                                   f"got {text!r}")
-        return DrafterSpec(kind="hybrid", path=head.path, head=head, **common)
-    if kind == "model":
-        if not rest:
-            raise DrafterSpecError("the model drafter needs a path: model:PATH_TO_SMALL_LM")
-        path, opts = _path_options(rest, text, exists=Path.exists)
-        return DrafterSpec(kind="model", path=path or rest, options=opts, **common)
+    untrained = find(kind)
+    if untrained is not None and untrained.parse is not None:
+        parsed = untrained.parse(rest, common)
+        if parsed is not None:
+            return parsed
     if Path(base).is_dir():
-        return DrafterSpec(kind="folder", path=base, **common)
-    folder, opts = _path_options(base, text, exists=Path.is_dir)
+        return DrafterSpec(kind=FOLDER, path=base, **common)
+    folder, opts = path_options(base, text, exists=Path.is_dir)
     if folder:
-        return DrafterSpec(kind="folder", path=folder, options=opts, **common)
+        return DrafterSpec(kind=FOLDER, path=folder, options=opts, **common)
     if "/" in base or base.startswith((".", "~")):
         raise DrafterSpecError(f"no such drafter folder: {base} (from the drafter spec {text!r}); check the path, or "
                                f"train one with `draftsmith train`")
-    raise DrafterSpecError(f"unknown drafter {text!r}: use ngram, ngram:max_n=3, oracle, model:PATH, "
-                           f"a trained drafter folder, or hybrid:DIR")
+    usages = [find(name).usage for name in names(trained=False) if find(name).usage]
+    raise DrafterSpecError(f"unknown drafter {text!r}: use {', '.join(usages)}, or a trained drafter folder")
 
 
-def _path_options(base: str, text: str, *, exists) -> tuple[str | None, dict[str, str]]:
+def path_options(base: str, text: str, *, exists) -> tuple[str | None, dict[str, str]]:
     """`PATH:key=value,...` -> (PATH, options) when PATH exists and the whole does not; else (None, {})."""
     path, _, rest = base.rpartition(":")
     if not path or Path(base).exists() or not exists(Path(path)) or "=" not in rest:
@@ -137,11 +136,11 @@ def _path_options(base: str, text: str, *, exists) -> tuple[str | None, dict[str
 
 def default_name(spec: str) -> str:
     """A readable label: `ngram`, `ngram:n=3`, `oracle`, `model:<folder name>`, the folder's name, or
-    `hybrid:<that>`."""
-    if spec.startswith(HYBRID_PREFIX):
-        return HYBRID_PREFIX + default_name(spec[len(HYBRID_PREFIX):])
-    if spec.startswith("model:"):
-        return "model:" + Path(_split_tree(spec)[0].split(":", 1)[1]).name
+    `hybrid:<that>` (a method's own `label` of the text after `name:`)."""
+    kind, sep, rest = spec.partition(":")
+    untrained = find(kind) if sep else None
+    if untrained is not None and untrained.label is not None:
+        return untrained.label(rest)
     base, tree, _ = _split_tree(spec)
     if Path(base).exists():
         return Path(base).resolve().name + ("-tree" if tree else "")
@@ -171,9 +170,7 @@ def parse_named_specs(texts: Sequence[str]) -> dict[str, str]:
 def spec_path(spec: str) -> str | None:
     """The folder or model path a spec names (resolved), None for ngram and oracle."""
     try:
-        parsed = parse_drafter_spec(spec)
+        parsed = parse_drafter_spec(spec).named
     except DrafterSpecError:
         return None
-    if parsed.kind == "hybrid":
-        parsed = parsed.head
-    return str(Path(parsed.path).resolve()) if parsed.kind == "folder" else parsed.path
+    return str(Path(parsed.path).resolve()) if parsed.kind == FOLDER else parsed.path

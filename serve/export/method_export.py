@@ -31,6 +31,7 @@ class FormatExport:
     read: Callable                    # (config.json, tensors, *, num_layers, where) -> (HeadConfig, state)
     # the capability the target's class must have to host it (serve/export/hosts.py Hosts fields); None: any
     hosted_as: Optional[str] = None
+    full_vocab_only: bool = False     # the engine loads it with the target's whole vocabulary only
     notes: Callable = _nothing        # (HeadConfig, TargetFacts) -> [line]: version notes for OUT/README.md
     check_extra: Callable = _nothing  # (config.json dict) -> [problem]: what a FormatSpec cannot express
     package_check: Callable = _no_package_check  # (out, target, head, *, where) -> str: the engine's own package
@@ -38,7 +39,7 @@ class FormatExport:
 
 def method_export(method_name: str, fmt: str, engine: str) -> FormatExport:
     """The FormatExport of `method_name` in `fmt`; one line naming the formats it has when it has none there."""
-    found = method(method_name, what="drafter method")
+    found = method(method_name, what="drafter method", trained=True)
     form = found.exports.get(fmt)
     if form is None:
         others = sorted(found.exports)

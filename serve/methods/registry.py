@@ -15,7 +15,8 @@ from typing import Any, Callable, Mapping, Optional
 
 from draftsmith.serve.core.errors import DraftsmithError
 
-BUILTIN = ("eagle1", "eagle3", "medusa")  # folders of serve/methods/, imported on the registry's first read
+BUILTIN = ("eagle1", "eagle3", "medusa", "ngram", "hybrid", "oracle", "model")  # serve/methods/ folders,
+# imported on the registry's first read
 ENTRY_POINTS = "draftsmith.methods"       # the group another distribution's methods register under
 
 
@@ -29,27 +30,32 @@ def _no_check(config: Any) -> None:
 
 @dataclass(frozen=True)
 class Method:
-    """Everything the project asks of one trained drafting method (a head distilled from the target's features).
+    """Everything the project asks of one drafting method. A trained method (a head distilled from the target's
+    features: EAGLE-1, EAGLE-3, Medusa) fills the first group and is loaded from its drafter folder; a drafter that
+    trains nothing (n-gram, hybrid, oracle, a draft model) fills `parse` and `build` and is named by its spec string.
 
-    Each callable takes the project's objects as they are; the types in the comments are where they come from."""
-    name: str                                  # HeadConfig.method, model.method, the folder's name
+    Each callable takes the project's objects as they are; the comments say where their types come from."""
+    name: str                                  # HeadConfig.method / model.method / the spec's first word
     title: str                                 # as messages and reports write it ("EAGLE-3")
+    # --- a trained head
     # (ModelConfig of train/config.py, Target) -> a fresh HeadConfig of this method for that target
-    config: Callable[[Any, Any], Any]
+    config: Optional[Callable[[Any, Any], Any]] = None
     # HeadConfig -> an untrained head module (its state_dict is the drafter folder's model.safetensors)
-    head: Callable[[Any], Any]
+    head: Optional[Callable[[Any], Any]] = None
     # (head, target, *, check, policy, leaves) -> the Drafter the decoder drives (serve/drafters/base.py)
-    drafter: Callable[..., Any]
+    drafter: Optional[Callable[..., Any]] = None
     # (head, TargetParts, ObjectiveSettings) -> the Objective the training loop runs (serve/methods/objective.py)
-    objective: Callable[[Any, Any, Any], Any]
+    objective: Optional[Callable[[Any, Any, Any], Any]] = None
     # the target's number of decoder layers -> the layer ids a capture stores for this method by default
-    layers: Callable[[int], tuple[int, ...]]
+    layers: Optional[Callable[[int], tuple[int, ...]]] = None
     # (ModelConfig, HeadConfig) -> head forwards per training position (the memory plan's activation term)
     unroll: Callable[[Any, Any], int] = lambda model, cfg: 1
     # TrainConfig -> None or DraftsmithError naming the key: what this method asks of a recipe beyond the common checks
     check: Callable[[Any], None] = _no_check
     # its head holds one Llama decoder layer built from HeadConfig.layer_config (serve/drafters/draft_layer.py)
     llama_layer: bool = False
+    # its head drafts over a vocabulary of its own, which model.draft_vocab_size may reduce (else the target's)
+    own_vocab: bool = False
     # model.* keys only this method reads: set on a recipe of another method they are refused, not ignored
     options: tuple[str, ...] = ()
     # engine format name (serve/export/formats.py) -> its FormatExport (serve/export/method_export.py); a format
@@ -57,6 +63,24 @@ class Method:
     exports: Mapping[str, Any] = field(default_factory=dict)
     # HeadConfig -> the draft tokens per cycle an export's read-back is compared at (each a forward of the head)
     validation_k: Callable[[Any], int] = lambda cfg: min(cfg.num_speculative_tokens, 5)
+    # --- a drafter named by its spec string (serve/drafters/spec.py)
+    # (the text after `name:`, the spec's common fields) -> DrafterSpec, or None when the text is not this method's
+    parse: Optional[Callable[[str, dict], Any]] = None
+    # (DrafterSpec, target, options) -> the Drafter
+    build: Optional[Callable[[Any, Any, dict], Any]] = None
+    usage: str = ""                            # how its spec is written, for the message naming every drafter
+    # (the text after `name:`) -> the drafter's default label in an evaluation; None: the spec itself
+    label: Optional[Callable[[str], str]] = None
+    # --- what the decoder, eval and the hybrid ask of it
+    trees: bool = False       # it drafts trees (`@tree`)
+    ceiling: bool = False     # it drafts the target's own answer: a ceiling, never a winner; its begin() is a whole
+                              # plain run, told the generation's length (max_new_tokens)
+    lookup: bool = False      # it drafts from the context alone (prompt lookup): HF's prompt lookup is its peer
+    assistant: bool = False   # a small LM of the target's tokenizer: HF's assisted generation is its peer
+
+    @property
+    def trained(self) -> bool:
+        return self.head is not None
 
 
 _METHODS: dict[str, Method] = {}
@@ -86,10 +110,11 @@ def _load() -> None:
         entry.load()
 
 
-def names() -> tuple[str, ...]:
-    """The registered methods' names, sorted (whichever module imported a method folder first)."""
+def names(*, trained: bool | None = None) -> tuple[str, ...]:
+    """The registered methods' names, sorted (whichever module imported a method folder first); trained: only
+    those with (True) or without (False) a trained head."""
     _load()
-    return tuple(sorted(_METHODS))
+    return tuple(sorted(n for n, m in _METHODS.items() if trained is None or m.trained == trained))
 
 
 def find(name: str) -> Optional[Method]:
@@ -97,14 +122,23 @@ def find(name: str) -> Optional[Method]:
     return _METHODS.get(name)
 
 
-def method(name: str, *, what: str = "drafting method") -> Method:
-    """The registered method `name`; MethodError naming the registered ones when there is none."""
+def method(name: str, *, what: str = "drafting method", trained: bool | None = None) -> Method:
+    """The registered method `name`; MethodError naming the registered ones (those with a trained head when
+    `trained`) when there is none."""
     found = find(name)
-    if found is None:
-        raise MethodError(f"{what} {name!r} is not registered; registered: {', '.join(names())} (a method of another "
-                          f"package registers when that package is imported or installed with a "
-                          f"{ENTRY_POINTS!r} entry point)")
+    if found is None or (trained is not None and found.trained != trained):
+        kind = "" if trained is None else " trained" if trained else " untrained"
+        raise MethodError(f"{what} {name!r} is not a registered{kind} method; registered: "
+                          f"{', '.join(names(trained=trained))} (a method of another package registers when that "
+                          f"package is imported or installed with a {ENTRY_POINTS!r} entry point)")
     return found
+
+
+def has(name: str, trait: str) -> bool:
+    """Whether the drafter kind `name` (a Drafter's `kind`) is a registered method with `trait` (trees, ceiling,
+    lookup, assistant, trained)."""
+    found = find(name)
+    return bool(found is not None and getattr(found, trait))
 
 
 def unregister(name: str) -> None:

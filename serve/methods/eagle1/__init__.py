@@ -22,5 +22,5 @@ def _check(config) -> None:
 
 
 METHOD = register(Method(name="eagle1", title="EAGLE-1", config=_config, head=Eagle1Head, drafter=EagleDrafter,
-                         llama_layer=True, objective=eagle1_objective, layers=lambda num_layers: (FINAL,), check=_check,
+                         llama_layer=True, trees=True, objective=eagle1_objective, layers=lambda num_layers: (FINAL,), check=_check,
                          options=("fc_bias",), exports=EXPORTS))

@@ -26,7 +26,7 @@ def _check(config) -> None:
 
 
 METHOD = register(Method(name="eagle3", title="EAGLE-3", config=_config, head=Eagle3Head, drafter=EagleDrafter,
-                         llama_layer=True, objective=eagle3_objective, layers=lambda num_layers: tuple(default_eagle3_layers(num_layers)),
+                         llama_layer=True, own_vocab=True, trees=True, objective=eagle3_objective, layers=lambda num_layers: tuple(default_eagle3_layers(num_layers)),
                          unroll=lambda model, cfg: model.ttt_steps, check=_check,
                          options=("fc_norm", "norm_before_fc"),
                          exports={"vllm": to_vllm.FORM, "sglang": to_sglang.FORM, "speculators": to_speculators.FORM}))

@@ -23,7 +23,7 @@ def _check(config) -> None:
 
 
 METHOD = register(Method(name="medusa", title="Medusa", config=_config, head=MedusaHeads, drafter=MedusaDrafter,
-                         objective=medusa_objective, layers=lambda num_layers: (FINAL,),
+                         objective=medusa_objective, layers=lambda num_layers: (FINAL,), trees=True, own_vocab=True,
                          unroll=lambda model, cfg: cfg.num_speculative_tokens, check=_check,
                          options=("medusa_num_layers",), exports=EXPORTS,
                          validation_k=lambda cfg: cfg.num_speculative_tokens))  # every head: one forward for all

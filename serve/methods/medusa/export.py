@@ -119,4 +119,4 @@ def notes(config: HeadConfig, facts: TargetFacts) -> list[str]:
 
 EXPORTS = {"vllm": FormatExport(architectures=ARCHITECTURES, serve_as="medusa", check=check, support=support,
                                 build=build, expected=expected, claims=claims, read=read, notes=notes,
-                                check_extra=check_extra)}
+                                check_extra=check_extra, full_vocab_only=True)}

@@ -7,7 +7,7 @@ cycle's tokens (`commit`), so either can draft the next cycle; each one's length
 verification, including how its unused proposals would have fared.
 
 The choice rests on no constant fitted to any text. Every cycle in which both parts proposed scores the three arms
-(serve/drafters/arms.py): the tokens each would have produced, which are known once the cycle's tokens are (a tree
+(serve/methods/hybrid/arms.py): the tokens each would have produced, which are known once the cycle's tokens are (a tree
 holding both chains produces the more of the two), against each one's cost in target steps (the verify forward over
 its nodes, measured on the target, plus the head's work as timed). A request starts neutral: until a cycle has been
 scored, a cycle with an n-gram proposal drafts both (the tree at temperature 0, the head's chain beside the n-gram's
@@ -23,14 +23,14 @@ import time
 from collections import Counter
 from typing import ClassVar
 
-from draftsmith.serve.drafters.arms import ArmLedger, accepted_depth
+from draftsmith.serve.methods.hybrid.arms import ArmLedger, accepted_depth
 from draftsmith.serve.drafters.base import Draft, Drafter
 from draftsmith.serve.drafters.length import ExpectedGain
-from draftsmith.serve.drafters.ngram import NgramDrafter
+from draftsmith.serve.methods.ngram.drafter import NgramDrafter
 from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.methods.registry import has
 from draftsmith.serve.tree import add_chain, chain_parents
 
-HEAD_KINDS = ("eagle1", "eagle3", "medusa", "model")
 RESTS = "the n-gram copying, and its chain alone led this request's scored cycles: the head rested"
 WHY = {"ngram": "the head's work spent, the n-gram chain led this request's scored cycles per verify step",
        "head": "the head's work spent, its draft led this request's scored cycles per verify step",
@@ -161,6 +161,6 @@ class HybridDrafter(Drafter):
 
 def hybrid_of(head: Drafter, ngram_policy) -> HybridDrafter:
     """The hybrid of a built head drafter and an n-gram drafter with `ngram_policy`."""
-    if head.kind not in HEAD_KINDS:
+    if not (has(head.kind, "trained") or has(head.kind, "assistant")):
         raise DraftsmithError(f"hybrid:SPEC needs a trained drafter folder or model:PATH, got a {head.kind} drafter")
     return HybridDrafter(head, NgramDrafter(policy=ngram_policy))

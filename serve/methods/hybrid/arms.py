@@ -1,6 +1,6 @@
 """What each way of drafting a hybrid's cycle would have yielded on this request: tokens and cost, side by side.
 
-A hybrid (serve/drafters/hybrid.py) can draft a cycle in three ways, its arms: the n-gram chain alone (`ngram`),
+A hybrid (serve/methods/hybrid/drafter.py) can draft a cycle in three ways, its arms: the n-gram chain alone (`ngram`),
 the head's draft alone (`head`), or a tree holding both (`tree`, greedy only). Once a cycle's tokens are known, the
 tokens each arm would have produced are known too, whichever arm was verified: a draft produces one token more than
 the depth of its longest root path that equals the produced tokens (a lower bound when that path ran through all of
