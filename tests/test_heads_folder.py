@@ -14,6 +14,18 @@ from draftsmith.serve.core.layers import FINAL
 from draftsmith.serve.core.target import load_target
 
 
+def test_the_same_head_is_the_same_bytes(tmp_path, tiny_target_dir):
+    """Saved twice, a head's folder is byte for byte the same (safetensors' metadata would come in either order with
+    two keys): a reproduced run can be compared by its checksums.json."""
+    target = load_target(tiny_target_dir)
+    cfg = eagle3_config(target, aux_layer_ids=[0, 1, 1])
+    torch.manual_seed(0)
+    head = build_head(cfg)
+    files = [save_drafter(head, cfg, tmp_path / f"d{i}") for i in range(4)]
+    for name in ("model.safetensors", "checksums.json", "config.json"):
+        assert len({(f / name).read_bytes() for f in files}) == 1, name
+
+
 def test_folder_round_trip_and_build_drafter(tmp_path, tiny_target_dir):
     target = load_target(tiny_target_dir)
     cfg = eagle3_config(target, draft_vocab_size=64, aux_layer_ids=[0, 1, 1], ttt_steps=3)

@@ -85,7 +85,9 @@ def save_drafter(module: nn.Module, config: HeadConfig, out_dir: str | Path) -> 
     out.mkdir(parents=True, exist_ok=True)
     state = {name: t.detach().to("cpu").contiguous() for name, t in module.state_dict().items()}
     check_finite(state, out)
-    write_weights(state, out, metadata={"format": "pt", "method": config.method})
+    # one metadata key: safetensors writes metadata from a hash map, so two keys come in either order and the same
+    # weights would not be the same bytes (config.json records the method)
+    write_weights(state, out, metadata={"format": "pt"})
     write_text_atomic(out / CONFIG_NAME, json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
     return out
 
