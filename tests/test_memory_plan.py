@@ -163,6 +163,25 @@ def test_train_plan_of_a_tiny_folder(tiny_target_factory):
     assert f"{GIB}" not in done.stdout
 
 
+
+@pytest.mark.parametrize("device,precision", [("cpu", "auto"), ("auto", "auto"), ("cpu", "bf16"), ("auto", "fp32")])
+def test_the_plan_and_the_run_resolve_one_precision(device, precision, monkeypatch):
+    """One rule (train/config.py precision_on): `--plan` sizes the precision the run computes in, on the device it
+    describes: the CPU for target.device=cpu, the launch's GPUs for auto (whatever this machine has)."""
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.train import loop
+    from draftsmith.train.config import TrainConfig
+    from draftsmith.train.plan import plan_device
+
+    config = load_config(TrainConfig, overrides=[f"device={device}", f"distributed.precision={precision}"])
+    described = plan_device(config)
+    assert described == ("cpu" if device == "cpu" else "cuda")
+    monkeypatch.setattr(loop, "resolve_device", lambda config: described)  # the run, on the device the plan describes
+    expected = precision if precision != "auto" else ("fp32" if described == "cpu" else "bf16")
+    assert loop.resolve_precision(config) == expected
+    table = [line for line in _plan_table(config) if "B params" in line]
+    assert f"{expected} on {described} devices" in table[0], table
+
 LARGE_RECIPES = {"llama-3.1-8b": (1, 8), "llama-3.3-70b": (8,), "qwen3-32b": (8,), "qwen3-30b-a3b": (4, 8)}
 
 
@@ -183,3 +202,11 @@ def test_the_large_target_recipes_fit_80gb_devices(name):
                                capture_plan(capture, devices=devices, per_node=8, device_gib=80)):
             assert plan.fits and error is None, (devices, plan.layout, plan.total / GIB)
             assert plan.layout.sharded == (name != "llama-3.1-8b")
+
+
+def _plan_table(config) -> list[str]:
+    from draftsmith.train.plan import train_plan
+
+    config.target.spec = "llama-3.1-8b"
+    _, table, _ = train_plan(config, devices=1, per_node=1, device_gib=80.0)
+    return table.splitlines()

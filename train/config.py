@@ -140,6 +140,15 @@ class TrainConfig:
         check(self, data=False)
 
 
+def precision_on(config: TrainConfig, device: str) -> str:
+    """The compute precision of a run on `device` (cuda | cpu): distributed.precision, where `auto` is bf16 on a GPU
+    and fp32 on a CPU. The one rule: training resolves it for the device it runs on, `--plan` for the devices it
+    describes (train/plan.py), so both say the same for the same device."""
+    if config.distributed.precision != "auto":
+        return config.distributed.precision
+    return "bf16" if device.startswith("cuda") else "fp32"
+
+
 def _choice(name: str, value: str, allowed) -> None:
     if value not in allowed:
         raise DraftsmithError(f"{name}={value!r} is not one of {', '.join(allowed)}")

@@ -19,7 +19,7 @@ import torch
 
 from draftsmith.serve.core.process_group import launch
 from draftsmith.serve.methods import losses
-from draftsmith.train.config import TrainConfig
+from draftsmith.train.config import TrainConfig, precision_on
 from draftsmith.train.evaluate import BestTracker, agreement_over, sample_rows
 from draftsmith.train.metrics import MetricWindow, StepStats
 from draftsmith.serve.methods.objective import Agreement, FeatureBatch, Objective
@@ -47,10 +47,8 @@ def resolve_device(config: TrainConfig) -> str:
 
 
 def resolve_precision(config: TrainConfig) -> str:
-    """bf16 on GPU, fp32 on CPU unless the config says otherwise."""
-    if config.distributed.precision != "auto":
-        return config.distributed.precision
-    return "bf16" if resolve_device(config) == "cuda" else "fp32"
+    """The compute precision on the device this run trains on (train/config.py precision_on)."""
+    return precision_on(config, resolve_device(config))
 
 
 def deepspeed_config(config: TrainConfig) -> dict:

@@ -11,7 +11,7 @@ from draftsmith.serve.core.identity import config_hash
 from draftsmith.serve.core.memory_plan import MemoryPlan, Workload, plan_report
 from draftsmith.serve.core.target_config import text_config
 from draftsmith.serve.methods.registry import method
-from draftsmith.train.config import TrainConfig
+from draftsmith.train.config import TrainConfig, precision_on
 
 
 def head_size(config: TrainConfig, hf_config: Any) -> tuple[int, Any]:
@@ -41,6 +41,12 @@ def train_workload(config: TrainConfig, hf_config: Any, *, precision: str) -> Wo
                     head_intermediate=int((cfg.layer_config or {}).get("intermediate_size", 0)), unroll=unroll)
 
 
+def plan_device(config: TrainConfig) -> str:
+    """The device kind `--plan` describes: the recipe's target.device, where `auto` means the GPUs the launch is sized
+    for (the plan's devices are GPUs of --device-memory GiB), whatever this machine has."""
+    return "cpu" if config.target.device == "cpu" else "cuda"
+
+
 def train_plan(config: TrainConfig, *, devices: int, per_node: int,
                device_gib: float) -> tuple[MemoryPlan, str, str | None]:
     """(the plan, its table, None or the one-line refusal naming the smallest layout that fits) of `config` on
@@ -48,11 +54,11 @@ def train_plan(config: TrainConfig, *, devices: int, per_node: int,
     from draftsmith.serve.core.launch_target import target_hf_config
 
     hf_config = target_hf_config(config.target.spec)
-    precision = config.distributed.precision
-    if precision == "auto":
-        precision = "fp32" if config.target.device == "cpu" else "bf16"
+    device = plan_device(config)
+    precision = precision_on(config, device)
     work = train_workload(config, hf_config, precision=precision)
     return plan_report(config.target, hf_config, work, devices=devices, per_node=per_node, device_gib=device_gib,
                        title=lambda arch: f"train {config.model.method} on {config.target.spec} "
-                                          f"({arch.params_b():.1f}B params, {precision}), {config.data.mode}, "
+                                          f"({arch.params_b():.1f}B params, {precision} on {device} devices), "
+                                          f"{config.data.mode}, "
                                           f"{config.optim.batch_size} x {config.data.max_length} tokens per process")
