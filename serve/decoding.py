@@ -13,7 +13,7 @@ from draftsmith.serve.core.kv import cache_kwargs, keep_positions, new_cache, sl
 from draftsmith.serve.core.layers import pick_hidden_states
 from draftsmith.serve.core.sampling import greedy_tokens, sample, target_probs
 from draftsmith.serve.stopping import StopChecker
-from draftsmith.serve.core.target_masks import for_target
+from draftsmith.serve.core.target_masks import for_target, window_masks
 from draftsmith.serve.tree import TreeSpec, ancestor_mask, node_depths
 from draftsmith.serve.core.noise import PositionNoise
 from draftsmith.serve.verify import Verdict, verify_chain, verify_greedy, verify_keyed, verify_tree
@@ -167,19 +167,14 @@ def _verify_inputs(pending: int, draft: Draft, cache, device):
     depths = torch.cat([torch.zeros(1, dtype=torch.long), node_depths(draft.parents.cpu())])
     positions = past + depths  # (n+1,)
     tree = ancestor_mask(draft.parents.cpu())  # (n+1, n+1)
-    full = torch.cat([torch.ones(tree.shape[0], past, dtype=torch.bool), tree], dim=1)[None, None].to(device)
+    full = torch.cat([torch.ones(tree.shape[0], past, dtype=torch.bool), tree], dim=1)  # (n+1, past+n+1)
+    key_positions = torch.cat([torch.arange(past), positions])  # (past+n+1,)
     window = sliding_window(cache)
-    if window is None:
-        return tokens[None].to(device), positions[None].to(device), full
-    # Sliding layers hold only their last (window - 1) positions; a query sees keys less than `window` behind it.
-    held = min(past, window - 1)
-    key_positions = torch.cat([torch.arange(past - held, past), positions])  # (held + n+1,)
-    near = (positions[:, None] - key_positions[None, :]) < window
-    visible = torch.cat([torch.ones(tree.shape[0], held, dtype=torch.bool), tree], dim=1) & near
-    sliding = visible[None, None].to(device)
-    if all(getattr(layer, "is_sliding", False) for layer in cache.layers):
-        return tokens[None].to(device), positions[None].to(device), sliding  # e.g. Mistral: one mask for all
-    masks = {"full_attention": full, "sliding_attention": sliding}  # mixed layers (Gemma 2/3) take a mapping
+    held = 0 if window is None else min(past, window - 1)  # sliding layers keep only their last window - 1 positions
+    masks = window_masks(full[None, None], positions[:, None], key_positions[None, :], window=window,
+                         all_sliding=all(getattr(layer, "is_sliding", False) for layer in cache.layers),
+                         sliding_from=past - held)
+    masks = {kind: m.to(device) for kind, m in masks.items()} if isinstance(masks, dict) else masks.to(device)
     return tokens[None].to(device), positions[None].to(device), masks
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.data.generate import Answer, ContinuousBatcher, Request
-from draftsmith.serve.core.slots import attention_masks
+from draftsmith.serve.core.target_masks import config_masks
 from draftsmith.serve.decoding import plain_generate
 from draftsmith.serve.core.target import load_target
 
@@ -100,11 +100,27 @@ def test_attention_masks_per_layer_type(tiny_target_factory):
     allowed = torch.ones(1, 1, 1, 10, dtype=torch.bool)
     q, k = torch.tensor(9).view(1, 1, 1, 1), torch.arange(10).view(1, 1, 1, 10)
     llama = load_target(tiny_target_factory("llama")).config
-    assert torch.equal(attention_masks(llama, allowed, q, k), allowed)
+    assert torch.equal(config_masks(llama, allowed, q, k), allowed)
     gemma = load_target(tiny_target_factory("gemma")).config
     gemma.sliding_window = 4
-    masks = attention_masks(gemma, allowed, q, k)
+    masks = config_masks(gemma, allowed, q, k)
     assert masks["full_attention"].all() and masks["sliding_attention"][0, 0, 0].tolist() == [False] * 6 + [True] * 4
+
+
+def test_one_window_rule_for_both_caches():
+    """The batch-1 decoder's DynamicCache keeps a sliding layer's last window - 1 positions, the batched decoder's
+    slot cache all of them: one rule (serve/core/target_masks.window_masks) gives both the same visible keys."""
+    from draftsmith.serve.core.target_masks import window_masks
+
+    q, k = torch.tensor([10, 11]).view(2, 1), torch.arange(12).view(1, 12)  # 10 past positions, 2 queries
+    allowed = (k <= q)[None, None]  # (1, 1, 2, 12) causal
+    slot = window_masks(allowed, q, k, window=4, all_sliding=False)
+    held = window_masks(allowed, q, k, window=4, all_sliding=False, sliding_from=10 - 3)
+    assert torch.equal(held["full_attention"], allowed) and torch.equal(held["sliding_attention"],
+                                                                           slot["sliding_attention"][..., 7:])
+    assert not slot["sliding_attention"][..., :7].any()  # what the DynamicCache dropped no query could see
+    assert slot["sliding_attention"][0, 0].sum(-1).tolist() == [4, 4]  # each query sees itself and 3 behind
+    assert torch.equal(window_masks(allowed, q, k, window=None, all_sliding=True), allowed)
 
 
 def test_greedy_rows_equal_the_former_generate_batches(tiny_target_dir):

@@ -33,9 +33,9 @@ from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.invariant import is_invariant, whole_prompt
 from draftsmith.serve.core.kv import cache_kwargs
 from draftsmith.serve.core.layers import pick_hidden_states
-from draftsmith.serve.core.slots import SlotCache, attention_masks, check_fits
+from draftsmith.serve.core.slots import SlotCache, check_fits
 from draftsmith.serve.core.target_config import text_config
-from draftsmith.serve.core.target_masks import for_target
+from draftsmith.serve.core.target_masks import config_masks, for_target
 from draftsmith.serve.core.noise import PositionNoise
 from draftsmith.serve.decoding import (GenerationResult, SpecStats, draft_generator, new_generator, next_token,
                                        stopper_for, verdict_of)
@@ -207,7 +207,7 @@ class BatchDecoder:
         index = torch.arange(width)
         causal = index[:, None] >= index[None, :]  # (W, W)
         allowed = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool)[None]  # (N, W, W)
-        masks = attention_masks(self.model.config, allowed[:, None], position_ids[:, None, :, None],
+        masks = config_masks(self.model.config, allowed[:, None], position_ids[:, None, :, None],
                                 position_ids[:, None, None, :])
         self.cache.plan_prefill(range(first, first + len(jobs)), lengths)
         with whole_prompt() if len(jobs) == 1 else contextlib.nullcontext():
@@ -266,7 +266,7 @@ class BatchDecoder:
         width = input_ids.shape[1]
         window = int(lengths.max()) + width
         self._ensure_capacity(window)
-        masks = attention_masks(self.model.config, allowed, positions[:, None, :, None], key_positions[:, None, None, :])
+        masks = config_masks(self.model.config, allowed, positions[:, None, :, None], key_positions[:, None, None, :])
         self.cache.plan_write(len(rows), lengths.to(self.device), window)
         out = self._forward(input_ids, positions, masks)
         self.cycles += 1

@@ -22,26 +22,6 @@ from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.target_config import text_config
 
 
-def attention_masks(config: Any, allowed: torch.Tensor, query_positions: torch.Tensor,
-                    key_positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
-    """(B, 1, Q, K) bool mask -> what the model's forward takes: the mask itself, or one per layer type.
-
-    Sliding-window layers (Gemma 2/3, Qwen2/3 with use_sliding_window, Mistral) also drop keys more than
-    `sliding_window` positions back; positions broadcast against `allowed`. A prepared 4D mask is used as is
-    by transformers, so the window must be applied here.
-    """
-    config = text_config(config)
-    window = getattr(config, "sliding_window", None)
-    sliding = allowed & (key_positions > query_positions - window) if window else allowed
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is None:
-        return sliding  # Mistral / Phi-3 apply config.sliding_window to every layer (None: none)
-    unknown = set(layer_types) - {"full_attention", "sliding_attention"}
-    if unknown:
-        raise NotImplementedError(f"attention layer types {sorted(unknown)} are not supported by batched decoding")
-    return {"full_attention": allowed, "sliding_attention": sliding}
-
-
 def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
     """Bytes of keys and values one token takes in a full cache of every layer."""
     config = text_config(config)

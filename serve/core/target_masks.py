@@ -1,4 +1,5 @@
-"""Custom 4-D attention masks for a target's forward, in the form its attention implementation reads.
+"""Custom 4-D attention masks for a target's forward: per attention type (one place for the sliding window, whatever
+cache the decoder keeps), in the form its attention implementation reads.
 
 transformers passes a prepared 4-D mask to the attention function as it is. SDPA reads a boolean mask (True = may
 attend); eager attention (gpt-oss: SDPA has no attention sinks) ADDS the mask to its scores, so a boolean one would
@@ -11,6 +12,38 @@ from typing import Any
 import torch
 
 Masks = torch.Tensor | dict[str, torch.Tensor]  # one mask, or one per layer type (sliding / full attention)
+
+
+def window_masks(allowed: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, *,
+                 window: int | None, all_sliding: bool, sliding_from: int = 0) -> Masks:
+    """The masks a forward takes, from one (B, 1, Q, K) bool mask over every key the full-attention layers hold.
+
+    A sliding-window layer also drops keys `window` or more positions behind the query (positions broadcast against
+    `allowed`; a prepared 4-D mask is used as is by transformers, so the window is applied here). No window: the mask
+    itself; every layer sliding (Mistral, Phi-3): the sliding mask alone; mixed layers (Gemma 2/3, Qwen with
+    use_sliding_window): one per layer type. sliding_from: the first key column a sliding layer's cache still holds
+    (a DynamicCache keeps its last window - 1 positions; the batched decoder's slot cache keeps them all, 0)."""
+    if window is None:
+        return allowed
+    sliding = (allowed & (key_positions > query_positions - window))[..., sliding_from:]
+    if all_sliding:
+        return sliding
+    return {"full_attention": allowed, "sliding_attention": sliding}
+
+
+def config_masks(config: Any, allowed: torch.Tensor, query_positions: torch.Tensor,
+                 key_positions: torch.Tensor) -> Masks:
+    """window_masks for a model whose cache holds every position (the slot cache), from its text config: layer_types
+    name the sliding layers (Gemma 2/3, Qwen), else config.sliding_window applies to every layer (Mistral, Phi-3)."""
+    from draftsmith.serve.core.target_config import text_config
+
+    config = text_config(config)
+    layer_types = getattr(config, "layer_types", None)
+    unknown = set(layer_types or ()) - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise NotImplementedError(f"attention layer types {sorted(unknown)} are not supported by batched decoding")
+    return window_masks(allowed, query_positions, key_positions, window=getattr(config, "sliding_window", None),
+                        all_sliding=layer_types is None)
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
