@@ -17,10 +17,9 @@ import re
 from typing import Any, Sequence
 
 from draftsmith.serve.core.errors import DraftsmithError
-from draftsmith.serve.core.prompts import has_chat_template, render_chat
+from draftsmith.serve.core.prompts import has_chat_template, render_plain, render_prompt as render_next_turn
 
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
-PLAIN_SEPARATOR = "\n\n"  # between a completion and the next prompt in plain (template-less) rendering
 METHODS = ("auto", "markers", "diff")
 
 
@@ -40,12 +39,11 @@ def _render_text(tokenizer: Any, messages: Sequence[dict], *, generation_prompt:
 
 
 def render_prompt(tokenizer: Any, messages: Sequence[dict], *, chat: bool = True) -> list[int]:
-    """Token ids the target is given to write the next assistant turn after `messages`."""
-    if not chat:
-        ids, _ = _plain(tokenizer, messages, close=False)
-        return ids
-    _require_template(tokenizer)
-    return render_chat(tokenizer, messages)
+    """Token ids the target is given to write the next assistant turn after `messages` (the one renderer,
+    serve/core/prompts.py), a recipe's `data.chat=true` refused on a target without a template."""
+    if chat:
+        _require_template(tokenizer)
+    return render_next_turn(tokenizer, messages, chat=chat)
 
 
 def render_with_mask(tokenizer: Any, messages: Sequence[dict], *, chat: bool = True, method: str = "auto",
@@ -60,7 +58,7 @@ def render_with_mask(tokenizer: Any, messages: Sequence[dict], *, chat: bool = T
     if not messages:
         raise DraftsmithError("cannot render an empty conversation")
     if not chat:
-        return _plain(tokenizer, messages, close=messages[-1]["role"] == "assistant")
+        return render_plain(tokenizer, messages, close=messages[-1]["role"] == "assistant")
     _require_template(tokenizer)
     if method == "markers" or (method == "auto" and has_generation_markers(tokenizer)):
         if not has_generation_markers(tokenizer):
@@ -136,25 +134,4 @@ def _diff(tokenizer: Any, messages: Sequence[dict], eos_token_ids: Sequence[int]
         if start >= spans[span_index][0] and not in_span_closed:
             loss_mask[k] = 1
             in_span_closed = input_ids[k] in eos
-    return input_ids, loss_mask
-
-
-def _plain(tokenizer: Any, messages: Sequence[dict], *, close: bool) -> tuple[list[int], list[int]]:
-    """Template-less rendering (module docstring); `close` appends the EOS that ends the last completion."""
-    input_ids: list[int] = []
-    loss_mask: list[int] = []
-    for j, message in enumerate(messages):
-        assistant = message["role"] == "assistant"
-        if j > 0 and not assistant:
-            sep = tokenizer(PLAIN_SEPARATOR, add_special_tokens=False)["input_ids"]
-            input_ids += sep
-            loss_mask += [0] * len(sep)
-        piece = tokenizer(message["content"], add_special_tokens=j == 0)["input_ids"]
-        input_ids += piece
-        loss_mask += [int(assistant)] * len(piece)
-    if close:
-        if tokenizer.eos_token_id is None:
-            raise DraftsmithError("the tokenizer has no EOS token to end a completion with")
-        input_ids.append(tokenizer.eos_token_id)
-        loss_mask.append(1)
     return input_ids, loss_mask

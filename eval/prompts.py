@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from draftsmith.serve.core.errors import DraftsmithError
-from draftsmith.serve.core.prompts import encode_prompt, has_chat_template, render_chat
+from draftsmith.serve.core.prompts import render_prompt as render_next_turn
 
 
 @dataclass
@@ -25,12 +25,10 @@ def prompt_messages(messages: Sequence[dict]) -> list[dict]:
 
 
 def render_prompt(tokenizer: Any, messages: Sequence[dict]) -> list[int]:
-    """Token ids of the prompt: the chat template with the generation prompt when the tokenizer has one,
-    otherwise the raw text of the last user turn (base models)."""
-    convo = prompt_messages(messages)
-    if has_chat_template(tokenizer):
-        return render_chat(tokenizer, convo)
-    return encode_prompt(tokenizer, convo[-1]["content"], chat=False)
+    """Token ids of the prompt: the conversation up to its last user turn, rendered as the target was trained on it
+    (serve/core/prompts.py: the chat template with the generation prompt, or a base model's plain text of every
+    turn)."""
+    return render_next_turn(tokenizer, prompt_messages(messages))
 
 
 def prepare_prompts(tokenizer: Any, rows: Iterable[Any]) -> list[EvalPrompt]:

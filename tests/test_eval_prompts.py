@@ -62,7 +62,14 @@ def test_render_with_and_without_chat_template(prompt_file):
     assert "be brief" in text and "a reply to drop" not in text
     assert chat.decode(render_prompt(chat, rows[1].messages)).count("<|im_start|>user") == 2
     base = tiny_tokenizer(chat_template=None)
-    assert base.decode(render_prompt(base, rows[0].messages)) == "again"  # raw last user turn
+    # a base model: the plain text of every turn up to the last user one, as data build trained it (not that turn
+    # alone: a multi-turn prompt evaluated on other text than the model learned from)
+    from draftsmith.data.masks import render_with_mask
+    from draftsmith.eval.prompts import prompt_messages
+
+    ids = render_prompt(base, rows[0].messages)
+    trained, _ = render_with_mask(base, prompt_messages(rows[0].messages), chat=False)
+    assert ids == trained and base.decode(ids).endswith("\n\nagain") and "be brief" in base.decode(ids)
     prompts = prepare_prompts(base, rows)
     assert [p.id for p in prompts] == [r.id for r in rows] and all(p.input_ids for p in prompts)
     with pytest.raises(DraftsmithError, match="no user turn"):
