@@ -16,16 +16,7 @@ import pytest
 import draftsmith.serve.core.files
 from draftsmith.cli import main
 from draftsmith.cli.errors import INTERRUPTED
-
-
-def _cli_error(capsys, *argv, code: int = 2) -> str:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(a) for a in argv])
-    assert exit_info.value.code == code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    return err.rstrip("\n").split("\n")[-1]  # transformers' loading bar may precede it
+from tests.cli_fixtures import cli_error
 
 
 def _leftovers(folder) -> list[str]:
@@ -40,7 +31,7 @@ def test_an_output_path_under_a_regular_file_is_refused_first(tmp_path, tiny_tar
                  ["train", "data.dataset=x", f"out_dir={blocker / 'run'}"],
                  ["data", "build", "--target", tiny_target_dir, "--out", blocker],
                  ["data", "capture", "--target", tiny_target_dir, "--dataset", "x", "--out", blocker / "cache"]):
-        line = _cli_error(capsys, *argv)
+        line = cli_error(capsys, *argv)
         assert line.startswith("error: cannot write the ") and str(blocker) in line, line
         assert "is a file, not a folder" in line or "it is a file" in line, line
 
@@ -76,7 +67,7 @@ def test_a_full_disk_or_ctrl_c_while_writing_json(tmp_path, tiny_target_dir, cap
     monkeypatch.setattr(draftsmith.serve.core.files, "open",
                         lambda path, mode="r", **kw: _FullDisk(builtins.open(path, mode, **kw),
                                                                                     error), raising=False)
-    got = _cli_error(capsys, "generate", "--target", tiny_target_dir, "--prompt", "abcabc", "--max-new-tokens", 4,
+    got = cli_error(capsys, "generate", "--target", tiny_target_dir, "--prompt", "abcabc", "--max-new-tokens", 4,
                      "--quiet", "--json", out, code=code)
     assert got.startswith(line.format(out=out)), got
     assert not out.exists() and _leftovers(tmp_path) == []
@@ -111,7 +102,7 @@ def test_a_full_disk_while_writing_a_checkpoint(dataset, tmp_path, capsys, monke
             raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
     monkeypatch.setattr(accelerate.Accelerator, "save_state", save_state)
-    line = _cli_error(capsys, *_train_args(target, data, out, "optim.max_steps=3", "checkpoint.every=1"))
+    line = cli_error(capsys, *_train_args(target, data, out, "optim.max_steps=3", "checkpoint.every=1"))
     assert line.startswith(f"error: the disk filled while writing the checkpoint step_00000002 in "
                            f"{out / 'checkpoints'} (training resumes from step_00000001); nothing partial of it was "
                            f"kept"), line

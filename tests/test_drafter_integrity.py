@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftsmith.cli import main
 from draftsmith.serve.drafters import build_drafter
 from draftsmith.serve.drafters.folder import CHECKSUMS_NAME, build_head, load_head, read_config, save_drafter
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.target import load_target
+from tests.cli_fixtures import cli_error
 
 
 @pytest.fixture(scope="module")
@@ -37,17 +37,6 @@ def folder(saved, tmp_path):
     return shutil.copytree(saved, tmp_path / "d")
 
 
-def _cli_error(capsys, *argv) -> str:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(argv))
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    last = err.rstrip("\n").split("\n")[-1]  # transformers' loading bar may precede it
-    assert last.startswith("error: ") and "Traceback" not in err, err
-    return last
-
-
 def test_the_folder_records_and_checks_its_weights(folder, target):
     checksums = json.loads((folder / CHECKSUMS_NAME).read_text())["model.safetensors"]
     assert checksums["bytes"] == (folder / "model.safetensors").stat().st_size and len(checksums["sha256"]) == 64
@@ -61,7 +50,7 @@ def test_truncated_weights(folder, target, tiny_target_dir, capsys):
     weights.write_bytes(weights.read_bytes()[:-100])
     with pytest.raises(DraftsmithError, match=r"is \d+ bytes but was written as \d+ \(a truncated or partial copy"):
         load_head(folder)
-    err = _cli_error(capsys, "generate", "--target", str(tiny_target_dir), "--drafter", str(folder), "--prompt", "ab")
+    err = cli_error(capsys, "generate", "--target", str(tiny_target_dir), "--drafter", str(folder), "--prompt", "ab")
     assert "truncated" in err
     (folder / CHECKSUMS_NAME).unlink()  # no checksum to compare with: safetensors itself finds the damage
     with pytest.raises(DraftsmithError, match="cannot be read as safetensors .*truncated copy"):
@@ -106,4 +95,5 @@ def test_invalid_config_json(folder, target, tiny_target_dir, capsys, damage, me
     path.write_text(damage(path.read_text()))
     with pytest.raises(DraftsmithError, match=message):
         build_drafter(str(folder), target)
-    _cli_error(capsys, "generate", "--target", str(tiny_target_dir), "--drafter", str(folder), "--prompt", "ab")
+    assert cli_error(capsys, "generate", "--target", str(tiny_target_dir), "--drafter", str(folder), "--prompt",
+                     "ab").startswith("error: ")

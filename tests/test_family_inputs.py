@@ -10,47 +10,37 @@ import shutil
 import pytest
 import torch
 
-from draftsmith.cli import main
 from draftsmith.serve.decoding import speculative_generate
 from draftsmith.serve.drafters.draft_layer import draft_layer_config
 from draftsmith.serve.drafters.folder import load_drafter, read_config
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.target import load_target
 from tests.export_fixtures import make_native
-
-
-def _cli_error(capsys, *argv) -> str:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(a) for a in argv])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    return err.rstrip("\n").split("\n")[-1]
+from tests.cli_fixtures import cli_error
 
 
 def test_a_target_folder_without_tokenizer_or_weights(tmp_path, tiny_target_dir, capsys):
     bare = tmp_path / "bare"
     bare.mkdir()
     shutil.copy(tiny_target_dir / "config.json", bare / "config.json")
-    line = _cli_error(capsys, "generate", "--target", bare, "--prompt", "hi")
+    line = cli_error(capsys, "generate", "--target", bare, "--prompt", "hi")
     assert "has config.json but no tokenizer" in line and "save_pretrained" in line
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny_target_dir / name, bare / name)
-    line = _cli_error(capsys, "generate", "--target", bare, "--prompt", "hi")
+    line = cli_error(capsys, "generate", "--target", bare, "--prompt", "hi")
     assert "has config.json but no weights" in line
     odd = tmp_path / "odd"
     shutil.copytree(tiny_target_dir, odd)
     (odd / "config.json").write_text(json.dumps({**json.loads((odd / "config.json").read_text()),
                                                  "model_type": "no_such_family"}))
-    line = _cli_error(capsys, "generate", "--target", odd, "--prompt", "hi")
+    line = cli_error(capsys, "generate", "--target", odd, "--prompt", "hi")
     assert "cannot build the model" in line and "no_such_family" in line
 
 
 def test_a_prompts_file_that_is_not_utf8(tmp_path, tiny_target_dir, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_bytes(b'{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n')
-    line = _cli_error(capsys, "eval", "--target", tiny_target_dir, "--prompts", prompts, "--drafter", "ngram")
+    line = cli_error(capsys, "eval", "--target", tiny_target_dir, "--prompts", prompts, "--drafter", "ngram")
     assert f"{prompts}:2: not UTF-8 text (byte 0xe9" in line and "iconv" in line
     from draftsmith.data.prompts import load_prompts
 

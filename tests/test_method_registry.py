@@ -10,12 +10,12 @@ import json
 import pytest
 import torch
 
-from draftsmith.cli import main
 from draftsmith.serve.core.config import load_config
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.methods import Method, MethodError, names, register
 from draftsmith.serve.methods.registry import unregister
 from draftsmith.train.config import TrainConfig
+from tests.cli_fixtures import cli_error
 
 
 @pytest.fixture
@@ -34,16 +34,6 @@ def job(tmp_path_factory):
     root = tmp_path_factory.mktemp("toy")
     target = sharp_target(root / "target", num_hidden_layers=2)
     return target, save_rows(greedy_rows(target, rows=48, new_tokens=32), root / "data"), root
-
-
-def _cli_line(capsys, *argv) -> str:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(a) for a in argv])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    return err.rstrip("\n").split("\n")[-1]
 
 
 def _train(target, dataset, out, method: str):
@@ -87,7 +77,7 @@ def test_a_method_from_outside_trains_drafts_exactly_and_is_refused_by_the_expor
             export_drafter(folder, fmt, tmp_path / fmt, target=target)
         assert "\n" not in str(refused.value) and "toy" in str(refused.value), str(refused.value)
         assert not (tmp_path / fmt).exists()  # refused before anything is written
-    line = _cli_line(capsys, "export", "--drafter", folder, "--format", "vllm", "--out", tmp_path / "cli")
+    line = cli_error(capsys, "export", "--drafter", folder, "--format", "vllm", "--out", tmp_path / "cli")
     assert line.startswith("error: --format vllm cannot export method 'toy'"), line
 
 
@@ -97,7 +87,7 @@ def test_an_unregistered_method_is_one_line_naming_the_registered(job, tmp_path,
         with pytest.raises(MethodError, match=rf"model.method '{name}' is not a registered trained method; "
                                               rf"registered: eagle1, eagle3, medusa \("):
             load_config(TrainConfig, overrides=[f"target={target}", f"data.dataset={dataset}", f"model.method={name}"])
-        line = _cli_line(capsys, "train", f"target={target}", f"data.dataset={dataset}", f"out_dir={tmp_path / 'o'}",
+        line = cli_error(capsys, "train", f"target={target}", f"data.dataset={dataset}", f"out_dir={tmp_path / 'o'}",
                          f"model.method={name}")
         assert line.startswith(f"error: model.method '{name}' is not a registered trained method; registered: "
                                f"eagle1, eagle3, medusa ("), line
@@ -131,5 +121,5 @@ def test_a_drafter_folder_of_a_method_not_installed_is_refused(toy, job, tmp_pat
     with pytest.raises(DraftsmithError, match="drafter method .toy. is not a registered trained method; registered: "
                                               "eagle1, eagle3, medusa"):
         build_drafter(str(folder), load_target(target_dir))
-    line = _cli_line(capsys, "export", "--drafter", folder, "--format", "vllm", "--out", tmp_path / "x")
+    line = cli_error(capsys, "export", "--drafter", folder, "--format", "vllm", "--out", tmp_path / "x")
     assert "drafter method 'toy' is not a registered trained method; registered: eagle1, eagle3, medusa" in line, line
