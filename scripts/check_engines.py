@@ -35,6 +35,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from draftsmith.serve.core.families import tiny_families
+
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("DRAFTSMITH_CACHE", Path.home() / ".cache" / "draftsmith")) / "engines"
 DEFAULT_ENGINES = "vllm==0.34.0,vllm==0.32.0,speculators==0.9.0,sglang==0.5.23"
@@ -48,8 +50,8 @@ EXTRAS = {
                "aiosignal", "frozenlist", "msgspec", "pybase64"],
 }
 FORMATS_OF = {"vllm": ("vllm", "speculators"), "speculators": ("speculators",), "sglang": ("sglang",)}
-# tests/tiny_models.py's families (gemma = gemma3_text)
-FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "gemma", "phi3", "gpt_oss")
+# tests/tiny_models.py's families (gemma = gemma3_text), as the family table names them
+FAMILIES = tiny_families()
 # heads without a decoder layer (Medusa) read only the target's last hidden state and share nothing else with it: the
 # family does not change what the engine loads, so one family is enough
 FAMILY_FREE = ("llama",)

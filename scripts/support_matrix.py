@@ -16,8 +16,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftsmith.serve.core.families import tiny_families
+
 ROOT = Path(__file__).resolve().parents[1]
-FAMILIES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe", "gemma", "gpt_oss")
+FAMILIES = tiny_families()  # serve/core/families.py's rows with a tiny test target, in its order
+
 
 def matrix_methods() -> tuple[str, ...]:
     """The methods whose engine forms depend on the target's family (a head with a decoder layer: EAGLE-3, EAGLE-1,

@@ -40,13 +40,34 @@ def test_family_trains_drafts_exactly_and_exports(family, tmp_path):
 def test_hosting_refusals_name_engine_version_and_what_is_missing():
     from draftsmith.serve.export.hosts import check_hosted
 
-    with pytest.raises(DraftsmithError, match=r"vLLM 0\.34\.0 cannot host an eagle3 drafter for a 'gemma3_text' "
+    with pytest.raises(DraftsmithError, match=r"vLLM 0\.34\.0 cannot host an EAGLE-3 drafter for a 'gemma3_text' "
                                               r"target: its Gemma3ForCausalLM does not implement SupportsEagle3.*"
                                               r"--format sglang"):
-        check_hosted("eagle3", "gemma3", "vllm", "0.34.0")
+        check_hosted("EAGLE-3", "gemma3", "vllm", "0.34.0")
     with pytest.raises(DraftsmithError, match="get_embed_and_head"):
-        check_hosted("eagle1", "qwen2_moe", "sglang")
+        check_hosted("EAGLE-1", "qwen2_moe", "sglang")
     with pytest.raises(DraftsmithError, match="has not read"):
-        check_hosted("eagle3", "olmo2", "vllm")
-    check_hosted("eagle1", "gemma3_text", "vllm")  # vLLM's EAGLE-1 needs nothing of the target class
+        check_hosted("EAGLE-3", "olmo2", "vllm")
+    check_hosted("EAGLE-1", "gemma3_text", "vllm")  # vLLM's EAGLE-1 needs nothing of the target class
     check_hosted(None, "gemma2", "vllm")  # Medusa's form needs nothing of the target class (hosted_as None)
+
+
+def test_a_family_is_a_row():
+    """The family table (serve/core/families.py) names every tiny test target with its model_type, and is what
+    target loading, the memory plan and the hosting check read."""
+    from draftsmith.serve.core.families import FAMILIES as ROWS, family_of, text_family, tiny_families
+    from draftsmith.serve.core.target import SUPPORTED_MODEL_TYPES
+    from draftsmith.serve.core.target_arch import arch_of
+    from tests.tiny_models import FAMILIES as TINY, tiny_config
+
+    assert set(tiny_families()) == set(TINY) and tiny_families() == FAMILIES
+    for row in ROWS:
+        if row.tiny:
+            config = tiny_config(row.tiny)
+            assert text_family(config.model_type) == row.model_type, row
+            assert arch_of(config).qk_norm == row.qk_norm
+        assert (row.model_type in SUPPORTED_MODEL_TYPES) == row.loads
+        assert all(family_of(alias) is row for alias in row.aliases)
+    assert text_family("gemma3") == "gemma3_text" and family_of("mamba") is None
+    assert HOSTS["vllm"].refusal("EAGLE-3", "gemma2", None).endswith("its Gemma2ForCausalLM does not implement "
+                                                                     "SupportsEagle3 (no aux hidden-state capture)")

@@ -13,13 +13,13 @@ from draftsmith.serve.core.identity import config_hash, tokenizer_hash
 from draftsmith.serve.core.invariant import apply_invariance
 from draftsmith.serve.core.packed import pack_linears, packing_wanted, tune_small_rows
 from draftsmith.serve.core.target_config import DTYPE_NAMES, TargetConfig, text_config
+from draftsmith.serve.core.families import loadable_model_types
 
 __all__ = ["DTYPES", "SUPPORTED_MODEL_TYPES", "Target", "TargetError", "eos_token_ids", "load_configured", "load_target",
            "text_config"]
 
-# Target families our tests cover (the drafters' own layer is a Llama layer for every one of them).
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
-                         "gemma3", "phi3", "olmo2", "gpt_oss")
+# Target families our tests cover (serve/core/families.py; the drafters' own layer is a Llama layer for every one)
+SUPPORTED_MODEL_TYPES = loadable_model_types()
 
 _SHORT = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 DTYPES = {name: getattr(torch, _SHORT.get(name, name)) for name in DTYPE_NAMES}  # what TargetConfig.dtype accepts

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from draftsmith.serve.core.errors import TargetError
+from draftsmith.serve.core.families import family_of
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 
@@ -84,6 +85,7 @@ def arch_of(config: Any) -> TargetArch:
     hidden, heads = int(data["hidden_size"]), int(data["num_attention_heads"])
     experts = int(_get(data, "num_experts", "num_local_experts", "n_routed_experts", default=0) or 0)
     model_type = str(data.get("model_type", "llama"))
+    family = family_of(model_type)  # serve/core/families.py: what its decoder has beyond Llama's
     return TargetArch(
         model_type=model_type, vocab_size=int(data["vocab_size"]), hidden_size=hidden,
         intermediate_size=int(_get(data, "intermediate_size", default=0) or 0), num_layers=int(data["num_hidden_layers"]),
@@ -93,8 +95,8 @@ def arch_of(config: Any) -> TargetArch:
         experts_per_token=int(_get(data, "num_experts_per_tok", "experts_per_token", default=0) or 0),
         expert_intermediate_size=int(_get(data, "moe_intermediate_size", "intermediate_size", default=0) or 0)
         if experts else 0,
-        attention_bias=bool(data.get("attention_bias", model_type in ("qwen2", "qwen2_moe"))),
-        qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "olmo2"))
+        attention_bias=bool(data.get("attention_bias", family is not None and family.attention_bias)),
+        qk_norm=family is not None and family.qk_norm)
 
 
 def dtype_bytes(dtype: str) -> int:

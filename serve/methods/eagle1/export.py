@@ -103,11 +103,11 @@ def sglang_read(config: dict, tensors: dict, *, num_layers: int, where: str) -> 
 EXPORTS = {
     "vllm": FormatExport(architectures=VLLM_ARCHITECTURES, serve_as="eagle", check=vllm_check,
                          support=lambda config: Support("vLLM", (0, 15)), build=vllm_build, expected=vllm_expected,
-                         claims=vllm_claims, read=vllm_read, hosted_as="eagle1",
+                         claims=vllm_claims, read=vllm_read, hosted_as="EAGLE-1",
                          notes=lambda config, facts: [vllm_versions_note(VLLM_ARCHITECTURES[0])]),
     "sglang": FormatExport(architectures=SGLANG_ARCHITECTURES, serve_as="EAGLE",
                            check=lambda config: _check(config, "sglang"), support=lambda config: Support("SGLang"),
                            build=sglang_build, expected=sglang_expected,
                            claims=lambda config: SGLANG_ARCHITECTURES[0] in (config.get("architectures") or []),
-                           read=sglang_read, hosted_as="eagle1"),
+                           read=sglang_read, hosted_as="EAGLE-1"),
 }

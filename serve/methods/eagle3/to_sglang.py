@@ -77,4 +77,4 @@ FORM = FormatExport(architectures=ARCHITECTURES, serve_as="EAGLE3", check=lambda
                     support=lambda config: feature_norm_support(config, NAME, "SGLang") or Support("SGLang"),
                     build=build, expected=expected,
                     claims=lambda config: ARCHITECTURES[0] in (config.get("architectures") or []), read=read,
-                    hosted_as="eagle3")
+                    hosted_as="EAGLE-3")

@@ -188,5 +188,5 @@ def _compare_first_step(model, head, target, *, where: str) -> None:
 
 FORM = FormatExport(architectures=ARCHITECTURES, serve_as=MODEL_TYPE, check=lambda config: check(config, NAME),
                     support=lambda config: feature_norm_support(config, NAME, "vLLM") or Support("vLLM"),
-                    build=build, expected=expected, claims=claims, read=read, hosted_as="eagle3",
+                    build=build, expected=expected, claims=claims, read=read, hosted_as="EAGLE-3",
                     check_extra=check_extra, package_check=package_check)

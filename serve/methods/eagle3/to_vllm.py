@@ -72,5 +72,5 @@ def read(config: dict, tensors: dict, *, num_layers: int, where: str) -> tuple[H
 
 FORM = FormatExport(architectures=ARCHITECTURES + ALSO, serve_as="eagle3", check=lambda config: check(config, NAME),
                     support=lambda config: feature_norm_support(config, NAME, "vLLM") or Support("vLLM", (0, 15)),
-                    build=build, expected=expected, claims=claims, read=read, hosted_as="eagle3",
+                    build=build, expected=expected, claims=claims, read=read, hosted_as="EAGLE-3",
                     notes=lambda config, facts: [vllm_versions_note(ARCHITECTURES[0])])

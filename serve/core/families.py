@@ -1,0 +1,80 @@
+"""What the project knows about a target family, one row each: whether draftsmith loads it, its class, what its
+decoder has that a parameter count reads, its tiny test target, and which serving engines' target classes can host
+an EAGLE draft on it (read from the engines' released code: vLLM 0.33.0-0.34.0 `model_executor/models/*.py`, SGLang
+0.5.23 `srt/models/*.py`). Target loading, the memory plan, the exporters' hosting check (serve/export/hosts.py),
+scripts/check_engines.py and scripts/support_matrix.py read this table; a family is added as one row.
+
+Hosting: EAGLE-3 needs the target's class to capture the aux hidden states (vLLM: `SupportsEagle3`, else "Model does
+not support EAGLE3 interface" at load; SGLang: `set_eagle3_layers_to_capture`); SGLang's EAGLE-1 and EAGLE-3 also
+need `get_embed_and_head` to share the target's embeddings with the draft. vLLM's EAGLE-1 needs nothing of the target
+class. An engine a row does not name was not read for that family, and is refused rather than guessed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+HOSTED = None  # the engine's class for this family hosts the capability
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str                    # the text config's model_type
+    causal_lm: str                     # its *ForCausalLM class, in transformers and the engines
+    loads: bool = True                 # draftsmith loads it as a target (tested)
+    aliases: tuple[str, ...] = ()      # multimodal model_types whose text model is this family (gemma3)
+    qk_norm: bool = False              # RMSNorm on q and k (a parameter count reads it)
+    attention_bias: bool = False       # q/k/v biases unless its config says otherwise
+    tiny: Optional[str] = None         # its name among tests/tiny_models.py's targets; None: no tiny target
+    # engine -> the draft it is asked to host (`EAGLE-3`, `EAGLE-1`: a method form's `hosted_as`) -> HOSTED, or what
+    # the engine's class for this family lacks
+    hosts: Mapping[str, Mapping[str, Optional[str]]] = field(default_factory=dict)
+
+
+_BOTH = {"EAGLE-3": HOSTED, "EAGLE-1": HOSTED}
+_EVERYWHERE = {"vLLM": {"EAGLE-3": HOSTED}, "SGLang": _BOTH}
+_NO_AUX = "does not implement SupportsEagle3 (no aux hidden-state capture)"
+
+# rows in the support matrix's order (README); Mistral and Phi-3 subclass LlamaForCausalLM in both engines
+FAMILIES: tuple[Family, ...] = (
+    Family("llama", "LlamaForCausalLM", tiny="llama", hosts=_EVERYWHERE),
+    Family("mistral", "MistralForCausalLM", tiny="mistral", hosts=_EVERYWHERE),
+    Family("phi3", "Phi3ForCausalLM", tiny="phi3", hosts=_EVERYWHERE),
+    Family("qwen2", "Qwen2ForCausalLM", attention_bias=True, tiny="qwen2", hosts=_EVERYWHERE),
+    Family("qwen3", "Qwen3ForCausalLM", qk_norm=True, tiny="qwen3", hosts=_EVERYWHERE),
+    Family("qwen3_moe", "Qwen3MoeForCausalLM", qk_norm=True, tiny="qwen3_moe", hosts=_EVERYWHERE),
+    Family("gemma3_text", "Gemma3ForCausalLM", aliases=("gemma3",), qk_norm=True, tiny="gemma",
+           hosts={"vLLM": {"EAGLE-3": f"{_NO_AUX}; SGLang's does"}, "SGLang": _BOTH}),
+    Family("gpt_oss", "GptOssForCausalLM", tiny="gpt_oss", hosts=_EVERYWHERE),
+    Family("gemma", "GemmaForCausalLM"),
+    Family("gemma2", "Gemma2ForCausalLM",
+           hosts={"vLLM": {"EAGLE-3": _NO_AUX},
+                  "SGLang": dict.fromkeys(("EAGLE-3", "EAGLE-1"),
+                                          "has neither set_eagle3_layers_to_capture nor get_embed_and_head")}),
+    Family("olmo2", "Olmo2ForCausalLM", qk_norm=True),
+    Family("qwen2_moe", "Qwen2MoeForCausalLM", loads=False, attention_bias=True,
+           hosts={"vLLM": {"EAGLE-3": _NO_AUX},
+                  "SGLang": dict.fromkeys(("EAGLE-3", "EAGLE-1"), "has no get_embed_and_head (the draft cannot share "
+                                                                "the target's embeddings)")}),
+)
+
+
+def family_of(model_type: str) -> Optional[Family]:
+    """The row of `model_type` (a family's own, or a multimodal alias of it); None for a family not in the table."""
+    return next((f for f in FAMILIES if model_type == f.model_type or model_type in f.aliases), None)
+
+
+def text_family(model_type: str) -> str:
+    """A multimodal config's family as its text model's (`gemma3` -> `gemma3_text`)."""
+    found = family_of(model_type)
+    return found.model_type if found is not None else model_type
+
+
+def loadable_model_types() -> tuple[str, ...]:
+    """Every model_type draftsmith loads as a target (aliases included)."""
+    return tuple(t for f in FAMILIES if f.loads for t in (f.model_type, *f.aliases))
+
+
+def tiny_families() -> tuple[str, ...]:
+    """The tiny test targets' names, in the table's order (the support matrix, scripts/check_engines.py)."""
+    return tuple(f.tiny for f in FAMILIES if f.tiny)
