@@ -29,7 +29,8 @@ def resolve_layers(spec: str, num_layers: int) -> LayerSpec:
         try:
             aux = tuple(int(part) for part in text.split(",") if part.strip())
         except ValueError:
-            raise DraftsmithError(f"layers {spec!r}: expected a method's name ({', '.join(registry.names(trained=True))}) or comma-separated layer ids "
+            names = ", ".join(registry.names(trained=True))
+            raise DraftsmithError(f"layers {spec!r}: expected a method's name ({names}) or comma-separated layer ids "
                                   f"(0..{num_layers - 1}, -1 = final normed state)") from None
         if not aux:
             raise DraftsmithError(f"layers {spec!r} names no layer")

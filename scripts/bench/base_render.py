@@ -62,8 +62,8 @@ def main() -> None:
             line.append(f"{name}: {len(ids):>4} tokens, mu {out.stats.mu:.2f}")
         print("  ".join(line), flush=True)
     old, new = statistics.mean(mus["last turn"]), statistics.mean(mus["every turn"])
-    print(f"\n{len(rows)} multi-turn prompts, {args.max_new_tokens} new tokens, {args.dtype}, {args.threads} thread(s); "
-          f"every output identical to plain greedy decoding of its rendering")
+    print(f"\n{len(rows)} multi-turn prompts, {args.max_new_tokens} new tokens, {args.dtype}, {args.threads} "
+          f"thread(s); every output identical to plain greedy decoding of its rendering")
     print(f"mean mu: last turn {old:.3f}, every turn {new:.3f}: {new / old:.3f}x")
 
 

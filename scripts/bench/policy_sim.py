@@ -109,7 +109,8 @@ def modelled(stack: ExitStack, clock: ModelledClock, target, costs, head) -> Non
     fake = types.SimpleNamespace(perf_counter=clock.perf_counter)
     stack.enter_context(mock.patch.object(draftsmith.serve.drafters.length, "time", fake))
     stack.enter_context(mock.patch.object(draftsmith.serve.decoding, "time", fake))
-    stack.enter_context(mock.patch.object(draftsmith.serve.methods.hybrid.drafter, "time", fake))  # it times the head's work
+    # it times the head's work
+    stack.enter_context(mock.patch.object(draftsmith.serve.methods.hybrid.drafter, "time", fake))
     inside = {"catch_up": False}
     run, logits, consume = EagleDrafter._run, EagleDrafter._logits_of, EagleDrafter._consume
 

@@ -21,6 +21,7 @@ def _check(config) -> None:
         raise DraftsmithError("EAGLE-1 reads the target's lm_head: model.draft_vocab_size must be 0")
 
 
-METHOD = register(Method(name="eagle1", title="EAGLE-1", config=_config, head=Eagle1Head, drafter=EagleDrafter,
-                         llama_layer=True, trees=True, objective=eagle1_objective, layers=lambda num_layers: (FINAL,), check=_check,
-                         options=("fc_bias",), exports=EXPORTS))
+METHOD = register(Method(
+    name="eagle1", title="EAGLE-1", config=_config, head=Eagle1Head, drafter=EagleDrafter, objective=eagle1_objective,
+    layers=lambda num_layers: (FINAL,), check=_check, llama_layer=True, options=("fc_bias",), exports=EXPORTS,
+    trees=True))

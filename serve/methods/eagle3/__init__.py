@@ -25,8 +25,9 @@ def _check(config) -> None:
         check_eagle3_layers(config.model.aux_layer_ids)  # what export would refuse; the depth is checked at load
 
 
-METHOD = register(Method(name="eagle3", title="EAGLE-3", config=_config, head=Eagle3Head, drafter=EagleDrafter,
-                         llama_layer=True, own_vocab=True, trees=True, objective=eagle3_objective, layers=lambda num_layers: tuple(default_eagle3_layers(num_layers)),
-                         unroll=lambda model, cfg: model.ttt_steps, check=_check,
-                         options=("fc_norm", "norm_before_fc"),
-                         exports={"vllm": to_vllm.FORM, "sglang": to_sglang.FORM, "speculators": to_speculators.FORM}))
+METHOD = register(Method(
+    name="eagle3", title="EAGLE-3", config=_config, head=Eagle3Head, drafter=EagleDrafter, objective=eagle3_objective,
+    layers=lambda num_layers: tuple(default_eagle3_layers(num_layers)),  # low, middle, high
+    unroll=lambda model, cfg: model.ttt_steps,  # training-time test runs the head ttt_steps times per position
+    check=_check, llama_layer=True, own_vocab=True, options=("fc_norm", "norm_before_fc"),
+    exports={"vllm": to_vllm.FORM, "sglang": to_sglang.FORM, "speculators": to_speculators.FORM}, trees=True))

@@ -22,8 +22,10 @@ def _check(config) -> None:
                               "and prompt tokens are the user's, not the target's")
 
 
-METHOD = register(Method(name="medusa", title="Medusa", config=_config, head=MedusaHeads, drafter=MedusaDrafter,
-                         objective=medusa_objective, layers=lambda num_layers: (FINAL,), trees=True, own_vocab=True,
-                         unroll=lambda model, cfg: cfg.num_speculative_tokens, check=_check,
-                         options=("medusa_num_layers",), exports=EXPORTS,
-                         validation_k=lambda cfg: cfg.num_speculative_tokens))  # every head: one forward for all
+METHOD = register(Method(
+    name="medusa", title="Medusa", config=_config, head=MedusaHeads, drafter=MedusaDrafter, objective=medusa_objective,
+    layers=lambda num_layers: (FINAL,),
+    unroll=lambda model, cfg: cfg.num_speculative_tokens,  # every head on every position
+    check=_check, own_vocab=True, options=("medusa_num_layers",), exports=EXPORTS,
+    validation_k=lambda cfg: cfg.num_speculative_tokens,  # all heads run in one forward: compare them all
+    trees=True))
