@@ -2,8 +2,9 @@
 
 A target without a chat template is trained on the plain text of every turn (data build, serve/core/prompts.py).
 Evaluation used to give it the last user turn alone; it now renders the same text it trained on. For every held-out
-prompt with more than one user turn, both renderings run through one drafter in the same process, interleaved per
-prompt, each checked token-identical to plain greedy decoding of its own rendering; μ per prompt and the mean of
+prompt with more than one user turn (MT-bench `turns` rows get the target's own greedy answers to their earlier
+turns first, as data build writes them), both renderings run through one drafter in the same process, interleaved
+per prompt, each checked token-identical to plain greedy decoding of its own rendering; μ per prompt and the mean of
 each, with their ratio.
 
     python -m draftsmith.bench.base_render --target demo:gemma3-270m \\
@@ -32,6 +33,19 @@ def renderings(tokenizer, messages) -> dict[str, list[int]]:
             "every turn": render_prompt(tokenizer, convo, chat=False)}
 
 
+def answered(target, messages: list[dict], *, max_new_tokens: int) -> list[dict]:
+    """`messages` with the target's own greedy answer after every user turn but the last that has none."""
+    out: list[dict] = []
+    for j, message in enumerate(messages):
+        out.append(message)
+        last = j == len(messages) - 1
+        if message["role"] == "user" and not last and messages[j + 1]["role"] == "user":
+            prompt = torch.tensor([render_prompt(target.tokenizer, out, chat=False)])  # (1, T)
+            ids = plain_generate(target, prompt, max_new_tokens=max_new_tokens).output_ids
+            out.append({"role": "assistant", "content": target.tokenizer.decode(ids, skip_special_tokens=True)})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="demo:gemma3-270m")
@@ -52,7 +66,8 @@ def main() -> None:
     mus: dict[str, list[float]] = {"last turn": [], "every turn": []}
     for row in rows:
         line = [f"{row.id:<28}"]
-        for name, ids in renderings(target.tokenizer, row.messages).items():
+        messages = answered(target, list(row.messages), max_new_tokens=args.max_new_tokens)
+        for name, ids in renderings(target.tokenizer, messages).items():
             prompt = torch.tensor([ids])  # (1, T)
             plain = plain_generate(target, prompt, max_new_tokens=args.max_new_tokens).output_ids
             out = speculative_generate(target, drafter, prompt, max_new_tokens=args.max_new_tokens)
