@@ -123,3 +123,27 @@ def test_a_drafter_folder_of_a_method_not_installed_is_refused(toy, job, tmp_pat
         build_drafter(str(folder), load_target(target_dir))
     line = cli_error(capsys, "export", "--drafter", folder, "--format", "vllm", "--out", tmp_path / "x")
     assert "drafter method 'toy' is not a registered trained method; registered: eagle1, eagle3, medusa" in line, line
+
+
+def test_a_method_of_another_package_registers_through_its_entry_point(monkeypatch):
+    """A package that declares `[project.entry-points."draftsmith.methods"]` registers on the registry's first read;
+    one whose module fails to import is one line naming it."""
+    import sys
+    from importlib.metadata import EntryPoint
+
+    from draftsmith.serve.methods import registry
+
+    monkeypatch.setattr(registry, "_loaded", False)
+    monkeypatch.delitem(sys.modules, "tests.toy_method", raising=False)  # imported afresh by the entry point
+    toy = EntryPoint(name="toy", value="tests.toy_method", group=registry.ENTRY_POINTS)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [toy] if group == registry.ENTRY_POINTS else [])
+    try:
+        assert "toy" in registry.names() and registry.method("toy").title == "Toy"
+    finally:
+        unregister("toy")
+    broken = EntryPoint(name="broken", value="tests.no_such_module", group=registry.ENTRY_POINTS)
+    monkeypatch.setattr(registry, "_loaded", False)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [broken])
+    with pytest.raises(MethodError, match=r"the drafting method 'broken' of an installed package "
+                                          r"\(tests.no_such_module, .*fails to import: ModuleNotFoundError"):
+        registry.names()

@@ -21,8 +21,8 @@ ENGINE = "vLLM"  # the engine that serves the speculators format
 def usage(serve_as: str, *, k: int, out: str, facts: TargetFacts) -> str:
     """How to serve the folder `out` with vLLM; serve_as: the speculative_config's `method`."""
     spec = {"model": out, "method": serve_as, "num_speculative_tokens": k}
-    lines = [f"Name the target and point `--speculative-config` at this folder (every vLLM version, local or hub "
-             f"target):", "", f"```bash\nvllm serve {facts.verifier} --speculative-config '{json.dumps(spec)}'\n```",
+    lines = ["Name the target and point `--speculative-config` at this folder (every vLLM version, local or hub "
+             "target):", "", f"```bash\nvllm serve {facts.verifier} --speculative-config '{json.dumps(spec)}'\n```",
              "", f"```python\nfrom vllm import LLM\n\nllm = LLM(model={facts.verifier!r}, "
                  f"speculative_config={spec!r})\n```", ""]
     if facts.verifier_is_local:

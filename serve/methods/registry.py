@@ -15,9 +15,9 @@ from typing import Any, Callable, Mapping, Optional
 
 from draftsmith.serve.core.errors import DraftsmithError
 
-BUILTIN = ("eagle1", "eagle3", "medusa", "ngram", "hybrid", "oracle", "model")  # serve/methods/ folders,
-# imported on the registry's first read
-ENTRY_POINTS = "draftsmith.methods"       # the group another distribution's methods register under
+# the folders of serve/methods/, imported on the registry's first read
+BUILTIN = ("eagle1", "eagle3", "medusa", "ngram", "hybrid", "oracle", "model")
+ENTRY_POINTS = "draftsmith.methods"  # the group another distribution's methods register under
 
 
 class MethodError(DraftsmithError):
@@ -107,7 +107,12 @@ def _load() -> None:
     for name in BUILTIN:
         importlib.import_module(f"draftsmith.serve.methods.{name}")
     for entry in entry_points(group=ENTRY_POINTS):
-        entry.load()
+        try:
+            entry.load()
+        except Exception as err:  # another package's code: whatever it raises, say whose it is
+            raise MethodError(f"the drafting method {entry.name!r} of an installed package ({entry.value}, entry point "
+                              f"{ENTRY_POINTS!r}) fails to import: {type(err).__name__}: {err}; upgrade or uninstall "
+                              f"that package") from None
 
 
 def names(*, trained: bool | None = None) -> tuple[str, ...]:
