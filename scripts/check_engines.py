@@ -65,10 +65,6 @@ def cases() -> list[tuple[str, str]]:
             for vocab in (("full", "reduced") if method(name).own_vocab else ("full",))]
 
 
-def formats_of(name: str) -> tuple[str, ...]:
-    from draftsmith.serve.methods.registry import method
-
-    return tuple(method(name).exports)
 REDUCED = 150  # draft vocabulary of the reduced drafters (the tiny target has 259 tokens)
 
 
@@ -152,9 +148,11 @@ EXPORT_FAMILY = textwrap.dedent("""
 
 def export_all(natives: dict, target_dir: Path, work: Path, exporter_repo: Path) -> dict:
     """(fmt, method, vocab) -> folder, or the exporter's refusal (its first line)."""
+    from draftsmith.serve.methods.registry import method as method_of
+
     jobs = {(fmt, method, vocab): (str(native), fmt, str(work / "exports" / f"{fmt}-{method}-{vocab}"))
             for (method, vocab), native in natives.items()
-            for fmt in formats_of(method)}
+            for fmt in method_of(method).exports}
     namespaced = (exporter_repo / "scripts" / "__main__.py").is_file()
     code = CHECKOUT_PACKAGE + EXPORT_FAMILY if namespaced else EXPORT_FAMILY.replace("from draftsmith.", "from ")
     proc = subprocess.run([sys.executable, "-c", code, str(target_dir), json.dumps(list(jobs.values())),

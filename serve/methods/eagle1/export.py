@@ -42,7 +42,7 @@ def read_eagle1(config: dict, tensors: dict, *, fc_bias: bool) -> tuple[HeadConf
     return read_eagle_config("eagle1", config, aux_layer_ids=[FINAL], input_layernorm=False, fc_bias=fc_bias), state
 
 
-def _tensors(config: HeadConfig, text: dict, *, fc_bias: bool) -> dict:
+def _tensors(text: dict, *, fc_bias: bool) -> dict:
     return expected_layer_tensors(text, layer_prefix=LAYER, fc_inputs=2, fused_input=False, fc_bias=fc_bias)
 
 
@@ -65,7 +65,7 @@ def vllm_expected(config: HeadConfig, facts: TargetFacts) -> FormatSpec:
     fields = expected_llama_fields(facts.text)
     fields["architectures"] = Expect(list(VLLM_ARCHITECTURES), "vLLM's registry name of the draft model")
     fields["add_para_norm"] = Expect(False, "HASS extra norms the drafter does not have", also=(ABSENT,))
-    return FormatSpec("vllm", config.method, fields, _tensors(config, facts.text, fc_bias=False))
+    return FormatSpec("vllm", config.method, fields, _tensors(facts.text, fc_bias=False))
 
 
 def vllm_claims(config: dict) -> bool:
@@ -92,7 +92,7 @@ def sglang_build(state: dict[str, torch.Tensor], config: HeadConfig, facts: Targ
 def sglang_expected(config: HeadConfig, facts: TargetFacts) -> FormatSpec:
     fields = expected_llama_fields(facts.text)
     fields["architectures"] = Expect(list(SGLANG_ARCHITECTURES), "SGLang's registry name of the draft model")
-    return FormatSpec("sglang", config.method, fields, _tensors(config, facts.text, fc_bias=True))
+    return FormatSpec("sglang", config.method, fields, _tensors(facts.text, fc_bias=True))
 
 
 def sglang_read(config: dict, tensors: dict, *, num_layers: int, where: str) -> tuple[HeadConfig, dict]:

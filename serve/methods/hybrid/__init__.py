@@ -3,7 +3,7 @@ holds a good match, the head's draft or a tree of both elsewhere, the best so fa
 (drafter.py, arms.py) and how its spec `hybrid:DIR[:options]` reads and builds (below)."""
 from __future__ import annotations
 
-from draftsmith.serve.drafters.spec import DrafterSpec, DrafterSpecError, parse_drafter_spec
+from draftsmith.serve.drafters.spec import DrafterSpec, DrafterSpecError, default_name, parse_drafter_spec
 from draftsmith.serve.methods.hybrid.drafter import HybridDrafter, hybrid_of
 from draftsmith.serve.methods.ngram import ngram_policy
 from draftsmith.serve.methods.registry import Method, register
@@ -27,10 +27,4 @@ def _build(parsed: DrafterSpec, target, opts: dict) -> HybridDrafter:
 
 
 METHOD = register(Method(name="hybrid", title="hybrid", usage="hybrid:DIR", parse=_parse, build=_build,
-                         label=lambda rest: "hybrid:" + _label(rest), trees=True))
-
-
-def _label(rest: str) -> str:
-    from draftsmith.serve.drafters.spec import default_name
-
-    return default_name(rest)
+                         label=lambda rest: "hybrid:" + default_name(rest), trees=True))
