@@ -38,7 +38,7 @@ from draftsmith.data.plan import Conversation, fit_prompt, keeps_answers, plan_c
 from draftsmith.data.prompts import PromptRow, read_prompts
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.files import write_text_atomic
-from draftsmith.serve.core.target import load_configured
+from draftsmith.serve.core.target import Target, load_configured
 from draftsmith.serve.core.traffic import read_manifest, traffic_rows
 from draftsmith.serve.core.whole_folder import whole_folder
 
@@ -107,13 +107,13 @@ def gather_prompts(config: DataBuildConfig) -> list[PromptRow]:
                         per_domain_limit=config.per_domain_limit)
 
 
-def context_length(target: Any) -> int | None:
+def context_length(target: Target) -> int | None:
     from draftsmith.serve.core.target import text_config
 
     return getattr(text_config(target.config), "max_position_embeddings", None)
 
 
-def _plan_rows(target: Any, rows: list[PromptRow], config: DataBuildConfig, max_length: int,
+def _plan_rows(target: Target, rows: list[PromptRow], config: DataBuildConfig, max_length: int,
                counts: _Counts, done: set[str]) -> list[_Planned]:
     """The rows not in `done`, longest prompt first; long prompts skipped or truncated (and counted, done or not)."""
     planned: list[tuple[int, int, Conversation, list[int] | None]] = []
@@ -143,7 +143,7 @@ def _plan_rows(target: Any, rows: list[PromptRow], config: DataBuildConfig, max_
     return [_Planned(conversation=p[2], first_prompt=p[3]) for p in planned]
 
 
-def _fingerprint(target: Any, config: DataBuildConfig, rows: list[PromptRow], max_length: int) -> dict:
+def _fingerprint(target: Target, config: DataBuildConfig, rows: list[PromptRow], max_length: int) -> dict:
     settings = {k: v for k, v in asdict(config).items() if k not in _NOT_GENERATION and k != "target"}
     settings["dtype"] = config.target.dtype  # the target's compute dtype changes what it writes; its device does not
     settings["max_length"] = max_length
@@ -209,7 +209,7 @@ def _seed(config: DataBuildConfig, row_id: str, slot: int) -> int:
     return zlib.crc32(f"{config.seed}:{row_id}:{slot}".encode())
 
 
-def _next_request(target: Any, state: _InFlight, config: DataBuildConfig, max_length: int,
+def _next_request(target: Target, state: _InFlight, config: DataBuildConfig, max_length: int,
                   prompt: list[int] | None = None) -> Request | None:
     """The request for the conversation's next empty slot; None when it is complete (or the turn no longer fits)."""
     conversation = state.conversation
@@ -224,7 +224,7 @@ def _next_request(target: Any, state: _InFlight, config: DataBuildConfig, max_le
     return Request(key=(conversation.id, slot), prompt=prompt, seed=_seed(config, conversation.id, slot))
 
 
-def _answered(target: Any, state: _InFlight, slot: int, answer: Answer) -> int:
+def _answered(target: Target, state: _InFlight, slot: int, answer: Answer) -> int:
     """Write an answer into its slot; returns its token count."""
     # Kept as text for the conversation (later turns are prompted with it); the last answer's exact ids are
     # kept too (see row_tokens).
@@ -289,7 +289,7 @@ def row_tokens(tokenizer: Any, record: dict, *, chat: bool, eos_token_ids: Seque
     return input_ids, loss_mask
 
 
-def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, progress: bool = True,
+def build_dataset(target: Target | str | Path, config: DataBuildConfig, *, out_dir: str | Path, progress: bool = True,
                   log: Callable[[str], None] = print,
                   on_batch: Callable[[int], None] | None = None, deadline: float | None = None,
                   overwrite: bool = False) -> BuildResult:
@@ -339,7 +339,7 @@ def build_dataset(target: Any, config: DataBuildConfig, *, out_dir: str | Path, 
     return result
 
 
-def _batcher(target, config: DataBuildConfig, stats: dict, log: Callable[[str], None]):
+def _batcher(target: Target, config: DataBuildConfig, stats: dict, log: Callable[[str], None]):
     """What writes the answers: the target in process (continuous batching), or the server of data.server."""
     if not config.server.url:
         stats["engine"] = {"kind": "in-process"}
@@ -358,7 +358,7 @@ def _batcher(target, config: DataBuildConfig, stats: dict, log: Callable[[str], 
                            temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
 
 
-def _run_rows(target, planned: list[_Planned], config: DataBuildConfig, max_length: int, work: Path,
+def _run_rows(target: Target, planned: list[_Planned], config: DataBuildConfig, max_length: int, work: Path,
               records: dict[str, dict], progress: bool, on_batch, log: Callable[[str], None],
               deadline: float | None = None) -> dict:
     """Answer every planned row, data.batch_size rows decoding at a time (or data.server.concurrency requests in
@@ -439,7 +439,7 @@ def _run_rows(target, planned: list[_Planned], config: DataBuildConfig, max_leng
     return stats
 
 
-def _add_traffic(columns: dict[str, list], target, config: DataBuildConfig, counts: _Counts, max_length: int) -> None:
+def _add_traffic(columns: dict[str, list], target: Target, config: DataBuildConfig, counts: _Counts, max_length: int) -> None:
     """Rows of data.traffic folders (`serve --record`), as served: the target's own answers, not regenerated."""
     for folder in config.traffic:
         served = traffic_rows(folder, tokenizer_hash=target.tokenizer_hash)
@@ -450,7 +450,7 @@ def _add_traffic(columns: dict[str, list], target, config: DataBuildConfig, coun
         counts.truncated_rows += sum(len(ids) > max_length for ids in served["input_ids"])
 
 
-def _write_dataset(target, config: DataBuildConfig, rows: list[PromptRow], records: dict[str, dict],
+def _write_dataset(target: Target, config: DataBuildConfig, rows: list[PromptRow], records: dict[str, dict],
                    counts: _Counts, out: Path, max_length: int, stats: dict,
                    log: Callable[[str], None]) -> BuildResult:
     import datasets

@@ -31,6 +31,7 @@ from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.files import write_text_atomic
 from draftsmith.serve.core.identity import sha256_file
 from draftsmith.serve.core.layers import FINAL
+from draftsmith.serve.core.target import Target
 
 FORMAT = "draftsmith-hidden-cache/1"
 MANIFEST = "manifest.json"
@@ -200,7 +201,7 @@ class CacheReader:
     def num_tokens(self) -> int:
         return int(self.manifest["tokens"])
 
-    def check_target(self, target: Any) -> None:
+    def check_target(self, target: Target) -> None:
         """DraftsmithError when the cache was captured from another model or tokenizer than `target`."""
         mine = self.manifest["target"]
         problems = []

@@ -29,6 +29,7 @@ from draftsmith.data.made_for import TargetRecord, check_made_for, dataset_recor
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.invariant import suspended
 from draftsmith.serve.core.layers import FINAL, pick_hidden_states
+from draftsmith.serve.core.target import Target
 
 __all__ = ["CacheReader", "CaptureResult", "capture_hidden_states", "check_cache_current", "check_disk",
            "dataset_digest",
@@ -111,7 +112,7 @@ def right_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tens
 
 
 @torch.inference_mode()
-def forward_hidden_states(target: Any, sequences: list[list[int]], layer_ids: tuple[int, ...]) -> list[dict[int, torch.Tensor]]:
+def forward_hidden_states(target: Target, sequences: list[list[int]], layer_ids: tuple[int, ...]) -> list[dict[int, torch.Tensor]]:
     """One right-padded forward of the target's decoder (no lm_head); per sequence {layer id: (T, h)}."""
     decoder = target.model.get_decoder()
     device = next(decoder.parameters()).device
@@ -123,7 +124,7 @@ def forward_hidden_states(target: Any, sequences: list[list[int]], layer_ids: tu
     return [{i: h[b, : len(seq)] for i, h in picked.items()} for b, seq in enumerate(sequences)]
 
 
-def forward_sharded(target: Any, sequences: list[list[int]],
+def forward_sharded(target: Target, sequences: list[list[int]],
                     layer_ids: tuple[int, ...]) -> list[tuple[dict[int, torch.Tensor], torch.Tensor]]:
     """forward_hidden_states of a target split over the launch (one lock-step forward, serve/core/sharded_target.py),
     with the target's argmax: per sequence ({layer id: (T, h)}, (T,))."""
@@ -147,10 +148,10 @@ def capture_workload(config: CaptureConfig, hf_config: Any):
                     split_over_tp=True)
 
 
-def _identity(target: TargetRecord, layers: LayerSpec, dtype: str, digest: str, config: CaptureConfig,
+def _identity(record: TargetRecord, layers: LayerSpec, dtype: str, digest: str, config: CaptureConfig,
               max_length: int) -> dict:
-    return {"target_config_hash": target.config_hash, "tokenizer_hash": target.tokenizer_hash,
-            "target_weights": target.weights, "layers": list(layers.stored), "dtype": dtype,
+    return {"target_config_hash": record.config_hash, "tokenizer_hash": record.tokenizer_hash,
+            "target_weights": record.weights, "layers": list(layers.stored), "dtype": dtype,
             "dataset_digest": digest, "rows_per_shard": config.rows_per_shard, "max_length": max_length}
 
 
@@ -215,7 +216,7 @@ def check_disk(out: Path, needed: int, headroom: int) -> tuple[int, int]:
     return needed, free
 
 
-def capture_hidden_states(target: Any, dataset_dir: str | Path, out_dir: str | Path, config: CaptureConfig, *,
+def capture_hidden_states(target: Target | str | Path, dataset_dir: str | Path, out_dir: str | Path, config: CaptureConfig, *,
                           progress: bool = True, log: Callable[[str], None] = print,
                           on_shard: Callable[[int], None] | None = None) -> CaptureResult:
     """Capture `config.layers` of `target` over the dataset written by `data build` into `out_dir`.
@@ -333,7 +334,7 @@ def _check_built_for(dataset_path: Path, run: TargetRecord, *, allow_other: bool
                           remake=f"rebuild it with `draftsmith data build --target {run.name} --out NEW_FOLDER ...`")
 
 
-def _capture_shard(target: Any, block: Any, layer_ids: tuple[int, ...], max_length: int, batch_tokens: int,
+def _capture_shard(target: Target, block: Any, layer_ids: tuple[int, ...], max_length: int, batch_tokens: int,
                    dtype: torch.dtype) -> PackedShard:
     """Forward the shard's rows in token-budgeted batches, copying each row's states straight into the
     preallocated shard (memory: one shard in the cache dtype plus one batch's activations)."""
@@ -365,7 +366,7 @@ def target_argmax(lm_head: torch.nn.Module, final: torch.Tensor, *, chunk: int =
     return torch.cat([lm_head(final[s:s + chunk]).argmax(-1) for s in range(0, final.shape[0], chunk)])
 
 
-def _merge_manifest(out: Path, shards: list[tuple[int, int, int]], target: Any, layers: LayerSpec, dtype: str,
+def _merge_manifest(out: Path, shards: list[tuple[int, int, int]], target: Target, layers: LayerSpec, dtype: str,
                     identity: dict, config: CaptureConfig, dataset_path: Path, lengths: list[int],
                     dataset: Any) -> dict:
     entries = []

@@ -24,6 +24,7 @@ from typing import Any, Callable
 from draftsmith.data.config import EndpointConfig
 from draftsmith.data.generate import Answer, Request, RequestQueue
 from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.target import Target
 
 # Unusual characters, digits, code and whitespace runs: two different tokenizers almost never agree on all of it.
 PROBE_TEXT = "Probe: naïve café, 12345 + 0.75 → ∑x²; `def f(x): return x[::-1]`\n\t  «done» 日本語 🙂"
@@ -98,7 +99,7 @@ def _message(response: Any) -> str:
         return response.text[:300]
 
 
-def check_identity(endpoint: Endpoint, target: Any) -> str:
+def check_identity(endpoint: Endpoint, target: Target) -> str:
     """The served model id to send, once the server proved it serves `target`; EndpointError otherwise."""
     served = [card.get("id") for card in endpoint.request("GET", "/v1/models").get("data", [])]
     wanted = endpoint.config.model

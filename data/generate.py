@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Hashable, Sequence
+from typing import Hashable, Sequence
 
 from draftsmith.serve.batch.decoder import BatchDecoder, Job
 from draftsmith.serve.core.invariant import suspended
+from draftsmith.serve.core.target import Target
 
 
 @dataclass
@@ -76,7 +77,7 @@ class ContinuousBatcher(RequestQueue):
             for request, answer in batcher.step(): ...   # may add follow-up requests
     """
 
-    def __init__(self, target: Any, *, slots: int, max_new_tokens: int, temperature: float = 0.0,
+    def __init__(self, target: Target, *, slots: int, max_new_tokens: int, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0):
         super().__init__()
         self.decoder = BatchDecoder(target, None, slots=slots)

@@ -15,9 +15,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from draftsmith.serve.core.errors import DraftsmithError
+
+if TYPE_CHECKING:  # annotations only: the target's module imports torch
+    from draftsmith.serve.core.target import Target
 
 ALLOW_FLAG = "--allow-other-target"
 
@@ -31,7 +34,7 @@ class TargetRecord:
     hidden_size: int = 0  # 0 = unknown
 
     @classmethod
-    def of(cls, target: Any) -> "TargetRecord":
+    def of(cls, target: Target) -> "TargetRecord":
         """The record of a loaded draftsmith.serve.core.target.Target (with or without its weights)."""
         from draftsmith.serve.core.identity import weights_fingerprint
         from draftsmith.serve.core.target import text_config

@@ -34,6 +34,7 @@ from draftsmith.serve.core.invariant import make_variant
 from draftsmith.serve.core.kv import cache_kwargs, new_cache
 from draftsmith.serve.core.noise import gumbel
 from draftsmith.serve.core.sampling import process_logits
+from draftsmith.serve.core.target import Target
 
 ROUNDING_FLIP = "rounding flip"
 # the forwards the target's own logits are measured on: the position computed as the last of 1 (plain decoding's
@@ -73,7 +74,7 @@ class Auditor:
     """The logits the audit compares, for one target. The higher-precision copy of the target is made on the first
     divergence and kept for the rest of the run."""
 
-    def __init__(self, target: Any, sampling: Mapping[str, Any] | None = None):
+    def __init__(self, target: Target, sampling: Mapping[str, Any] | None = None):
         self.sampling = sampling  # temperature, top_k, top_p of a sampled (seeded) run; None: greedy
         self.model = target.model
         self.dtype = next(self.model.parameters()).dtype
@@ -129,7 +130,7 @@ class Auditor:
                           kind=classify(gap, rounding))
 
 
-def audit(target: Any, records: Mapping[str, Sequence[Mapping[str, Any]]], names: Sequence[str], *,
+def audit(target: Target, records: Mapping[str, Sequence[Mapping[str, Any]]], names: Sequence[str], *,
           baseline: str, sampling: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Every record of `names` whose output differs from `baseline`'s (records carry `first_mismatch`, set by
     eval.runner.mark_exactness) -> {rounding_flips, unexplained, by_drafter: {name: {...}}, divergences: [...]}.

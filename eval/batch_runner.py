@@ -18,6 +18,7 @@ from draftsmith.eval.drafters import BASELINE, DrafterEntry
 from draftsmith.eval.prompts import EvalPrompt, group_by_domain
 from draftsmith.eval.runner import WARMUP_TOKENS, Decoding, _from_result, _progress
 from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.target import Target
 
 HF_BATCHED = "hf_plain"  # transformers' batched generate: the other plain baseline
 
@@ -64,7 +65,7 @@ def left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, tor
 
 
 @torch.inference_mode()
-def _hf_run(target: Any, prompts: Sequence[EvalPrompt], group: Sequence[int], d: Decoding) -> list[dict[str, Any]]:
+def _hf_run(target: Target, prompts: Sequence[EvalPrompt], group: Sequence[int], d: Decoding) -> list[dict[str, Any]]:
     from draftsmith.eval.peers import generation_config
 
     model = target.model
@@ -93,7 +94,7 @@ def _hf_run(target: Any, prompts: Sequence[EvalPrompt], group: Sequence[int], d:
     return records
 
 
-def run_batched(target: Any, entries: Sequence[DrafterEntry], prompts: Sequence[EvalPrompt], decoding: Decoding, *,
+def run_batched(target: Target, entries: Sequence[DrafterEntry], prompts: Sequence[EvalPrompt], decoding: Decoding, *,
                 batch_size: int, repeats: int = 1, warmup: bool = True, progress: bool = True,
                 desc: str = "eval") -> dict[str, list[dict[str, Any]]]:
     """Plain (ours and transformers'), then every drafter, on every batch of `batch_size` prompts, interleaved

@@ -19,9 +19,10 @@ from draftsmith.eval.batch_runner import HF_BATCHED, run_batched
 from draftsmith.eval.config import EvalConfig
 from draftsmith.eval.drafters import BASELINE
 from draftsmith.eval.stats import tokens_per_second
+from draftsmith.serve.core.target import Target
 
 
-def batch_point(target: Any, entries: Sequence[Any], prompts: Sequence[Any], decoding: runner.Decoding,
+def batch_point(target: Target, entries: Sequence[Any], prompts: Sequence[Any], decoding: runner.Decoding,
                 config: EvalConfig, batch_size: int) -> tuple[dict, dict, Sequence[str], dict, dict]:
     """Run one batch size -> (domains, overall, names, exactness, plain) with the drafters summarized against
     the faster plain decoder; `plain` says both baselines' tokens/s and which one was used."""

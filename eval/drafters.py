@@ -13,6 +13,7 @@ from draftsmith.serve.drafters.settings import describe_tree
 from draftsmith.serve.drafters.spec import parse_drafter_spec, spec_path
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.methods.registry import has
+from draftsmith.serve.core.target import Target
 
 BASELINE = "plain"  # the name of plain decoding in results and records
 RESERVED_NAMES = (BASELINE,)
@@ -59,7 +60,7 @@ class BeginTimed:
         self.begin_seconds = time.perf_counter() - start
 
 
-def build_entries(target: Any, drafters: Mapping[str, Any], *, max_new_tokens: int) -> list[DrafterEntry]:
+def build_entries(target: Target, drafters: Mapping[str, Any], *, max_new_tokens: int) -> list[DrafterEntry]:
     """Build every drafter against `target`; a value is a spec string or an already built Drafter.
 
     max_new_tokens: the longest generation of the run (the oracle precomputes that many tokens).

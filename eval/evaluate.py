@@ -26,11 +26,11 @@ from draftsmith.serve.drafters.early import check_before_loading
 from draftsmith.serve.drafters.settings import resolve_k
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.invariant import is_invariant
-from draftsmith.serve.core.target import load_configured
+from draftsmith.serve.core.target import Target, load_configured
 from draftsmith.serve.methods.registry import has
 
 
-def _as_target(target: Any, config: EvalConfig) -> Any:
+def _as_target(target: Target | str, config: EvalConfig) -> Target:
     if isinstance(target, str):
         return load_configured(replace(config.target, spec=target))
     return target
@@ -47,7 +47,7 @@ def _as_rows(prompts: Any, config: EvalConfig) -> tuple[list[Any], list[str]]:
     return limit_per_domain(prompts, config.per_domain_limit), ["<rows passed in>"]
 
 
-def settings_block(config: EvalConfig, sources: Sequence[str], prompts: Sequence[EvalPrompt], target: Any,
+def settings_block(config: EvalConfig, sources: Sequence[str], prompts: Sequence[EvalPrompt], target: Target,
                    entries: Sequence[DrafterEntry], peers: Sequence[Peer]) -> dict[str, Any]:
     import transformers
 
@@ -81,13 +81,13 @@ def settings_block(config: EvalConfig, sources: Sequence[str], prompts: Sequence
     }
 
 
-def target_block(target: Any) -> dict[str, Any]:
+def target_block(target: Target) -> dict[str, Any]:
     return {"name": target.name, "path": target.path, "config_hash": target.config_hash,
             "tokenizer_hash": target.tokenizer_hash, "num_layers": target.num_layers,
             "chat_template": bool(getattr(target.tokenizer, "chat_template", None))}
 
 
-def evaluate(target: Any, drafters: Mapping[str, Any], prompts: Any, config: EvalConfig | None = None) -> dict:
+def evaluate(target: Target | str, drafters: Mapping[str, Any], prompts: Any, config: EvalConfig | None = None) -> dict:
     """Evaluate `drafters` on `target` over `prompts`; returns the OUT.json dict.
 
     target:   a draftsmith.serve.core.target.Target or a spec for load_target (e.g. "demo").

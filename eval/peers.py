@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import torch
 
 from draftsmith.serve.methods.registry import has
+from draftsmith.serve.core.target import Target
 
 
 @dataclass
@@ -50,7 +51,7 @@ def build_peers(entries: Sequence[Any], *, hf_plain: bool, dtype: torch.dtype, d
     return peers
 
 
-def generation_config(target: Any, *, max_new_tokens: int, temperature: float, top_k: int, top_p: float):
+def generation_config(target: Target, *, max_new_tokens: int, temperature: float, top_k: int, top_p: float):
     from transformers import GenerationConfig
 
     kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, eos_token_id=target.eos_token_ids,
@@ -63,7 +64,7 @@ def generation_config(target: Any, *, max_new_tokens: int, temperature: float, t
 
 
 @torch.inference_mode()
-def run_peer(peer: Peer, target: Any, input_ids: Sequence[int], *, k: int, max_new_tokens: int,
+def run_peer(peer: Peer, target: Target, input_ids: Sequence[int], *, k: int, max_new_tokens: int,
              temperature: float, top_k: int, top_p: float, seed: int | None) -> dict[str, Any]:
     """One generation by `peer`: output tokens, wall seconds, target forwards."""
     model = target.model

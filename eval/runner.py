@@ -23,6 +23,7 @@ from draftsmith.eval.peers import Peer, run_peer
 from draftsmith.eval.prompts import EvalPrompt, group_by_domain
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.methods.registry import has
+from draftsmith.serve.core.target import Target
 
 WARMUP_TOKENS = 16  # the untimed runs before timing: one per method at the start, one plain run per prompt
 
@@ -53,7 +54,7 @@ class Decoding:
 
 # ---------------------------------------------------------------------------------------------- running
 
-def _plain(target: Any, input_ids: torch.Tensor, d: Decoding, seed: int) -> dict[str, Any]:
+def _plain(target: Target, input_ids: torch.Tensor, d: Decoding, seed: int) -> dict[str, Any]:
     from draftsmith.serve.decoding import plain_generate
 
     res = plain_generate(target, input_ids, max_new_tokens=d.max_new_tokens, temperature=d.temperature,
@@ -61,7 +62,7 @@ def _plain(target: Any, input_ids: torch.Tensor, d: Decoding, seed: int) -> dict
     return _from_result(res)
 
 
-def _speculative(target: Any, entry: DrafterEntry, input_ids: torch.Tensor, d: Decoding, seed: int) -> dict[str, Any]:
+def _speculative(target: Target, entry: DrafterEntry, input_ids: torch.Tensor, d: Decoding, seed: int) -> dict[str, Any]:
     from draftsmith.serve.decoding import speculative_generate
 
     drafter = BeginTimed(entry.drafter) if has(entry.kind, "ceiling") else entry.drafter
@@ -109,7 +110,7 @@ def fastest_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "repeats_differ": any(r["output_token_ids"] != best["output_token_ids"] for r in runs)}
 
 
-def run_methods(target: Any, entries: Sequence[DrafterEntry], peers: Sequence[Peer], prompts: Sequence[EvalPrompt],
+def run_methods(target: Target, entries: Sequence[DrafterEntry], peers: Sequence[Peer], prompts: Sequence[EvalPrompt],
                 decoding: Decoding, *, warmup: bool = True, progress: bool = True, repeats: int = 1,
                 desc: str = "eval") -> dict[str, list[dict[str, Any]]]:
     """Run plain decoding, every drafter and every peer on every prompt, interleaved prompt by prompt; with
@@ -225,7 +226,7 @@ def sum_arms(records: Sequence[dict]) -> dict[str, Any]:
 
 
 def exactness_block(records: Mapping[str, list[dict]], names: Sequence[str], temperature: float, *,
-                    target: Any = None, top_k: int = 0, top_p: float = 1.0) -> dict[str, Any]:
+                    target: Target | None = None, top_k: int = 0, top_p: float = 1.0) -> dict[str, Any]:
     """{identical, total} over every (prompt, name) pair. Every run is seeded (the record's `seed`), and a seeded
     run draws each output position's randomness from its seed and position (serve/core/noise.py): at any
     temperature a drafter's output must be plain decoding's with the same seed, token for token. With `target`,
@@ -285,7 +286,7 @@ def peers_block(records: Mapping[str, list[dict]], peers: Sequence[Peer], prompt
     return out
 
 
-def cost_model_block(target: Any, records: Mapping[str, list[dict]], names: Sequence[str],
+def cost_model_block(target: Target, records: Mapping[str, list[dict]], names: Sequence[str],
                      prompts: Sequence[EvalPrompt], *, k: int, config: EvalConfig) -> dict[str, Any]:
     """Measure the target's step and verify costs now, then fit the cost model to this run's records."""
     ks = sorted(set(config.cost_ks) | {k})

@@ -11,6 +11,7 @@ from draftsmith.eval import runner
 from draftsmith.eval.batch_sweep import batch_point, crossovers
 from draftsmith.eval.config import EvalConfig
 from draftsmith.eval.sweep_axes import parse_sweeps
+from draftsmith.serve.core.target import Target
 
 _POINT_KEYS = ("prompts", "mu", "acceptance_by_position", "tokens_per_second", "baseline_tokens_per_second",
                "speedup", "speedup_spread")
@@ -23,7 +24,7 @@ def _point(domains: dict, overall: dict, names: Sequence[str], exactness: dict) 
             "exactness": exactness}
 
 
-def run_sweeps(target: Any, entries: Sequence[Any], prompts: Sequence[Any], config: EvalConfig, *,
+def run_sweeps(target: Target, entries: Sequence[Any], prompts: Sequence[Any], config: EvalConfig, *,
                base: dict | None = None) -> dict[str, list[dict]]:
     """axis -> one point per value: per drafter overall and per-domain μ and speedup.
 
@@ -58,7 +59,7 @@ def run_sweeps(target: Any, entries: Sequence[Any], prompts: Sequence[Any], conf
     return out
 
 
-def batch_crossover(target: Any, result: dict) -> dict[str, dict] | None:
+def batch_crossover(target: Target, result: dict) -> dict[str, dict] | None:
     """Per drafter, the predicted and measured crossover batch of the result's batch_size sweep (None: none)."""
     from draftsmith.serve.core.costs import verify_costs_for
 

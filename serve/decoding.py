@@ -17,6 +17,7 @@ from draftsmith.serve.core.target_masks import for_target, window_masks
 from draftsmith.serve.tree import TreeSpec, ancestor_mask, node_depths
 from draftsmith.serve.core.noise import PositionNoise
 from draftsmith.serve.verify import Verdict, verify_chain, verify_greedy, verify_keyed, verify_tree
+from draftsmith.serve.core.target import Target
 
 
 @dataclass
@@ -90,7 +91,7 @@ def _hidden(out, layers: Sequence[int], rows: torch.Tensor | slice) -> dict[int,
     return {layer: h[0, rows] for layer, h in pick_hidden_states(out.hidden_states, layers).items()}
 
 
-def stopper_for(target, eos_token_ids, stop_strings) -> StopChecker:
+def stopper_for(target: Target, eos_token_ids, stop_strings) -> StopChecker:
     eos = tuple(target.eos_token_ids if eos_token_ids is None else eos_token_ids)
     return StopChecker(eos_token_ids=eos, stop_strings=tuple(stop_strings), tokenizer=target.tokenizer)
 
@@ -122,7 +123,7 @@ def verdict_of(draft: Draft, logits: torch.Tensor, gen: torch.Generator | Positi
 
 
 @torch.inference_mode()
-def plain_generate(target, input_ids: torch.Tensor, *, max_new_tokens: int, temperature: float = 0.0,
+def plain_generate(target: Target, input_ids: torch.Tensor, *, max_new_tokens: int, temperature: float = 0.0,
                    top_k: int = 0, top_p: float = 1.0, seed: int | None = None, stop_strings: Sequence[str] = (),
                    eos_token_ids: Sequence[int] | None = None,
                    on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
@@ -179,7 +180,7 @@ def _verify_inputs(pending: int, draft: Draft, cache, device):
 
 
 @torch.inference_mode()
-def speculative_generate(target, drafter: Drafter, input_ids: torch.Tensor, *, max_new_tokens: int,
+def speculative_generate(target: Target, drafter: Drafter, input_ids: torch.Tensor, *, max_new_tokens: int,
                          k: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                          seed: int | None = None,
                          stop_strings: Sequence[str] = (), eos_token_ids: Sequence[int] | None = None,

@@ -16,6 +16,7 @@ from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.invariant import suspended
 from draftsmith.serve.core.layers import pick_hidden_states
 from draftsmith.serve.methods.objective import FeatureBatch
+from draftsmith.serve.core.target import Target
 
 REQUIRED_COLUMNS = ("input_ids", "loss_mask")
 
@@ -51,7 +52,7 @@ class DatasetRows:
         return {"input_ids": row["input_ids"], "loss_mask": row["loss_mask"], "domain": row.get("domain")}
 
 
-def open_rows(mode: str, *, dataset: str = "", cache: str = "", target=None, layers: Sequence[int] = (),
+def open_rows(mode: str, *, dataset: str = "", cache: str = "", target: Target | None=None, layers: Sequence[int] = (),
               target_spec: str = "", allow_other_target: bool = False):
     """online: the rows of a `data build` dataset; offline: a capture cache, refused when it was captured from
     another target (unless allow_other_target: train/preflight.py has then checked the tokenizer and hidden size)

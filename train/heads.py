@@ -9,14 +9,15 @@ from draftsmith.serve.drafters.head_config import HeadConfig
 from draftsmith.serve.drafters.identity import check_target_identity
 from draftsmith.serve.methods.registry import method
 from draftsmith.train.config import TrainConfig
+from draftsmith.serve.core.target import Target
 
 
-def head_config(config: TrainConfig, target) -> HeadConfig:
+def head_config(config: TrainConfig, target: Target) -> HeadConfig:
     """A fresh head of model.method for `target`, as its method folder builds it from the recipe's model section."""
     return method(config.model.method, what="model.method", trained=True).config(config.model, target)
 
 
-def continued_config(config: TrainConfig, target) -> HeadConfig:
+def continued_config(config: TrainConfig, target: Target) -> HeadConfig:
     """The HeadConfig of model.init_from, a drafter of `target` trained with the same method."""
     cfg = read_config(config.model.init_from)
     check_target_identity(cfg, target)

@@ -2,13 +2,12 @@
 (no weights): the head is built on the meta device to count its parameters, the rest is serve/core/memory_plan.py."""
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from draftsmith.serve.core.identity import config_hash
 from draftsmith.serve.core.memory_plan import MemoryPlan, Workload, plan_report
+from draftsmith.serve.core.target import Target
 from draftsmith.serve.core.target_config import text_config
 from draftsmith.serve.methods.registry import method
 from draftsmith.train.config import TrainConfig, precision_on
@@ -19,10 +18,7 @@ def head_size(config: TrainConfig, hf_config: Any) -> tuple[int, Any]:
     from draftsmith.serve.drafters.folder import build_head
     from draftsmith.train.heads import head_config
 
-    text = text_config(hf_config)
-    target = SimpleNamespace(config=hf_config, name=config.target.spec, config_hash=config_hash(hf_config),
-                             tokenizer_hash="", num_layers=text.num_hidden_layers)
-    cfg = head_config(config, target)
+    cfg = head_config(config, Target.of_config(hf_config, name=config.target.spec))
     with torch.device("meta"):
         head = build_head(cfg)
     return sum(p.numel() for p in head.parameters() if p.requires_grad), cfg

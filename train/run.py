@@ -33,9 +33,10 @@ from draftsmith.train.heads import continued_config, head_config, needed_layers
 from draftsmith.serve.methods.objective import TargetParts
 from draftsmith.train.objectives import build_objective
 from draftsmith.train.preflight import check_data_target, check_rows_fill_a_batch, check_token_ids
+from draftsmith.serve.core.target import Target
 
 
-def init_head(cfg: HeadConfig, target, rows, train_idx: list[int], *, vocab_rows: int, seed: int):
+def init_head(cfg: HeadConfig, target: Target, rows, train_idx: list[int], *, vocab_rows: int, seed: int):
     """A fresh head; one with a reduced vocabulary gets d2t/t2d from the training rows' loss-masked token counts; a
     head that starts from the target's lm_head (`init_from_target`: Medusa's) is given it."""
     torch.manual_seed(seed)
@@ -55,7 +56,7 @@ def init_head(cfg: HeadConfig, target, rows, train_idx: list[int], *, vocab_rows
     return head, coverage
 
 
-def _batch_maker(config: TrainConfig, target, layers, device, *, online: bool, top1_from=None):
+def _batch_maker(config: TrainConfig, target: Target, layers, device, *, online: bool, top1_from=None):
     """rows -> (FeatureBatch on the device, seconds in the target). top1_from: TargetParts that fill in the
     target's argmax once per batch when the cache does not carry it and the loss needs it."""
     def make(batch_rows):

@@ -20,7 +20,7 @@ import torch
 from draftsmith.data.prompts import read_prompts
 from draftsmith.eval.prompts import prompt_messages
 from draftsmith.serve.core.prompts import encode_prompt, render_prompt
-from draftsmith.serve.core.target import load_configured
+from draftsmith.serve.core.target import Target, load_configured
 from draftsmith.serve.core.target_config import TargetConfig
 from draftsmith.serve.decoding import plain_generate, speculative_generate
 from draftsmith.serve.drafters import build_drafter
@@ -33,7 +33,7 @@ def renderings(tokenizer, messages) -> dict[str, list[int]]:
             "every turn": render_prompt(tokenizer, convo, chat=False)}
 
 
-def answered(target, messages: list[dict], *, max_new_tokens: int) -> list[dict]:
+def answered(target: Target, messages: list[dict], *, max_new_tokens: int) -> list[dict]:
     """`messages` with the target's own greedy answer after every user turn but the last that has none."""
     out: list[dict] = []
     for j, message in enumerate(messages):

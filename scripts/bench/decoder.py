@@ -17,7 +17,7 @@ from draftsmith.serve.decoding import plain_generate, speculative_generate
 from draftsmith.serve.drafters import build_drafter
 from draftsmith.serve.core.costs import measure_verify_costs
 from draftsmith.serve.core.prompts import encode_prompt
-from draftsmith.serve.core.target import load_target
+from draftsmith.serve.core.target import Target, load_target
 
 CODE_EDIT = ("Rename the variable `total` to `acc` in this function and return the whole function:\n\n"
              "def sum_squares(values):\n    total = 0\n    for value in values:\n        total += value * value\n"
@@ -26,11 +26,11 @@ CODE_EDIT = ("Rename the variable `total` to `acc` in this function and return t
 FREE = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
-def chat_ids(target, text):
+def chat_ids(target: Target, text):
     return torch.tensor([encode_prompt(target.tokenizer, text, chat=True)])  # (1, T)
 
 
-def verify_ratios(target, *, context: int = 256, ks=range(1, 9), repeats: int = 5) -> dict[int, float]:
+def verify_ratios(target: Target, *, context: int = 256, ks=range(1, 9), repeats: int = 5) -> dict[int, float]:
     """Cost of a forward over K+1 new tokens on a `context`-token cache, over the cost of one token (the decoder's
     own measurement, serve/core/costs.py)."""
     costs = measure_verify_costs(target.model, sizes=[k + 1 for k in ks], repeats=repeats, context_tokens=context)

@@ -15,13 +15,17 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from draftsmith.serve.methods.registry import method as method_of, names
+
+if TYPE_CHECKING:  # annotations only: the target's module imports torch
+    from draftsmith.serve.core.target import Target
 
 PROMPTS_FILE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "train" / "prompts.jsonl"
 
 
-def distilled_rows(target, *, count: int, new_tokens: int, prompts_file: Path) -> list[dict]:
+def distilled_rows(target: Target, *, count: int, new_tokens: int, prompts_file: Path) -> list[dict]:
     """`count` prompts (round-robin over domains) + the target's greedy answer; loss on the answer only.
     new_tokens=0: the prompts alone, loss on every token (the objective is the target's own distribution)."""
     import torch
@@ -56,7 +60,7 @@ def distilled_rows(target, *, count: int, new_tokens: int, prompts_file: Path) -
     return out
 
 
-def train_quick(target_spec: str, target, out: Path, *, steps: int, rows: int, new_tokens: int) -> dict[str, Path]:
+def train_quick(target_spec: str, target: Target, out: Path, *, steps: int, rows: int, new_tokens: int) -> dict[str, Path]:
     from datasets import Dataset
 
     from draftsmith.serve.core.config import load_config

@@ -19,9 +19,13 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the target's module imports torch
+    from draftsmith.serve.core.target import Target
 
 
-def former_generate(target, prompts, *, batch_size: int, max_new_tokens: int) -> list[list[int]]:
+def former_generate(target: Target, prompts, *, batch_size: int, max_new_tokens: int) -> list[list[int]]:
     """Static batching, the baseline: one `generate` call per left-padded batch, each batch decoding until its
     longest answer ends."""
     import torch
@@ -44,7 +48,7 @@ def former_generate(target, prompts, *, batch_size: int, max_new_tokens: int) ->
     return answers
 
 
-def continuous_generate(target, prompts, *, slots: int, max_new_tokens: int) -> list[list[int]]:
+def continuous_generate(target: Target, prompts, *, slots: int, max_new_tokens: int) -> list[list[int]]:
     from draftsmith.data.generate import ContinuousBatcher, Request
 
     batcher = ContinuousBatcher(target, slots=slots, max_new_tokens=max_new_tokens)
@@ -57,7 +61,7 @@ def continuous_generate(target, prompts, *, slots: int, max_new_tokens: int) -> 
     return [answers[i] for i in range(len(prompts))]
 
 
-def teacher_forced(target, rows, *, batch_tokens: int = 4096) -> float:
+def teacher_forced(target: Target, rows, *, batch_tokens: int = 4096) -> float:
     """Seconds for one forward over every row (right-padded batches of about batch_tokens), logits included."""
     import torch
 

@@ -31,6 +31,10 @@ import time
 import types
 from contextlib import ExitStack
 from unittest import mock
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the target's module imports torch
+    from draftsmith.serve.core.target import Target
 
 
 class ModelledClock:
@@ -93,7 +97,7 @@ def interpolate(table: dict[int, float], n: int) -> float:
     return points[-1][1] * n / points[-1][0]
 
 
-def modelled(stack: ExitStack, clock: ModelledClock, target, costs, head) -> None:
+def modelled(stack: ExitStack, clock: ModelledClock, target: Target, costs, head) -> None:
     """Patch the decoder so that `clock` advances by the modelled cost of every target forward and head forward."""
     import draftsmith.serve.decoding
     import draftsmith.serve.drafters.length
@@ -172,7 +176,7 @@ class PromptLookup:
         return Draft.empty()
 
 
-def build_arm(spec: str, head: str, target):
+def build_arm(spec: str, head: str, target: Target):
     """`SPEC[@trial=N,wait=N,max_wait=N,max_k=N,reach=R,local=W,gen=W,trees=B]` -> the drafter,
     with its policy settings applied; `prompt_lookup` is transformers' prompt lookup."""
     from draftsmith.serve.drafters import build_drafter

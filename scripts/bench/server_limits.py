@@ -155,12 +155,12 @@ def run_server(root: Path | None, args, log_dir: Path, name: str) -> list[Outcom
     return outcomes
 
 
-def longest_prompt(target: str) -> int:
-    """This checkout's default serve.max_prompt_chars for `target` (the vocabulary's longest entry x the context)."""
+def longest_prompt(target_spec: str) -> int:
+    """This checkout's default serve.max_prompt_chars for the target `target_spec` (the vocabulary's longest entry x the context)."""
     from draftsmith.serve.server.limits import longest_token_chars
     from draftsmith.serve.core.target import load_target, text_config
 
-    loaded = load_target(target, weights=False)
+    loaded = load_target(target_spec, weights=False)
     return longest_token_chars(loaded.tokenizer) * int(text_config(loaded.model.config).max_position_embeddings)
 
 

@@ -20,6 +20,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the target's module imports torch
+    from draftsmith.serve.core.target import Target
 
 WORKLOADS = ("data build", "eval plain", "eval ngram")
 
@@ -42,7 +46,7 @@ class BusyCore:
         self.proc.wait(timeout=10)
 
 
-def build_tok_s(target, args, out: Path) -> float:
+def build_tok_s(target: Target, args, out: Path) -> float:
     from draftsmith.data.build import build_dataset
     from draftsmith.data.config import DataBuildConfig
     from draftsmith.serve.core.target_config import TargetConfig
@@ -52,7 +56,7 @@ def build_tok_s(target, args, out: Path) -> float:
     return build_dataset(target, config, out_dir=out, progress=False, log=lambda _: None).tokens_per_second
 
 
-def eval_tok_s(target, args) -> tuple[float, float]:
+def eval_tok_s(target: Target, args) -> tuple[float, float]:
     from draftsmith.eval.config import EvalConfig
     from draftsmith.eval.evaluate import evaluate
 

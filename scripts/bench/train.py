@@ -23,14 +23,14 @@ PROMPTS = ROOT.parent / "shared" / "data" / "train" / "prompts.jsonl"
 METHODS = ("eagle3", "eagle1", "medusa")
 
 
-def prepare_data(work: Path, *, per_domain: int, max_new_tokens: int, target: str) -> tuple[Path, Path]:
+def prepare_data(work: Path, *, per_domain: int, max_new_tokens: int, target_spec: str) -> tuple[Path, Path]:
     from draftsmith.data.build import build_dataset
     from draftsmith.data.capture import capture_hidden_states
     from draftsmith.data.config import CaptureConfig, DataBuildConfig
     from draftsmith.serve.core.target import load_target
 
     dataset, cache = work / "data", work / "cache"
-    model = load_target(target)
+    model = load_target(target_spec)
     if not (dataset / "dataset_info.json").is_file():
         build_dataset(model, DataBuildConfig(prompts=[str(PROMPTS)], per_domain_limit=per_domain,
                                              max_new_tokens=max_new_tokens, batch_size=8, max_length=1024,
@@ -40,12 +40,12 @@ def prepare_data(work: Path, *, per_domain: int, max_new_tokens: int, target: st
     return dataset, cache
 
 
-def run_one(work: Path, dataset: Path, cache: Path, *, method: str, mode: str, steps: int, target: str,
+def run_one(work: Path, dataset: Path, cache: Path, *, method: str, mode: str, steps: int, target_spec: str,
             extra: list[str]) -> dict:
     out = work / f"{method}-{mode}"
     vocab = ["model.draft_vocab_size=8192"] if method_of(method).own_vocab else []
     cmd = [sys.executable, "-m", "draftsmith", "train", "--config", str(ROOT / f"configs/smollm2-135m/{method}.yaml"),
-           f"target={target}", f"data.dataset={dataset}", f"data.cache={cache}", f"data.mode={mode}",
+           f"target={target_spec}", f"data.dataset={dataset}", f"data.cache={cache}", f"data.mode={mode}",
            f"out_dir={out}", f"optim.max_steps={steps}", "optim.batch_size=2", "data.eval_rows=0",
            "data.max_length=512", "tracking=none", "log.every=1", "log.progress=false", "checkpoint.every=0",
            "checkpoint.resume=false", *vocab, *extra]
@@ -81,12 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     dataset, cache = prepare_data(work, per_domain=args.per_domain, max_new_tokens=args.max_new_tokens,
-                                  target=args.target)
+                                  target_spec=args.target)
     results = []
     for method in args.methods.split(","):
         for mode in ("online", "offline"):
             results.append(run_one(work, dataset, cache, method=method, mode=mode, steps=args.steps,
-                                   target=args.target, extra=args.extra))
+                                   target_spec=args.target, extra=args.extra))
             print(json.dumps(results[-1]), flush=True)
     print("\n| method | mode | tokens/s (wall) | tokens per CPU-second | s/step | share of step in target "
           "| peak RSS (GiB) |")

@@ -14,7 +14,10 @@ import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the target's module imports torch
+    from draftsmith.serve.core.target import Target
 
 # the /proc/cpuinfo flags that decide which dtype is fast on a CPU
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16", "amx_fp16")
@@ -161,7 +164,7 @@ def _capability(torch) -> str:
         return "unknown"
 
 
-def probe_target(target: Any, *, batch: int, prefill_tokens: int, repeats: int = 3) -> TargetRates:
+def probe_target(target: Target, *, batch: int, prefill_tokens: int, repeats: int = 3) -> TargetRates:
     """Time the target's forwards at the current dtype and threads: one-row and `batch`-row decode steps (the
     fastest of `repeats`), and one prefill over `prefill_tokens` tokens in rows of 512."""
     import torch

@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TYPE_CHECKING
 
 from draftsmith.demo.budget import Plan, Rates, Workload, minutes, plan_demo, replan
 from draftsmith.demo.ledger import BudgetLedger
 from draftsmith.serve.methods.registry import method as method_of
 
+if TYPE_CHECKING:  # annotations only: the target's module imports torch
+    from draftsmith.serve.core.target import Target
+
 ANSWER_SHARE = 0.6  # of max_new_tokens, written before EOS on average (the demo target on the built-in prompts)
 DEADLINE_SLACK = (1.1, 20.0)  # self-distillation stops starting rows at 1.1x its planned time + 20 s
 
 
-def workload_of(config: Any, target: Any, train_prompts: Path) -> Workload:
+def workload_of(config: Any, target: Target, train_prompts: Path) -> Workload:
     """What the demo recipe asks for, with its prompts measured in the target's tokens."""
     from draftsmith.data.builtin import BUILTIN_DOMAINS
     from draftsmith.data.masks import render_prompt

@@ -11,7 +11,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, TYPE_CHECKING
 
 from draftsmith.data.config import CaptureConfig, DataBuildConfig
 from draftsmith.eval.config import EvalConfig
@@ -19,6 +19,9 @@ from draftsmith.serve.core.config import save_config, to_dict
 from draftsmith.serve.core.identity import sha256_file
 from draftsmith.serve.core.target_config import TargetConfig
 from draftsmith.train.config import TrainConfig
+
+if TYPE_CHECKING:  # annotations only: the target's module imports torch
+    from draftsmith.serve.core.target import Target
 
 
 def _train_defaults(method: str) -> TrainConfig:
@@ -121,7 +124,7 @@ def exactness_summary(block: dict) -> dict:
             "by_drafter": {name: {**b, **kinds.get(name, {})} for name, b in (block.get("by_drafter") or {}).items()}}
 
 
-def capture_if_needed(target, dataset: Path, out: Path, config: CaptureConfig, log: Callable[[str], None]):
+def capture_if_needed(target: Target, dataset: Path, out: Path, config: CaptureConfig, log: Callable[[str], None]):
     """The hidden-state cache of `dataset`; a cache the demo made from other data or settings is rebuilt."""
     import shutil
 

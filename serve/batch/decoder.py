@@ -43,6 +43,7 @@ from draftsmith.serve.drafters.base import Draft, Drafter
 from draftsmith.serve.drafters.settings import resolve_k
 from draftsmith.serve.stopping import StopChecker
 from draftsmith.serve.tree import TreeSpec, node_depths
+from draftsmith.serve.core.target import Target
 
 
 @dataclass
@@ -93,7 +94,7 @@ class BatchDecoder:
     width and its drafting gate read (None: measured on the target, per power-of-two batch size, on first use;
     False: none of the three, every row drafts as its drafter alone decides)."""
 
-    def __init__(self, target, drafter: Drafter | None = None, *, slots: int, k: int | None = None,
+    def __init__(self, target: Target, drafter: Drafter | None = None, *, slots: int, k: int | None = None,
                  tree: TreeSpec | None = None, costs: BatchCosts | None | bool = None):
         if slots < 1:
             raise DraftsmithError(f"the batch needs at least one slot, got {slots}")

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from draftsmith.serve.core.errors import ConfigError
 from draftsmith.serve.core.parallel_layout import Layout, divisors, resolve_layout, tp_problem
 from draftsmith.serve.core.target_arch import TargetArch, arch_of, dtype_bytes
+from draftsmith.serve.core.target_config import TargetConfig
 
 GIB = 1 << 30
 USABLE = 0.9  # of a device's memory: the CUDA context, NCCL buffers and the allocator's fragmentation take the rest
@@ -231,14 +232,14 @@ def plan_layout(kind: str, arch: TargetArch, work: Workload, *, world: int, per_
     return plan
 
 
-def plan_report(target: Any, hf_config: Any, work: Workload, *, devices: int, per_node: int, device_gib: float,
+def plan_report(section: TargetConfig, hf_config: Any, work: Workload, *, devices: int, per_node: int, device_gib: float,
                 title: Callable[[TargetArch], str]) -> tuple[MemoryPlan, str, str | None]:
-    """`--plan` of `work` on a target of `hf_config` split as the recipe's `target` section says (parallel, tp_size,
+    """`--plan` of `work` on a target of `hf_config` split as the recipe's `target` section (`section`) says (parallel, tp_size,
     fsdp_size), on `devices` devices of `device_gib` GiB, `per_node` on each node: (the plan, its table titled
     `title(arch)`, None or the one-line refusal naming the smallest layout that fits)."""
     arch = arch_of(hf_config)
     has_tp_plan = bool(getattr(hf_config, "base_model_tp_plan", None))
-    plan = plan_layout(target.parallel, arch, work, world=devices, per_node=per_node, device_gib=device_gib,
-                       has_tp_plan=has_tp_plan, tp_size=target.tp_size, fsdp_size=target.fsdp_size, enforce=False)
+    plan = plan_layout(section.parallel, arch, work, world=devices, per_node=per_node, device_gib=device_gib,
+                       has_tp_plan=has_tp_plan, tp_size=section.tp_size, fsdp_size=section.fsdp_size, enforce=False)
     return plan, format_plan(plan, title=title(arch)), refusal(plan, arch, work, per_node=per_node,
                                                                 has_tp_plan=has_tp_plan)

@@ -28,7 +28,7 @@ DTYPES = {name: getattr(torch, _SHORT.get(name, name)) for name in DTYPE_NAMES} 
 @dataclass
 class Target:
     model: Any  # a transformers *ForCausalLM, in eval mode, frozen
-    tokenizer: Any
+    tokenizer: Any  # None for a target known by its config alone (Target.of_config)
     name: str  # what the user passed (or the hub name of the demo target)
     path: str  # where the weights were read from
     sharded: Any = None  # draftsmith.serve.core.sharded_target.ShardedForward when the model is split over processes
@@ -43,7 +43,7 @@ class Target:
 
     @property
     def tokenizer_hash(self) -> str:
-        return tokenizer_hash(self.tokenizer)
+        return tokenizer_hash(self.tokenizer) if self.tokenizer is not None else ""
 
     @property
     def num_layers(self) -> int:
@@ -53,16 +53,24 @@ class Target:
     def eos_token_ids(self) -> list[int]:
         return eos_token_ids(self.model, self.tokenizer)
 
+    @classmethod
+    def of_config(cls, config: Any, *, name: str) -> "Target":
+        """A target known by its config alone, before any file is read (`train --plan` sizes the head it would
+        train): no weights, no tokenizer, an empty tokenizer hash."""
+        return cls(model=WeightlessModel(config), tokenizer=None, name=name, path="")
+
 
 class WeightlessModel:
     """What a Target without weights keeps of its model: the config and the generation config."""
 
-    def __init__(self, config: Any, path: str, kwargs: dict[str, Any]):
+    def __init__(self, config: Any, path: str | None = None, kwargs: dict[str, Any] | None = None):
         from transformers import GenerationConfig
 
         self.config = config
         try:
-            self.generation_config = GenerationConfig.from_pretrained(path, **kwargs)
+            if path is None:
+                raise OSError("no folder")
+            self.generation_config = GenerationConfig.from_pretrained(path, **(kwargs or {}))
         except OSError:  # no generation_config.json: the model config's defaults, as from_pretrained does
             self.generation_config = GenerationConfig.from_model_config(config)
 

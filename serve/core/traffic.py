@@ -26,9 +26,12 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator, TYPE_CHECKING
 
 from draftsmith.serve.core.errors import DraftsmithError
+
+if TYPE_CHECKING:  # annotations only: the target's module imports torch
+    from draftsmith.serve.core.target import Target
 
 MANIFEST = "manifest.json"
 SUMMARY = "summary.json"
@@ -60,7 +63,7 @@ def read_manifest(path: str | Path) -> dict:
 class TrafficRecorder:
     """Appends answered requests to DIR; called from the server's event loop (a lock guards the files anyway)."""
 
-    def __init__(self, folder: str | Path, *, target: Any, max_segment_bytes: int = 64 << 20):
+    def __init__(self, folder: str | Path, *, target: Target, max_segment_bytes: int = 64 << 20):
         self.folder = Path(folder)
         self.max_segment_bytes = max_segment_bytes
         identity = {"format": FORMAT, "version": FORMAT_VERSION, "target": target.name,

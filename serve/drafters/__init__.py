@@ -11,11 +11,12 @@ from draftsmith.serve.drafters.spec import FOLDER, DrafterSpec, DrafterSpecError
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.layers import FINAL
 from draftsmith.serve.methods.registry import has, method, names
+from draftsmith.serve.core.target import Target
 
 __all__ = ["FINAL", "Draft", "Drafter", "DrafterSpec", "DrafterSpecError", "build_drafter", "parse_drafter_spec"]
 
 
-def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
+def build_drafter(spec: str | DrafterSpec, target: Target, **opts) -> Drafter:
     """Build a drafter for `target` from a spec; checks it can serve that target. `opts` are keyword arguments
     of the drafter class (e.g. the oracle's max_new_tokens), winning over the spec's options. A trained drafter
     folder loads as its config.json's method says; any other spec is built by the method that parsed it."""
@@ -32,7 +33,7 @@ def build_drafter(spec: str | DrafterSpec, target, **opts) -> Drafter:
     return drafter
 
 
-def _folder_drafter(parsed: DrafterSpec, target, opts: dict) -> Drafter:
+def _folder_drafter(parsed: DrafterSpec, target: Target, opts: dict) -> Drafter:
     from draftsmith.serve.drafters.folder import load_drafter, read_config
 
     try:

@@ -26,6 +26,7 @@ import torch
 
 from draftsmith.serve.core.layers import FINAL  # noqa: F401  (the key of the final normed state in `hidden_states`)
 from draftsmith.serve.tree import TreeSpec
+from draftsmith.serve.core.target import Target
 
 
 @dataclass
@@ -81,7 +82,7 @@ class Drafter:
     def commit(self, next_tokens: torch.Tensor, hidden_states: dict[int, torch.Tensor]) -> None:
         """next_tokens: (m+1,) = accepted drafts then the new token; hidden_states[l]: (m+1, h)."""
 
-    def check_target(self, target) -> None:
+    def check_target(self, target: Target) -> None:
         """Raise serve.core.errors.DraftsmithError if this drafter cannot serve `target` (tokenizer, config)."""
 
     def chain_acceptance(self, draft: Draft) -> list[float] | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.target import Target
 
 DRAFT_MODEL_TYPE = "llama"
 # the engines' Llama MLP accepts silu alone (vLLM and SGLang `LlamaMLP`: "Only silu is supported for now")
@@ -144,5 +145,5 @@ class SharedEmbedding:
         return F.embedding(input_ids, self.weight)
 
 
-def shared_embedding(target: Any) -> SharedEmbedding:
+def shared_embedding(target: Target) -> SharedEmbedding:
     return SharedEmbedding(target.model.get_input_embeddings())

@@ -19,12 +19,13 @@ from draftsmith.serve.drafters.leaves import LEAF_RANKS, MAX_LEAVES, check_leave
 from draftsmith.serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
 from draftsmith.serve.drafters.masks import additive, causal_allowed
 from draftsmith.serve.core.kv import rollback
+from draftsmith.serve.core.target import Target
 
 
 class EagleDrafter(Drafter):
     """Drives an Eagle1Head or Eagle3Head against a target (embeddings and, for EAGLE-1, lm_head from it)."""
 
-    def __init__(self, head, target, *, check: bool = True, policy: LengthPolicy | None = None,
+    def __init__(self, head, target: Target, *, check: bool = True, policy: LengthPolicy | None = None,
                  leaves: int = MAX_LEAVES):
         self.head = head.eval().requires_grad_(False)
         self.policy = policy or FixedLength()  # how many tokens each chain drafts
@@ -51,7 +52,7 @@ class EagleDrafter(Drafter):
     def min_confidence(self) -> float:
         return float(getattr(self.policy, "threshold", 0.0))
 
-    def check_target(self, target) -> None:
+    def check_target(self, target: Target) -> None:
         check_target_identity(self.config, target)
 
     # ---------------------------------------------------------------------------------------- forward

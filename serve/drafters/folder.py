@@ -26,6 +26,7 @@ from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.files import atomic_path, write_text_atomic
 from draftsmith.serve.core.identity import sha256_file
 from draftsmith.serve.methods.registry import method
+from draftsmith.serve.core.target import Target
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -45,7 +46,7 @@ def build_head(config: HeadConfig) -> nn.Module:
 DRAFTER_OPTIONS = {"min_confidence": float, "length": str, "leaves": int}
 
 
-def make_drafter(head: nn.Module, target, *, check: bool = True, min_confidence: float | None = None,
+def make_drafter(head: nn.Module, target: Target, *, check: bool = True, min_confidence: float | None = None,
                  length: str = "fixed", leaves: int = MAX_LEAVES):
     """Wrap a head module (trained or not) into the Drafter the decoder drives; it drafts as its config records
     (K, tree, min_confidence) unless told otherwise.
@@ -207,7 +208,7 @@ def _mismatches(err: RuntimeError) -> str:
     return shown + (f"; {len(found) - 2} more" if len(found) > 2 else "")
 
 
-def load_drafter(path: str | Path, target, **opts):
+def load_drafter(path: str | Path, target: Target, **opts):
     """Load a drafter folder for `target`; raises DraftsmithError if it was trained for another target.
 
     opts: DRAFTER_OPTIONS as strings or values; the length policy is `auto` unless `length` says otherwise."""

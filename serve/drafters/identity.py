@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from draftsmith.serve.drafters.head_config import HeadConfig
 from draftsmith.serve.core.errors import DraftsmithError
-from draftsmith.serve.core.target import text_config
+from draftsmith.serve.core.target import Target, text_config
 
 
-def check_target_identity(config: HeadConfig, target) -> None:
+def check_target_identity(config: HeadConfig, target: Target) -> None:
     """A drafter serves only the target it was trained for: same tokenizer (ids) and same architecture."""
     problems = []
     if config.target_tokenizer_hash and config.target_tokenizer_hash != target.tokenizer_hash:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.drafters.spec import DrafterSpecError
+from draftsmith.serve.core.target import Target
 
 
-def length_policy(target, length: str, **gain_options):
+def length_policy(target: Target, length: str, **gain_options):
     """`auto`: the expected-gain policy with `gain_options`, its verify costs measured now (once per model and thread
     count, so the first generation's timing does not include it); `fixed`: K every cycle."""
     from draftsmith.serve.core.costs import verify_costs_for

@@ -26,12 +26,13 @@ from draftsmith.serve.export.report import ExportReport, readme
 from draftsmith.serve.export.validate import validate_export
 from draftsmith.serve.export.destination import check_destination
 from draftsmith.serve.export.write import README_NAME, REPORT_NAME, check_export, write_export, write_files
+from draftsmith.serve.core.target import Target
 
 __all__ = ["FORMATS", "ExportError", "ExportReport", "check_export", "export_drafter", "validate_export",
            "write_export"]
 
 
-def export_drafter(native_dir: str | Path, fmt: str, out_dir: str | Path, *, target, target_spec: str | None = None,
+def export_drafter(native_dir: str | Path, fmt: str, out_dir: str | Path, *, target: Target, target_spec: str | None = None,
                    verifier: str | None = None, engine_version: str | None = None, prompts=None, k: int | None = None,
                    max_new_tokens: int = 32, overwrite: bool = False) -> ExportReport:
     """Write, validate and document one export, whole or not at all; returns the report (also written to

@@ -20,6 +20,7 @@ from draftsmith.serve.drafters.base import Draft, Drafter
 # an export keeps the native folder's (HF's) names
 from draftsmith.serve.drafters.folder import CONFIG_NAME, WEIGHTS_NAME
 from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.target import Target
 
 PROVENANCE_KEY = "draftsmith_export"  # config.json entry recording what was exported, from what, for which target
 ABSENT = object()  # FormatSpec value: the key must not be there
@@ -53,7 +54,7 @@ class TargetFacts:
         return Path(self.verifier).exists()
 
 
-def target_facts(target, *, verifier: str | None = None) -> TargetFacts:
+def target_facts(target: Target, *, verifier: str | None = None) -> TargetFacts:
     from draftsmith.serve.core.target import text_config
 
     path = Path(target.path)
@@ -171,7 +172,7 @@ def check_tensors(tensors: dict[str, torch.Tensor], spec: FormatSpec, *, where: 
             raise ExportError(f"{where}: tensor {name!r} has NaN or infinite values")
 
 
-def check_no_untrained_embeddings(tensors: dict[str, torch.Tensor], target, *, where: str) -> None:
+def check_no_untrained_embeddings(tensors: dict[str, torch.Tensor], target: Target, *, where: str) -> None:
     """Drafters never train embeddings: engines share the target's when the draft folder has none."""
     for name, tensor in tensors.items():
         if "embed_tokens" not in name:
@@ -242,7 +243,7 @@ PROMPTS = ("Write a short Python function that reverses a string.",
            "Write a haiku about autumn leaves.")
 
 
-def default_prompts(target, *, count: int = 3) -> list[torch.Tensor]:
+def default_prompts(target: Target, *, count: int = 3) -> list[torch.Tensor]:
     """A few short prompts, chat-formatted when the target has a chat template; (1, T) each."""
     if not 1 <= count <= len(PROMPTS):
         raise DraftsmithError(f"validation prompts: choose 1..{len(PROMPTS)}, got {count}")
@@ -259,7 +260,7 @@ def default_prompts(target, *, count: int = 3) -> list[torch.Tensor]:
     return out
 
 
-def compare_drafts(target, native: Drafter, readback: Drafter, prompts: list[torch.Tensor], *, k: int,
+def compare_drafts(target: Target, native: Drafter, readback: Drafter, prompts: list[torch.Tensor], *, k: int,
                    max_new_tokens: int, where: str) -> DraftComparison:
     """Greedy generation with each drafter; every proposal of the read-back drafter must equal the native one."""
     from draftsmith.serve.decoding import speculative_generate

@@ -21,6 +21,7 @@ from draftsmith.serve.export import sglang, speculators, vllm
 from draftsmith.serve.export.common import ExportError, FormatSpec, TargetFacts
 from draftsmith.serve.export.engines import Support
 from draftsmith.serve.export.method_export import FormatExport, format_exports, method_export
+from draftsmith.serve.core.target import Target
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class EngineFormat:
     def notes(self, config, facts: TargetFacts) -> list[str]:
         return self.form(config).notes(config, facts)
 
-    def package_check(self, out, target, head, *, where: str) -> str:
+    def package_check(self, out, target: Target, head, *, where: str) -> str:
         return self.form(head.config).package_check(out, target, head, where=where)
 
 

@@ -8,13 +8,14 @@ from typing import Any, Callable, Optional
 
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.methods.registry import method, names
+from draftsmith.serve.core.target import Target
 
 
 def _nothing(*args: Any, **kwargs: Any) -> list:
     return []
 
 
-def _no_package_check(out, target, head, *, where: str) -> str:
+def _no_package_check(out, target: Target, head, *, where: str) -> str:
     return ""  # the engine cannot be imported beside draftsmith; scripts/check_engines.py runs its loader
 
 

@@ -18,16 +18,16 @@ from draftsmith.serve.drafters.identity import check_target_identity
 from draftsmith.serve.export.common import ExportError, read_config, read_tensors
 from draftsmith.serve.export.formats import FORMATS
 from draftsmith.serve.export.provenance import target_identity
-from draftsmith.serve.core.target import text_config
+from draftsmith.serve.core.target import Target, text_config
 
 
-def read_export(path: str | Path, target, *, fmt: str, attn_implementation: str = "sdpa") -> Drafter:
+def read_export(path: str | Path, target: Target, *, fmt: str, attn_implementation: str = "sdpa") -> Drafter:
     """The Drafter `fmt`'s engine would build from the folder `path`, serving `target`."""
     head = read_head(path, target, fmt=fmt, attn_implementation=attn_implementation)
     return make_drafter(head, target)
 
 
-def read_head(path: str | Path, target, *, fmt: str, attn_implementation: str = "sdpa") -> torch.nn.Module:
+def read_head(path: str | Path, target: Target, *, fmt: str, attn_implementation: str = "sdpa") -> torch.nn.Module:
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     config, tensors = read_config(path), read_tensors(path)

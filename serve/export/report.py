@@ -7,6 +7,7 @@ from types import ModuleType
 
 from draftsmith.serve.drafters.head_config import HeadConfig
 from draftsmith.serve.export.common import TargetFacts
+from draftsmith.serve.core.target import Target
 
 
 @dataclass
@@ -35,7 +36,7 @@ class ExportReport:
         return asdict(self)
 
 
-def readme(config: HeadConfig, report: ExportReport, *, module: ModuleType, out: Path, target, facts: TargetFacts,
+def readme(config: HeadConfig, report: ExportReport, *, module: ModuleType, out: Path, target: Target, facts: TargetFacts,
            target_spec: str | None) -> str:
     lines = [f"# {config.method} drafter for {target.name}, {report.format} format", "",
              f"Exported by draftsmith from the native drafter `{report.native_dir}`, trained for the target "

@@ -13,9 +13,10 @@ from draftsmith.serve.export.formats import export_format
 from draftsmith.serve.export.readback import read_head
 from draftsmith.serve.export.report import ExportReport
 from draftsmith.serve.methods.registry import method
+from draftsmith.serve.core.target import Target
 
 
-def validate_export(out_dir: str | Path, fmt: str, *, native_dir: str | Path, target, prompts=None,
+def validate_export(out_dir: str | Path, fmt: str, *, native_dir: str | Path, target: Target, prompts=None,
                     k: int | None = None, max_new_tokens: int = 32, verifier: str | None = None,
                     report: ExportReport | None = None, shown_as: str | Path | None = None) -> ExportReport:
     """Check an exported folder against the engine's schema, then read it back and draft next to the native.

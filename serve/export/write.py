@@ -21,11 +21,12 @@ from draftsmith.serve.export.formats import export_format
 from draftsmith.serve.export.hosts import check_hosted
 from draftsmith.serve.export.layer_ids import aux_layer_ids_for
 from draftsmith.serve.export.provenance import provenance
+from draftsmith.serve.core.target import Target
 
 __all__ = ["README_NAME", "REPORT_NAME", "check_export", "write_export", "write_files"]
 
 
-def check_export(native_dir: str | Path, fmt: str, *, target=None, engine_version: str | None = None) -> None:
+def check_export(native_dir: str | Path, fmt: str, *, target: Target | None=None, engine_version: str | None = None) -> None:
     """Raise (DraftsmithError, with the reason and the fix) if `fmt` cannot carry this drafter, or the named
     engine version cannot load it; writes nothing."""
     module = export_format(fmt)
@@ -37,7 +38,7 @@ def check_export(native_dir: str | Path, fmt: str, *, target=None, engine_versio
     refuse_unless_supported(module.support(config), engine_version, what=f"a {config.method} drafter in --format {fmt}")
 
 
-def write_export(native_dir: str | Path, fmt: str, out_dir: str | Path, *, target, verifier: str | None = None,
+def write_export(native_dir: str | Path, fmt: str, out_dir: str | Path, *, target: Target, verifier: str | None = None,
                  engine_version: str | None = None, overwrite: bool = False) -> Path:
     """Write config.json + model.safetensors of `fmt` for the native drafter folder into `out_dir`, whole or not at
     all; no validation. An earlier export there is replaced only with `overwrite` (check_destination)."""
@@ -48,7 +49,7 @@ def write_export(native_dir: str | Path, fmt: str, out_dir: str | Path, *, targe
     return Path(out_dir)
 
 
-def write_files(native_dir: str | Path, fmt: str, folder: Path, *, target, verifier: str | None = None) -> None:
+def write_files(native_dir: str | Path, fmt: str, folder: Path, *, target: Target, verifier: str | None = None) -> None:
     """config.json + model.safetensors of `fmt` in `folder` (an empty folder the caller renames into place)."""
     module = export_format(fmt)
     config = read_native_config(native_dir)

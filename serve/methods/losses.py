@@ -38,9 +38,10 @@ def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor, mask: 
     return (per_row * mask).sum()
 
 
-def feature_smooth_l1(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """EAGLE-1 feature regression: sum over masked rows of the mean SmoothL1 over features. (B, T, h)."""
-    per_row = F.smooth_l1_loss(pred.float(), target.float(), reduction="none").mean(-1)  # (B, T)
+def feature_smooth_l1(pred: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """EAGLE-1 feature regression: sum over masked rows of the mean SmoothL1 between the predicted and the teacher's
+    features. (B, T, h)."""
+    per_row = F.smooth_l1_loss(pred.float(), teacher.float(), reduction="none").mean(-1)  # (B, T)
     return (per_row * mask).sum()
 
 

@@ -18,6 +18,7 @@ from draftsmith.serve.drafters.draft_layer import SharedEmbedding, shared_embedd
 from draftsmith.serve.core.layers import FINAL
 from draftsmith.serve.drafters.masks import additive, ttt_allowed
 from draftsmith.serve.methods import losses
+from draftsmith.serve.core.target import Target
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class TargetParts:
     lm_head_weight: torch.Tensor    # (V, h)
 
     @classmethod
-    def of(cls, target) -> "TargetParts":
+    def of(cls, target: Target) -> "TargetParts":
         """The target's own tensors; whole copies of them when the target is split over processes (gathered
         once, on every process in the same order: serve/core/sharded_target.full_tensor)."""
         if getattr(target, "sharded", None) is None:

@@ -32,6 +32,7 @@ from draftsmith.serve.batch.costs import batch_bucket
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.server.slot_memory import DEFAULT_KEEP_MB, release_slot_cache
 from draftsmith.serve.server.waiting import QueueFull, ShuttingDown, Unavailable, WaitingQueue, retry_after_seconds
+from draftsmith.serve.core.target import Target
 
 __all__ = ["Engine", "QueueFull", "ShuttingDown", "Unavailable"]
 
@@ -126,7 +127,7 @@ def warm_sizes(max_batch: int) -> list[int]:
 class Engine:
     """Decodes up to `max_batch` requests together on one worker thread. `drafter=None` means plain decoding."""
 
-    def __init__(self, target: Any, drafter: Any | None, *, k: int = 5, tree: Any = None, max_queue: int = 64,
+    def __init__(self, target: Target, drafter: Any | None, *, k: int = 5, tree: Any = None, max_queue: int = 64,
                  max_batch: int = 8,
                  keep_cache_bytes: int | None = int(DEFAULT_KEEP_MB * (1 << 20))):
         if k < 1:

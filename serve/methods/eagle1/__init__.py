@@ -9,9 +9,10 @@ from draftsmith.serve.methods.eagle1.export import EXPORTS
 from draftsmith.serve.methods.eagle1.head import Eagle1Head, eagle1_config
 from draftsmith.serve.methods.eagle1.objective import eagle1_objective
 from draftsmith.serve.methods.registry import Method, register
+from draftsmith.serve.core.target import Target
 
 
-def _config(model, target):
+def _config(model, target: Target):
     return eagle1_config(target, fc_bias=model.fc_bias, num_speculative_tokens=model.num_speculative_tokens,
                          attn_implementation=model.attn_implementation)
 

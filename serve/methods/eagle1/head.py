@@ -19,6 +19,7 @@ from draftsmith.serve.drafters.draft_layer import build_layer, draft_layer_confi
 from draftsmith.serve.drafters.head_config import HeadConfig
 from draftsmith.serve.core.kv import cache_argument
 from draftsmith.serve.core.layers import FINAL
+from draftsmith.serve.core.target import Target
 
 
 class Eagle1Head(nn.Module):
@@ -53,7 +54,7 @@ class Eagle1Head(nn.Module):
                               position_embeddings=position_embeddings, **cache_argument(self.layers[0], cache))
 
 
-def eagle1_config(target, *, fc_bias: bool = False, num_speculative_tokens: int = 5,
+def eagle1_config(target: Target, *, fc_bias: bool = False, num_speculative_tokens: int = 5,
                   attn_implementation: str = "sdpa") -> HeadConfig:
     from draftsmith.serve.core.target import text_config
 

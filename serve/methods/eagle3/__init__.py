@@ -9,9 +9,10 @@ from draftsmith.serve.methods.eagle3 import to_sglang, to_speculators, to_vllm
 from draftsmith.serve.methods.eagle3.head import Eagle3Head, eagle3_config
 from draftsmith.serve.methods.eagle3.objective import eagle3_objective
 from draftsmith.serve.methods.registry import Method, register
+from draftsmith.serve.core.target import Target
 
 
-def _config(model, target):
+def _config(model, target: Target):
     cfg = eagle3_config(target, draft_vocab_size=model.draft_vocab_size or None,
                         aux_layer_ids=model.aux_layer_ids or None, num_speculative_tokens=model.num_speculative_tokens,
                         ttt_steps=model.ttt_steps, fc_norm=model.fc_norm, norm_before_fc=model.norm_before_fc,

@@ -24,7 +24,7 @@ from draftsmith.serve.drafters.vocab import identity_vocab
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.kv import cache_argument
 from draftsmith.serve.core.layers import default_eagle3_layers
-from draftsmith.serve.core.target import text_config
+from draftsmith.serve.core.target import Target, text_config
 
 _WIDE_INPUTS = ("q_proj", "k_proj", "v_proj", "qkv_proj")
 
@@ -102,7 +102,7 @@ class Eagle3Head(nn.Module):
         return self.lm_head(self.norm(out))
 
 
-def eagle3_config(target, *, draft_vocab_size: int | None = None, aux_layer_ids: list[int] | None = None,
+def eagle3_config(target: Target, *, draft_vocab_size: int | None = None, aux_layer_ids: list[int] | None = None,
                   num_speculative_tokens: int = 5, ttt_steps: int = 7, fc_norm: bool = False,
                   norm_before_fc: bool = False, attn_implementation: str = "sdpa") -> HeadConfig:
     text = text_config(target.config)

@@ -27,6 +27,7 @@ from draftsmith.serve.export.method_export import FormatExport
 from draftsmith.serve.export import speculators as speculators_format
 from draftsmith.serve.methods.eagle3.export import (check, engine_tensors, expected_tensors, feature_norm_fields,
                                                     feature_norm_support, feature_norms, read_eagle3)
+from draftsmith.serve.core.target import Target
 
 NAME = "speculators"
 ARCHITECTURES = ("Eagle3Speculator",)
@@ -108,7 +109,7 @@ def read(config: dict, tensors: dict, *, num_layers: int, where: str) -> tuple[H
 
 # ------------------------------------------------------------------------- the speculators package's own loader
 
-def package_check(out: str | Path, target, readback_head, *, where: str) -> str:
+def package_check(out: str | Path, target: Target, readback_head, *, where: str) -> str:
     """With the `speculators` package installed, load the folder with its own config class and model and
     compare its weights and first draft step with the read-back head; raises ExportError on any disagreement."""
     if not speculators_format.package_available():
@@ -117,7 +118,7 @@ def package_check(out: str | Path, target, readback_head, *, where: str) -> str:
     return _check_with_package(out, target, readback_head, where=where)
 
 
-def _check_with_package(out: str | Path, target, readback_head, *, where: str) -> str:
+def _check_with_package(out: str | Path, target: Target, readback_head, *, where: str) -> str:
     from speculators import SpeculatorModelConfig
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
@@ -157,7 +158,7 @@ def _check_with_package(out: str | Path, target, readback_head, *, where: str) -
 
 
 @torch.no_grad()
-def _compare_first_step(model, head, target, *, where: str) -> None:
+def _compare_first_step(model, head, target: Target, *, where: str) -> None:
     """speculators' modules vs our read-back head on one teacher-forced pass over a short prompt."""
     from draftsmith.serve.drafters.masks import additive, causal_allowed
 

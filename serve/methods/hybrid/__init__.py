@@ -7,6 +7,7 @@ from draftsmith.serve.drafters.spec import DrafterSpec, DrafterSpecError, defaul
 from draftsmith.serve.methods.hybrid.drafter import HybridDrafter, hybrid_of
 from draftsmith.serve.methods.ngram import ngram_policy
 from draftsmith.serve.methods.registry import Method, register
+from draftsmith.serve.core.target import Target
 
 
 def _parse(rest: str, common: dict) -> DrafterSpec:
@@ -17,7 +18,7 @@ def _parse(rest: str, common: dict) -> DrafterSpec:
     return DrafterSpec(kind="hybrid", path=head.path, head=head, **common)
 
 
-def _build(parsed: DrafterSpec, target, opts: dict) -> HybridDrafter:
+def _build(parsed: DrafterSpec, target: Target, opts: dict) -> HybridDrafter:
     from draftsmith.serve.drafters import build_drafter
 
     head = build_drafter(parsed.head, target, **opts)

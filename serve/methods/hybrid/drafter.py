@@ -30,6 +30,7 @@ from draftsmith.serve.methods.ngram.drafter import NgramDrafter
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.methods.registry import has
 from draftsmith.serve.tree import add_chain, chain_parents
+from draftsmith.serve.core.target import Target
 
 RESTS = "the n-gram copying, and its chain alone led this request's scored cycles: the head rested"
 WHY = {"ngram": "the head's work spent, the n-gram chain led this request's scored cycles per verify step",
@@ -53,7 +54,7 @@ class HybridDrafter(Drafter):
         self._source: Drafter | None = None  # the side whose chain the last proposal is (None: a joined tree)
         self._scoring: tuple | None = None  # (n-gram chain, head tokens, head parents, head work) of this cycle
 
-    def check_target(self, target) -> None:
+    def check_target(self, target: Target) -> None:
         self.head.check_target(target)
 
     def draft_cap(self, k: int) -> int:

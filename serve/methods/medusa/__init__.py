@@ -9,9 +9,10 @@ from draftsmith.serve.methods.medusa.export import EXPORTS
 from draftsmith.serve.methods.medusa.head import MedusaDrafter, MedusaHeads, medusa_config
 from draftsmith.serve.methods.medusa.objective import medusa_objective
 from draftsmith.serve.methods.registry import Method, register
+from draftsmith.serve.core.target import Target
 
 
-def _config(model, target):
+def _config(model, target: Target):
     return medusa_config(target, num_heads=model.num_speculative_tokens, num_layers=model.medusa_num_layers,
                          draft_vocab_size=model.draft_vocab_size or None)
 

@@ -21,7 +21,7 @@ from draftsmith.serve.drafters.leaves import LEAF_RANKS, MAX_LEAVES, check_leave
 from draftsmith.serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
 from draftsmith.serve.drafters.vocab import draft_token_ids, identity_vocab
 from draftsmith.serve.core.layers import FINAL
-from draftsmith.serve.core.target import text_config
+from draftsmith.serve.core.target import Target, text_config
 
 
 class MedusaBlock(nn.Module):
@@ -80,7 +80,7 @@ class MedusaHeads(nn.Module):
         return torch.stack([lm(block(hidden_states)) for block, lm in zip(self.blocks, self.lm_heads)])
 
 
-def medusa_config(target, *, num_heads: int = 5, num_layers: int = 1,
+def medusa_config(target: Target, *, num_heads: int = 5, num_layers: int = 1,
                   draft_vocab_size: int | None = None) -> HeadConfig:
     text = text_config(target.config)
     vd = int(draft_vocab_size or text.vocab_size)
@@ -97,7 +97,7 @@ class MedusaDrafter(Drafter):
     kind = "medusa"
     target_layers = (FINAL,)
 
-    def __init__(self, heads: MedusaHeads, target, *, check: bool = True, policy: LengthPolicy | None = None,
+    def __init__(self, heads: MedusaHeads, target: Target, *, check: bool = True, policy: LengthPolicy | None = None,
                  leaves: int = MAX_LEAVES):
         self.heads = heads.eval().requires_grad_(False)
         self.policy = policy or FixedLength()  # how many heads' tokens each chain drafts
@@ -114,7 +114,7 @@ class MedusaDrafter(Drafter):
     def min_confidence(self) -> float:
         return float(getattr(self.policy, "threshold", 0.0))
 
-    def check_target(self, target) -> None:
+    def check_target(self, target: Target) -> None:
         check_target_identity(self.heads.config, target)
 
     def _update(self, hidden_states: dict[int, torch.Tensor]) -> None:

@@ -8,6 +8,7 @@ from draftsmith.serve.drafters.spec import DrafterSpec, DrafterSpecError, path_o
 from draftsmith.serve.drafters.target_policy import length_policy
 from draftsmith.serve.methods.model.drafter import ModelDrafter
 from draftsmith.serve.methods.registry import Method, register
+from draftsmith.serve.core.target import Target
 
 
 def _parse(rest: str, common: dict) -> DrafterSpec:
@@ -17,7 +18,7 @@ def _parse(rest: str, common: dict) -> DrafterSpec:
     return DrafterSpec(kind="model", path=path or rest, options=opts, **common)
 
 
-def _build(parsed: DrafterSpec, target, opts: dict) -> ModelDrafter:
+def _build(parsed: DrafterSpec, target: Target, opts: dict) -> ModelDrafter:
     from draftsmith.serve.core.target import load_target, text_config
 
     given = {**parsed.options, **opts}

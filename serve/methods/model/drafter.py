@@ -11,6 +11,7 @@ from draftsmith.serve.drafters.length import FixedLength, LastDraft, LengthPolic
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.kv import cache_kwargs, new_cache, rollback
 from draftsmith.serve.core.sampling import process_logits, sample
+from draftsmith.serve.core.target import Target
 
 
 class TokenizerMismatch(DraftsmithError):
@@ -46,7 +47,7 @@ class ModelDrafter(Drafter):
         self.cache = None
         self.cached = 0  # how many of self.tokens the cache holds
 
-    def check_target(self, target) -> None:
+    def check_target(self, target: Target) -> None:
         check_same_tokenizer(target.tokenizer, self.tokenizer, what="the draft model")
 
     def begin(self, prompt_ids, next_tokens, hidden_states) -> None:

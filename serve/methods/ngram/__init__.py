@@ -7,18 +7,19 @@ from draftsmith.serve.drafters.spec import DrafterSpec, DrafterSpecError, option
 from draftsmith.serve.drafters.target_policy import length_policy
 from draftsmith.serve.methods.ngram.drafter import GENERATION_WEIGHT, LOCAL_WEIGHT, NgramDrafter
 from draftsmith.serve.methods.registry import Method, register
+from draftsmith.serve.core.target import Target
 
 SIZES = ("max_n", "min_n", "max_k")
 
 
-def ngram_policy(target, length: str):
+def ngram_policy(target: Target, length: str):
     """An n-gram drafter's length policy, alone or a hybrid's side (the same, so that a hybrid's n-gram arm is the
     n-gram drafter): per step, it also learns from the current generation (LOCAL_WEIGHT), and its estimates follow
     how the generation's drafts fared (GENERATION_WEIGHT)."""
     return length_policy(target, length, local_weight=LOCAL_WEIGHT, generation_weight=GENERATION_WEIGHT)
 
 
-def _build(parsed: DrafterSpec, target, opts: dict) -> NgramDrafter:
+def _build(parsed: DrafterSpec, target: Target, opts: dict) -> NgramDrafter:
     given = {**parsed.options, **opts}
     unknown = set(given) - {*SIZES, "length"}
     if unknown:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from draftsmith.serve.drafters.spec import DrafterSpec
 from draftsmith.serve.methods.oracle.drafter import OracleDrafter
 from draftsmith.serve.methods.registry import Method, register
+from draftsmith.serve.core.target import Target
 
 
-def _build(parsed: DrafterSpec, target, opts: dict) -> OracleDrafter:
+def _build(parsed: DrafterSpec, target: Target, opts: dict) -> OracleDrafter:
     from draftsmith.serve.decoding import plain_generate  # the oracle's answer key: what plain decoding outputs
 
     return OracleDrafter(target, generate=plain_generate, **opts)

@@ -7,13 +7,14 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from draftsmith.serve.drafters.base import Draft, Drafter
+from draftsmith.serve.core.target import Target
 
 
 class OracleDrafter(Drafter):
     kind: ClassVar[str] = "oracle"
     shared_state: ClassVar[tuple[str, ...]] = ("_continuations",)  # prepared once for every row of a batch
 
-    def __init__(self, target, *, generate: Callable[..., Any], max_new_tokens: int = 512):
+    def __init__(self, target: Target, *, generate: Callable[..., Any], max_new_tokens: int = 512):
         """generate: the plain decoder (serve.decoding.plain_generate), handed in by build_drafter so that the
         oracle, like every drafter, stays below the decoder instead of importing it."""
         self.target, self.generate, self.max_new_tokens = target, generate, max_new_tokens
