@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from draftsmith.serve.core.invariant import make_variant
-from draftsmith.serve.core.kv import cache_kwargs, new_cache
+from draftsmith.serve.core.kv import cache_kwargs, new_cache, record_states
 from draftsmith.serve.core.noise import gumbel
 from draftsmith.serve.core.sampling import process_logits
 from draftsmith.serve.core.target import Target
@@ -98,6 +98,7 @@ class Auditor:
             return model(prefix, logits_to_keep=1).logits[0, -1].double().cpu()
         cache = new_cache(model)
         model(prefix[:, :-new], logits_to_keep=1, **cache_kwargs(model, cache))
+        record_states(cache, new)  # a hybrid target's verify forward records the states it may roll back to
         return model(prefix[:, -new:], **cache_kwargs(model, cache)).logits[0, -1].double().cpu()
 
     def _sampled_gap(self, exact: torch.Tensor, a: int, b: int, seed: int, position: int) -> float | None:

@@ -1,6 +1,7 @@
 """Plain and speculative decoding (batch 1) with exact verification and per-cycle statistics."""
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
@@ -9,7 +10,8 @@ import torch
 
 from draftsmith.serve.drafters.base import Draft, Drafter
 from draftsmith.serve.drafters.settings import resolve_k
-from draftsmith.serve.core.kv import cache_kwargs, keep_positions, new_cache, sliding_window
+from draftsmith.serve.core.kv import (cache_kwargs, keep_positions, new_cache, record_states, rolls_back_trees,
+                                     seq_length, sliding_window)
 from draftsmith.serve.core.layers import pick_hidden_states
 from draftsmith.serve.core.sampling import greedy_tokens, sample, target_probs
 from draftsmith.serve.stopping import StopChecker
@@ -84,6 +86,16 @@ def draft_generator(gen: torch.Generator | PositionNoise, position: int):
     return gen.draws(position) if isinstance(gen, PositionNoise) else gen
 
 
+_NOTED: set[str] = set()
+
+
+def note_once(message: str) -> None:
+    """Print `message` to stderr the first time this process meets it."""
+    if message not in _NOTED:
+        _NOTED.add(message)
+        print(f"note: {message}", file=sys.stderr, flush=True)
+
+
 def _hidden(out, layers: Sequence[int], rows: torch.Tensor | slice) -> dict[int, torch.Tensor]:
     """The drafter's layers of an HF output (serve.core.layers), the rows of batch entry 0: {id: (len(rows), h)}."""
     if not layers:
@@ -131,7 +143,7 @@ def plain_generate(target: Target, input_ids: torch.Tensor, *, max_new_tokens: i
     model, stats, gen = target.model, SpecStats(), new_generator(seed)
     stopper = stopper_for(target, eos_token_ids, stop_strings)
     device = model.device
-    cache = new_cache(model)
+    cache = new_cache(model, rolls_back=False)
     t_start = time.perf_counter()
     step_input = input_ids.to(device)
     output: list[int] = []
@@ -160,7 +172,7 @@ def _verify_inputs(pending: int, draft: Draft, cache, device):
     """input_ids (1, n+1), position_ids (1, n+1), and for trees the attention mask: (1, 1, n+1, past+n+1) bool,
     or a dict per attention type when the target has sliding-window layers (the forward takes it through
     serve/core/target_masks.for_target)."""
-    past = cache.get_seq_length()
+    past = seq_length(cache)
     tokens = torch.cat([torch.tensor([pending]), draft.tokens.cpu()])
     if not draft.is_tree:
         positions = torch.arange(past, past + tokens.numel())
@@ -200,6 +212,11 @@ def speculative_generate(target: Target, drafter: Drafter, input_ids: torch.Tens
     want_hidden = bool(layers)
     device = model.device
     cache = new_cache(model)
+    chains_only = not rolls_back_trees(cache)  # recurrent layers keep one state per position: no tree paths
+    if chains_only and tree is not None:
+        note_once(f"this {model.config.model_type} target has recurrent layers, whose state a tree's branches "
+                  f"cannot share: its drafts are verified as chains")
+        tree = None
     probs = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     t_start = time.perf_counter()
 
@@ -223,9 +240,12 @@ def speculative_generate(target: Target, drafter: Drafter, input_ids: torch.Tens
         draft = drafter.propose(budget, temperature=temperature, generator=draft_generator(gen, len(output)),
                                 tree=tree) if budget > 0 \
             else Draft.empty()
+        if chains_only:
+            draft = draft.leading_chain()  # a greedy chain's leaves are dropped
         t1 = time.perf_counter()
-        past = cache.get_seq_length()
+        past = seq_length(cache)
         ids, positions, mask = _verify_inputs(pending, draft, cache, device)
+        record_states(cache, ids.shape[1])  # recurrent layers can return to any of these positions
         extra = {"attention_mask": for_target(model, mask)} if mask is not None else {}
         out = model(ids, position_ids=positions, **cache_kwargs(model, cache), output_hidden_states=want_hidden,
                     **extra)

@@ -35,6 +35,27 @@ FAMILIES = {
                                          beta_slow=1.0, truncate=False, original_max_position_embeddings=16)),
 }
 
+# Hybrid targets: linear-attention (Gated DeltaNet), Mamba-2 or short-convolution layers beside attention, whose cache
+# holds a recurrent state (serve/core/kv.py), and Gemma 4. Four layers, so that EAGLE-3 has three aux layers and the
+# default layer_types hold both kinds. Decoded, drafted and trained at batch 1; the batched slot cache refuses them.
+_GDN = dict(linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4)
+_EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16)
+HYBRID_FAMILIES = {
+    "qwen3_5": dict(model_type="qwen3_5_text", head_dim=8, **_GDN),
+    "qwen3_5_moe": dict(model_type="qwen3_5_moe_text", head_dim=8, **_GDN, **_EXPERTS),
+    "qwen3_next": dict(model_type="qwen3_next", head_dim=8, **_GDN, **_EXPERTS),
+    "nemotron_h": dict(model_type="nemotron_h", head_dim=8, mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=8,
+                       n_groups=1, hybrid_override_pattern="M-M*"),
+    "granite_hybrid": dict(model_type="granitemoehybrid", mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8,
+                           mamba_n_groups=1, num_local_experts=4, num_experts_per_tok=2,
+                           layer_types=["mamba", "attention", "mamba", "attention"]),
+    "falcon_h1": dict(model_type="falcon_h1", head_dim=8, mamba_n_heads=4, mamba_d_head=8, mamba_d_ssm=32,
+                      mamba_d_state=8, mamba_n_groups=1),
+    "lfm2": dict(model_type="lfm2", block_ff_dim=64, layer_types=["conv", "full_attention", "conv", "full_attention"]),
+    "olmo_hybrid": dict(model_type="olmo_hybrid"),
+    "gemma4": dict(model_type="gemma4_text", head_dim=8),
+}
+
 
 def tiny_tokenizer(chat_template: str | None = CHAT_TEMPLATE) -> PreTrainedTokenizerFast:
     """Byte-level tokenizer: 256 byte tokens, then the special tokens (ids 256..258)."""
@@ -53,8 +74,9 @@ def tiny_tokenizer(chat_template: str | None = CHAT_TEMPLATE) -> PreTrainedToken
     return tok
 
 
-def tiny_config(family: str = "llama", *, vocab_size: int = 259, num_hidden_layers: int = 2, **extra):
-    fam = dict(FAMILIES[family])
+def tiny_config(family: str = "llama", *, vocab_size: int = 259, num_hidden_layers: int | None = None, **extra):
+    fam = dict({**FAMILIES, **HYBRID_FAMILIES}[family])
+    num_hidden_layers = num_hidden_layers or (4 if family in HYBRID_FAMILIES else 2)
     model_type = fam.pop("model_type")
     kwargs = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=num_hidden_layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,

@@ -170,6 +170,7 @@ def probe_target(target: Target, *, batch: int, prefill_tokens: int, repeats: in
     import torch
 
     from draftsmith.serve.core.invariant import suspended
+    from draftsmith.serve.core.kv import cache_kwargs, new_cache
 
     model = target.model
     device = next(model.parameters()).device
@@ -179,11 +180,12 @@ def probe_target(target: Target, *, batch: int, prefill_tokens: int, repeats: in
         return torch.randint(10, vocab, (rows, length), device=device)
 
     def decode_step(rows: int, context: int) -> float:
-        cache = model(ids(rows, context), use_cache=True).past_key_values
+        cache = new_cache(model, rolls_back=False)
+        model(ids(rows, context), **cache_kwargs(model, cache))
         best = float("inf")
         for _ in range(repeats):
             start = time.perf_counter()
-            model(ids(rows, 1), past_key_values=cache, use_cache=True)
+            model(ids(rows, 1), **cache_kwargs(model, cache))
             best = min(best, time.perf_counter() - start)
         return best
 

@@ -29,9 +29,9 @@ from draftsmith.serve.batch.costs import BatchCosts, batch_bucket
 from draftsmith.serve.batch.gate import BatchGate
 from draftsmith.serve.batch.masks import verify_inputs
 from draftsmith.serve.batch.width import batch_width, cut
-from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.errors import DraftsmithError, TargetError
 from draftsmith.serve.core.invariant import is_invariant, whole_prompt
-from draftsmith.serve.core.kv import cache_kwargs
+from draftsmith.serve.core.kv import cache_kwargs, recurrent_layer_kinds
 from draftsmith.serve.core.layers import pick_hidden_states
 from draftsmith.serve.core.slots import SlotCache, check_fits
 from draftsmith.serve.core.target_config import text_config
@@ -88,6 +88,15 @@ class _Row:
     cancelled: bool = False
 
 
+def check_batchable(model) -> None:
+    """TargetError when the slot cache cannot hold `model`'s layers: a hybrid target's recurrent states."""
+    kinds = recurrent_layer_kinds(model)
+    if kinds:
+        raise TargetError(f"the batched decoder does not hold the recurrent state of this {model.config.model_type} "
+                          f"target's {'/'.join(kinds)} layers yet: decoding at batch 1 (`eval`, `generate`) is exact "
+                          f"on it; `serve` and batched evaluation are not available for it")
+
+
 class BatchDecoder:
     """Runs Jobs `slots` at a time. drafter None: plain batched decoding. k: None = the drafter's recorded K.
     costs: the batch-aware verify costs (serve/batch/costs.py) that the drafters' length policies, the batch's draft
@@ -99,6 +108,7 @@ class BatchDecoder:
         if slots < 1:
             raise DraftsmithError(f"the batch needs at least one slot, got {slots}")
         self.target, self.model = target, target.model
+        check_batchable(self.model)
         self.template = drafter
         self.k = resolve_k([drafter], k) if drafter is not None else 0
         self.tree = tree

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from draftsmith.serve.core.kv import cache_kwargs, new_cache, rollback
+from draftsmith.serve.core.kv import cache_kwargs, new_cache, record_states, rollback
 
 # Verify sizes measured by default (new tokens = drafted + 1); others are interpolated. 13: the width of a chain
 # carrying leaves (serve/drafters/leaves.py), where the curve bends on a CPU.
@@ -83,6 +83,7 @@ def forward_times(model, context: torch.Tensor, ns: Sequence[int], *, repeats: i
             new_ids = context[:, :n]  # (B, n)
             if device.type == "cuda":
                 torch.cuda.synchronize()
+            record_states(cache, n)  # what a verify forward on a hybrid target records to roll back
             start = time.perf_counter()
             model(input_ids=new_ids, **cache_kwargs(model, cache))  # all n logits, as a verify forward
             if device.type == "cuda":

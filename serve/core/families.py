@@ -26,6 +26,7 @@ class Family:
     qk_norm: bool = False              # RMSNorm on q and k (a parameter count reads it)
     attention_bias: bool = False       # q/k/v biases unless its config says otherwise
     tiny: Optional[str] = None         # its name among tests/tiny_models.py's targets; None: no tiny target
+    recurrent: bool = False            # layers that carry a recurrent / convolution state (hybrid targets: batch 1)
     # engine -> the draft it is asked to host (`EAGLE-3`, `EAGLE-1`: a method form's `hosted_as`) -> HOSTED, or what
     # the engine's class for this family lacks
     hosts: Mapping[str, Mapping[str, Optional[str]]] = field(default_factory=dict)
@@ -52,6 +53,17 @@ FAMILIES: tuple[Family, ...] = (
                   "SGLang": dict.fromkeys(("EAGLE-3", "EAGLE-1"),
                                           "has neither set_eagle3_layers_to_capture nor get_embed_and_head")}),
     Family("olmo2", "Olmo2ForCausalLM", qk_norm=True),
+    # hybrids and the 2026 families (tests/tiny_models.py HYBRID_FAMILIES: decoding, drafting and training at batch
+    # 1); the engines' hosting of drafters on them is not read yet: refused rather than guessed
+    Family("qwen3_5_text", "Qwen3_5ForCausalLM", aliases=("qwen3_5",), qk_norm=True, recurrent=True),
+    Family("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", aliases=("qwen3_5_moe",), qk_norm=True, recurrent=True),
+    Family("qwen3_next", "Qwen3NextForCausalLM", qk_norm=True, recurrent=True),
+    Family("nemotron_h", "NemotronHForCausalLM", recurrent=True),
+    Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", recurrent=True),
+    Family("falcon_h1", "FalconH1ForCausalLM", recurrent=True),
+    Family("lfm2", "Lfm2ForCausalLM", recurrent=True),
+    Family("olmo_hybrid", "OlmoHybridForCausalLM", recurrent=True),
+    Family("gemma4_text", "Gemma4ForCausalLM", aliases=("gemma4",), qk_norm=True),
     Family("qwen2_moe", "Qwen2MoeForCausalLM", loads=False, attention_bias=True,
            hosts={"vLLM": {"EAGLE-3": _NO_AUX},
                   "SGLang": dict.fromkeys(("EAGLE-3", "EAGLE-1"), "has no get_embed_and_head (the draft cannot share "

@@ -2,6 +2,13 @@
 
 Sliding-window layers (Gemma 2/3, Mistral variants) keep only their last window; they are created with past
 recording on so that rejected positions can still be rolled back once the window is full.
+
+Recurrent layers (the linear-attention, Mamba and convolution layers of hybrid targets: Qwen3.5, Qwen3-Next,
+Nemotron-H, Granite-4 hybrid, Falcon-H1, LFM2, OLMo-hybrid) carry a state instead of keys and values, so a rejected
+draft cannot be cut off their end. transformers' cache layers for them record the state after each token of a
+forward when asked (`activate_past_recording`, `recurrent_states_to_keep`) and `crop` returns to one of them: the
+decoder asks for the verify forward's tokens (`record_states`) and rolls back as for attention. A tree cannot be
+kept on them (its branches share one state), so trees fall back to chains there (`rolls_back_trees`).
 """
 from __future__ import annotations
 
@@ -11,13 +18,69 @@ import inspect
 import torch
 from transformers import DynamicCache
 
+from draftsmith.serve.core.errors import TargetError
 
-def new_cache(model) -> DynamicCache:
+
+def is_recurrent(layer) -> bool:
+    """A cache layer holding a recurrent or convolution state (transformers' linear-attention cache layers)."""
+    return hasattr(layer, "conv_states") and hasattr(layer, "cumulative_length_linear")
+
+
+def _holds_nothing(layer) -> bool:
+    """transformers' DummyLayer: an MLP / MoE-only layer, or one that reads another layer's cache."""
+    return type(layer).__name__ == "DummyLayer"
+
+
+def new_cache(model, *, rolls_back: bool = True) -> DynamicCache:
+    """A cache for `model`'s forwards; `rolls_back`: its recurrent layers record past states, so that `rollback`
+    can return to any token of the last forward (plain decoding, which never rolls back, leaves them off)."""
     cache = DynamicCache(config=model.config)
-    for layer in cache.layers:
+    for index, layer in enumerate(cache.layers):
         if getattr(layer, "is_sliding", False):
             layer.activate_past_recording()
+        elif rolls_back and is_recurrent(layer):
+            if "recurrent_states_to_keep" not in inspect.signature(layer.activate_past_recording).parameters:
+                raise TargetError(f"transformers cannot roll back the {type(layer).__name__} cache of layer {index} "
+                                  f"of this {model.config.model_type} target (no recurrent-state recording): "
+                                  f"speculative decoding needs a newer transformers; plain decoding still works")
+            layer.activate_past_recording(recurrent_states_to_keep=0)
+        elif rolls_back and not getattr(layer, "is_croppable", True):
+            kind = getattr(model.config, "layer_types", [None] * len(cache.layers))[index]
+            raise TargetError(f"layer {index} of this {model.config.model_type} target ({kind or type(layer).__name__}) "
+                              f"keeps a cache that cannot be rolled back, so drafts cannot be verified on it; plain "
+                              f"decoding still works")
     return cache
+
+
+def recurrent_layer_kinds(model) -> list[str]:
+    """The kinds of `model`'s layers whose cache holds a recurrent state (its config's layer_types where it has
+    them), in layer order without repeats; empty for an attention-only target."""
+    layers = DynamicCache(config=model.config).layers
+    types = getattr(model.config.get_text_config(), "layer_types", None) or [None] * len(layers)
+    kinds = [kind or type(layer).__name__ for layer, kind in zip(layers, types) if is_recurrent(layer)]
+    return list(dict.fromkeys(kinds))
+
+
+def has_recurrent_layers(cache: DynamicCache) -> bool:
+    return any(is_recurrent(layer) for layer in cache.layers)
+
+
+def rolls_back_trees(cache: DynamicCache) -> bool:
+    """Whether a tree's accepted path can be kept in this cache (not on recurrent layers)."""
+    return not has_recurrent_layers(cache)
+
+
+def record_states(cache: DynamicCache, tokens: int) -> None:
+    """Before a forward over `tokens` tokens that may be rolled back: recurrent layers keep the state after each."""
+    for layer in cache.layers:
+        if is_recurrent(layer):
+            layer.recurrent_states_to_keep = tokens
+
+
+def seq_length(cache: DynamicCache) -> int:
+    """Positions the cache holds, as an int (a recurrent layer's count is a tensor the next forward updates in
+    place)."""
+    return int(cache.get_seq_length())
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,10 +105,13 @@ def sliding_window(cache: DynamicCache) -> int | None:
 
 
 def rollback(cache: DynamicCache, keep: int) -> None:
-    """Drop every entry after the first `keep` positions (and trim sliding layers back to their window)."""
+    """Drop every entry after the first `keep` positions (and trim sliding layers back to their window; recurrent
+    layers return to their state after position `keep` and drop the states they recorded)."""
     for layer in cache.layers:
-        if layer.is_initialized:
-            layer.crop(-(layer.get_seq_length() - keep))  # crop takes a negative count in transformers 5
+        if _holds_nothing(layer):
+            continue
+        if is_recurrent(layer) or layer.is_initialized:
+            layer.crop(-(int(layer.get_seq_length()) - keep))  # crop takes a negative count in transformers 5
 
 
 def keep_positions(cache: DynamicCache, start: int, offsets: list[int]) -> None:
@@ -54,8 +120,10 @@ def keep_positions(cache: DynamicCache, start: int, offsets: list[int]) -> None:
     if offsets == list(range(len(offsets))):
         rollback(cache, start + len(offsets))
         return
+    if has_recurrent_layers(cache):
+        raise ValueError("a tree's path cannot be kept on recurrent layers: verify chains (rolls_back_trees)")
     for layer in cache.layers:
-        if not layer.is_initialized:
+        if _holds_nothing(layer) or not layer.is_initialized:
             continue
         # keys, values: (B, kv_heads, S_layer, head_dim); the last (seq_length - start) entries are the new ones
         stored = layer.keys.shape[2]

@@ -162,7 +162,7 @@ def tune_small_rows(model: nn.Module, *, rounds: int = 4, context_tokens: int = 
     times verification), set the kernels choose_kernels picks on every PackedLinear of `model`, and return them.
     ~3 s on the default target; a model without PackedLinear layers is left as it is."""
     from draftsmith.serve.core.costs import context_ids
-    from draftsmith.serve.core.kv import cache_kwargs, new_cache, rollback
+    from draftsmith.serve.core.kv import cache_kwargs, new_cache, record_states, rollback
 
     if not any(type(m) is PackedLinear for m in model.modules()):
         return PackedLinear.small
@@ -175,6 +175,7 @@ def tune_small_rows(model: nn.Module, *, rounds: int = 4, context_tokens: int = 
         for kernel in KERNELS:
             set_small_kernels(model, (kernel,) * (MIN_ROWS - 1))
             for rows in range(1, MIN_ROWS):
+                record_states(cache, rows)
                 began = time.perf_counter()
                 model(input_ids=context[:, :rows], **cache_kwargs(model, cache))
                 elapsed = time.perf_counter() - began

@@ -182,6 +182,12 @@ def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", devic
         raise TargetError(f"transformers {_transformers_version()} cannot build the model in {spec!r}: "
                           f"{str(err).splitlines()[0][:200]} (a newer transformers, or a supported family: "
                           f"{', '.join(SUPPORTED_MODEL_TYPES)})") from None
+    except Exception as err:  # noqa: BLE001  huggingface_hub's strict config validation (not a ValueError)
+        if not type(err).__name__.startswith("StrictDataclass"):
+            raise
+        cause = err.__cause__ or err
+        raise TargetError(f"the config in {spec!r} is inconsistent: {str(cause).splitlines()[0][:200]} (fix "
+                          f"config.json)") from None
     model_type = getattr(text_config(config), "model_type", None) or config.model_type
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise TargetError(f"{spec!r} is a {model_type!r} model; draftsmith supports "

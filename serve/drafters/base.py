@@ -55,6 +55,18 @@ class Draft:
     def is_tree(self) -> bool:
         return self.parents is not None
 
+    def leading_chain(self) -> "Draft":
+        """The chain this draft starts with: itself when a chain; for a tree, its first nodes while each is the child
+        of the one before (a greedy chain carrying leaves lists its chain first). A tree's nodes are deterministic
+        proposals, so their chain verifies exactly as one (on a cache that cannot keep a tree's path)."""
+        if not self.is_tree:
+            return self
+        parents = self.parents.tolist()
+        n = 0
+        while n < len(parents) and parents[n] == n - 1:
+            n += 1
+        return Draft(tokens=self.tokens[:n])
+
 
 class Drafter:
     """Base class. Subclasses set `kind` and override `propose`; `begin`/`commit` keep their state."""

@@ -9,7 +9,7 @@ from draftsmith.serve.drafters.base import Draft, Drafter
 from draftsmith.serve.drafters.heads_common import confidence_signal
 from draftsmith.serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
 from draftsmith.serve.core.errors import DraftsmithError
-from draftsmith.serve.core.kv import cache_kwargs, new_cache, rollback
+from draftsmith.serve.core.kv import cache_kwargs, new_cache, record_states, rollback
 from draftsmith.serve.core.sampling import process_logits, sample
 from draftsmith.serve.core.target import Target
 
@@ -81,6 +81,7 @@ class ModelDrafter(Drafter):
         self.policy.start(k, sampled=temperature > 0)
         for i in range(k):
             with Stopwatch(self.policy.record_step):
+                record_states(self.cache, feed.shape[1])  # a hybrid draft model rolls back to any of them
                 logits = self._logits(self.model(feed, **cache_kwargs(self.model, self.cache),
                                                  logits_to_keep=1).logits[0, -1].float().cpu())
             self.cached = fed
