@@ -35,6 +35,7 @@ class Family:
 _BOTH = {"EAGLE-3": HOSTED, "EAGLE-1": HOSTED}
 _EVERYWHERE = {"vLLM": {"EAGLE-3": HOSTED}, "SGLang": _BOTH}
 _NO_AUX = "does not implement SupportsEagle3 (no aux hidden-state capture)"
+_VLLM_DOES = " (no aux hidden-state capture); vLLM's does"
 
 # rows in the support matrix's order (README); Mistral and Phi-3 subclass LlamaForCausalLM in both engines
 FAMILIES: tuple[Family, ...] = (
@@ -53,17 +54,33 @@ FAMILIES: tuple[Family, ...] = (
                   "SGLang": dict.fromkeys(("EAGLE-3", "EAGLE-1"),
                                           "has neither set_eagle3_layers_to_capture nor get_embed_and_head")}),
     Family("olmo2", "Olmo2ForCausalLM", qk_norm=True),
-    # hybrids and the 2026 families (tests/tiny_models.py HYBRID_FAMILIES: decoding, drafting and training at batch
-    # 1); the engines' hosting of drafters on them is not read yet: refused rather than guessed
-    Family("qwen3_5_text", "Qwen3_5ForCausalLM", aliases=("qwen3_5",), qk_norm=True, recurrent=True),
-    Family("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", aliases=("qwen3_5_moe",), qk_norm=True, recurrent=True),
-    Family("qwen3_next", "Qwen3NextForCausalLM", qk_norm=True, recurrent=True),
-    Family("nemotron_h", "NemotronHForCausalLM", recurrent=True),
-    Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", recurrent=True),
-    Family("falcon_h1", "FalconH1ForCausalLM", recurrent=True),
-    Family("lfm2", "Lfm2ForCausalLM", recurrent=True),
-    Family("olmo_hybrid", "OlmoHybridForCausalLM", recurrent=True),
-    Family("gemma4_text", "Gemma4ForCausalLM", aliases=("gemma4",), qk_norm=True),
+    # hybrids and Gemma 4 (tests/tiny_models.py HYBRID_FAMILIES: decoded, drafted and trained at batch 1); hosting read
+    # from vLLM 0.33.0 and 0.34.0 and SGLang 0.5.23 like the rows above (SGLang's text-only Qwen3.5 classes are in
+    # qwen3_5_text.py)
+    Family("qwen3_5_text", "Qwen3_5ForCausalLM", aliases=("qwen3_5",), qk_norm=True, recurrent=True,
+           hosts=_EVERYWHERE),
+    Family("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", aliases=("qwen3_5_moe",), qk_norm=True, recurrent=True,
+           hosts=_EVERYWHERE),
+    Family("qwen3_next", "Qwen3NextForCausalLM", qk_norm=True, recurrent=True, hosts=_EVERYWHERE),
+    Family("nemotron_h", "NemotronHForCausalLM", recurrent=True,
+           hosts={"vLLM": {"EAGLE-3": HOSTED},
+                  "SGLang": {"EAGLE-3": f"has no set_eagle3_layers_to_capture{_VLLM_DOES}", "EAGLE-1": HOSTED}}),
+    Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", recurrent=True,
+           hosts={"vLLM": {"EAGLE-3": _NO_AUX},
+                  "SGLang": dict.fromkeys(("EAGLE-3", "EAGLE-1"),
+                                          "has neither set_eagle3_layers_to_capture nor get_embed_and_head")}),
+    Family("falcon_h1", "FalconH1ForCausalLM", recurrent=True,
+           hosts={"vLLM": {"EAGLE-3": _NO_AUX},
+                  "SGLang": {"EAGLE-3": "has no set_eagle3_layers_to_capture (no aux hidden-state capture)",
+                             "EAGLE-1": HOSTED}}),
+    Family("lfm2", "Lfm2ForCausalLM", recurrent=True,
+           hosts={"vLLM": {"EAGLE-3": _NO_AUX},
+                  "SGLang": dict.fromkeys(("EAGLE-3", "EAGLE-1"),
+                                          "has neither set_eagle3_layers_to_capture nor get_embed_and_head")}),
+    Family("olmo_hybrid", "OlmoHybridForCausalLM", recurrent=True,
+           hosts={"vLLM": {"EAGLE-3": _NO_AUX},
+                  "SGLang": dict.fromkeys(("EAGLE-3", "EAGLE-1"), "is not in this release (no model serves it)")}),
+    Family("gemma4_text", "Gemma4ForCausalLM", aliases=("gemma4",), qk_norm=True, hosts=_EVERYWHERE),
     Family("qwen2_moe", "Qwen2MoeForCausalLM", loads=False, attention_bias=True,
            hosts={"vLLM": {"EAGLE-3": _NO_AUX},
                   "SGLang": dict.fromkeys(("EAGLE-3", "EAGLE-1"), "has no get_embed_and_head (the draft cannot share "

@@ -20,6 +20,7 @@ DRAFT_ACT = "silu"
 # Config keys that name a mixture of experts; the draft layer is dense (DESIGN: "MoE: a dense size, e.g. 3x hidden").
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 _IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+UNROTATED_TARGET_THETA = 10000.0  # LlamaConfig's default rope_theta
 
 
 def is_moe(text: dict) -> bool:
@@ -27,7 +28,9 @@ def is_moe(text: dict) -> bool:
 
 
 def draft_rope(text: dict) -> dict[str, Any]:
-    """The target's RoPE for full-attention layers as transformers-5 `rope_parameters` (theta, type, scaling).
+    """The target's RoPE for full-attention layers as transformers-5 `rope_parameters` (theta, type, scaling); for a
+    target whose attention has no rotary positions, Llama's default (the draft layer's own, saved in its config,
+    which is what the engines read).
 
     Gemma-3 keeps one table per layer type ({"full_attention": {...}, "sliding_attention": {...}}); the draft
     layer attends to its whole (short) cache, so it takes the full-attention one."""
@@ -36,9 +39,9 @@ def draft_rope(text: dict) -> dict[str, Any]:
         params = params["full_attention"]
     params = dict(params)
     theta = params.get("rope_theta", text.get("rope_theta"))
-    if theta is None:
-        raise DraftsmithError(f"the target's config ({text.get('model_type')!r}) has no rope_theta: draftsmith's "
-                              f"EAGLE heads use rotary positions; train a Medusa head instead")
+    if theta is None:  # attention without positions (Nemotron-H: its Mamba layers carry the order)
+        params = {"rope_type": "default"}
+        theta = UNROTATED_TARGET_THETA
     params["rope_theta"] = float(theta)
     params.setdefault("rope_type", "default")
     params.pop("partial_rotary_factor", None)  # Phi's partial rotary is the target's quirk: the draft rotates all

@@ -59,7 +59,10 @@ def target_facts(target: Target, *, verifier: str | None = None) -> TargetFacts:
 
     path = Path(target.path)
     default = str(path.resolve()) if path.is_dir() else target.name
-    return TargetFacts(text=text_config(target.config).to_dict(),
+    text = text_config(target.config)
+    # a count some configs derive instead of storing (Nemotron-H's, from layers_block_type)
+    facts = {**text.to_dict(), "num_hidden_layers": int(text.num_hidden_layers)}
+    return TargetFacts(text=facts,
                        architectures=list(getattr(target.config, "architectures", None) or []),
                        verifier=verifier or default)
 
