@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from draftsmith.data.config import DataBuildConfig, validate
-from draftsmith.data.generate import Answer, OneAtATime, Request, answer_queue
+from draftsmith.data.generate import Answer, ContinuousBatcher, Request
 from draftsmith.data.made_for import TargetRecord
 from draftsmith.data.masks import render_prompt, render_with_mask
 from draftsmith.data.out_folder import WORK, carry_over, check_out
@@ -342,13 +342,9 @@ def build_dataset(target: Target | str | Path, config: DataBuildConfig, *, out_d
 def _batcher(target: Target, config: DataBuildConfig, stats: dict, log: Callable[[str], None]):
     """What writes the answers: the target in process (continuous batching), or the server of data.server."""
     if not config.server.url:
-        queue = answer_queue(target, slots=config.batch_size, max_new_tokens=config.max_new_tokens,
-                             temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
         stats["engine"] = {"kind": "in-process"}
-        if isinstance(queue, OneAtATime):
-            stats["engine"]["batch"] = 1
-            log(f"data build: answering one prompt at a time: {queue.why.split(':')[0]}")
-        return queue
+        return ContinuousBatcher(target, slots=config.batch_size, max_new_tokens=config.max_new_tokens,
+                                 temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
     from draftsmith.data.endpoint import Endpoint, EndpointBatcher, check_identity
 
     endpoint = Endpoint(config.server)

@@ -24,13 +24,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
-import torch
-
-from draftsmith.serve.batch.decoder import BatchDecoder, Job, check_batchable
-from draftsmith.serve.core.errors import TargetError
+from draftsmith.serve.batch.decoder import BatchDecoder, Job
 from draftsmith.serve.core.invariant import suspended
 from draftsmith.serve.core.target import Target
-from draftsmith.serve.decoding import plain_generate
 
 
 @dataclass
@@ -105,42 +101,3 @@ class ContinuousBatcher(RequestQueue):
             finished = self.decoder.step()
         return [(f.job.key, Answer(token_ids=f.result.output_ids, finished=f.reason == "stop")) for f in finished]
 
-
-class OneAtATime(RequestQueue):
-    """Answers queued prompts one at a time with plain decoding (serve/decoding.py), for targets the batched
-    decoder cannot hold (a hybrid target's recurrent states: serve/batch/decoder.py check_batchable). Seeded rows
-    get the tokens a batch would give them (the noise is keyed by seed and position); `step()` answers one prompt."""
-
-    def __init__(self, target: Target, *, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, why: str = ""):
-        super().__init__()
-        self.target, self.why = target, why  # why: what keeps the target from the batched decoder
-        self.max_new_tokens = max_new_tokens
-        self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-        self.eos = set(target.eos_token_ids)
-
-    @property
-    def running(self) -> int:
-        return 0
-
-    def step(self) -> list[tuple[Request, Answer]]:
-        if not self.queue:
-            return []
-        request = self.queue.popleft()
-        with suspended(self.target.model):
-            result = plain_generate(self.target, torch.tensor([list(request.prompt)]),
-                                    max_new_tokens=self.max_new_tokens, seed=request.seed, **self.sampling)
-        ids = result.output_ids
-        return [(request, Answer(token_ids=ids, finished=bool(ids) and ids[-1] in self.eos))]
-
-
-def answer_queue(target: Target, *, slots: int, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0) -> RequestQueue:
-    """The in-process queue for `target`: continuous batching, or one prompt at a time where the batched decoder
-    cannot hold the target (OneAtATime.why says why)."""
-    sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
-    try:
-        check_batchable(target.model)
-    except TargetError as err:
-        return OneAtATime(target, why=str(err), **sampling)
-    return ContinuousBatcher(target, slots=slots, **sampling)

@@ -29,7 +29,7 @@ from draftsmith.serve.batch.costs import BatchCosts, batch_bucket
 from draftsmith.serve.batch.gate import BatchGate
 from draftsmith.serve.batch.masks import verify_inputs
 from draftsmith.serve.batch.width import batch_width, cut
-from draftsmith.serve.core.errors import DraftsmithError, TargetError
+from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.invariant import is_invariant, whole_prompt
 from draftsmith.serve.core.kv import cache_kwargs, recurrent_layer_kinds
 from draftsmith.serve.core.layers import pick_hidden_states
@@ -38,7 +38,7 @@ from draftsmith.serve.core.target_config import text_config
 from draftsmith.serve.core.target_masks import config_masks, for_target
 from draftsmith.serve.core.noise import PositionNoise
 from draftsmith.serve.decoding import (GenerationResult, SpecStats, draft_generator, new_generator, next_token,
-                                       stopper_for, verdict_of)
+                                       note_once, stopper_for, verdict_of)
 from draftsmith.serve.drafters.base import Draft, Drafter
 from draftsmith.serve.drafters.settings import resolve_k
 from draftsmith.serve.stopping import StopChecker
@@ -88,15 +88,6 @@ class _Row:
     cancelled: bool = False
 
 
-def check_batchable(model) -> None:
-    """TargetError when the slot cache cannot hold `model`'s layers: a hybrid target's recurrent states."""
-    kinds = recurrent_layer_kinds(model)
-    if kinds:
-        raise TargetError(f"the batched decoder does not hold the recurrent state of this {model.config.model_type} "
-                          f"target's {'/'.join(kinds)} layers yet: decoding at batch 1 (`eval`, `generate`) is exact "
-                          f"on it; `serve` and batched evaluation are not available for it")
-
-
 class BatchDecoder:
     """Runs Jobs `slots` at a time. drafter None: plain batched decoding. k: None = the drafter's recorded K.
     costs: the batch-aware verify costs (serve/batch/costs.py) that the drafters' length policies, the batch's draft
@@ -108,9 +99,14 @@ class BatchDecoder:
         if slots < 1:
             raise DraftsmithError(f"the batch needs at least one slot, got {slots}")
         self.target, self.model = target, target.model
-        check_batchable(self.model)
         self.template = drafter
         self.k = resolve_k([drafter], k) if drafter is not None else 0
+        # a hybrid target's recurrent layers: rows prefilled alone, drafts verified as chains (serve/core/kv.py)
+        self.recurrent = recurrent_layer_kinds(self.model)
+        if self.recurrent and tree is not None:
+            note_once(f"this {self.model.config.model_type} target has recurrent layers, whose state a tree's "
+                      f"branches cannot share: its drafts are verified as chains")
+            tree = None
         self.tree = tree
         self.slots = slots
         self.layers = tuple(drafter.target_layers) if drafter is not None else ()
@@ -169,8 +165,10 @@ class BatchDecoder:
         free = self.slots - len(self.rows)
         if self.queue and free > 0:
             jobs = [self.queue.popleft() for _ in range(min(free, len(self.queue)))]
-            # batch-invariant forwards prefill each prompt alone, as batch 1 does (serve/core/invariant.py)
-            for group in ([job] for job in jobs) if is_invariant(self.model) else [jobs]:
+            # batch-invariant forwards prefill each prompt alone, as batch 1 does (serve/core/invariant.py), and so
+            # do recurrent layers (left padding would run through their state)
+            alone = is_invariant(self.model) or self.recurrent
+            for group in ([job] for job in jobs) if alone else [jobs]:
                 self._admit(group)
         elif self.rows:
             self._cycle()
@@ -192,7 +190,7 @@ class BatchDecoder:
         needed = min(needed, self.max_positions + max(self.k, 1) + 2)
         if self.cache is None:
             check_fits(self.model.config, self.dtype, self.device, slots=self.slots, capacity=needed)
-            self.cache = SlotCache(self.slots, needed)
+            self.cache = SlotCache(self.slots, needed, recurrent=bool(self.recurrent))
         elif needed > self.cache.capacity:
             grown = max(needed, 2 * self.cache.capacity)
             check_fits(self.model.config, self.dtype, self.device, slots=self.slots, capacity=grown)
@@ -265,7 +263,7 @@ class BatchDecoder:
             if budget > 0:
                 draft = row.drafter.propose(budget, temperature=row.job.temperature,
                                             generator=draft_generator(row.generator, len(row.output)), tree=self.tree)
-            row.draft = draft
+            row.draft = draft.leading_chain() if self.recurrent else draft  # a greedy chain's leaves dropped
             row.stats.draft_seconds += time.perf_counter() - t0
         if self.costs is not None and self.tree is None and len(rows) > 1:
             self._fit_width(rows)
@@ -342,7 +340,8 @@ class BatchDecoder:
 
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks, **kwargs):
         device = self.device
-        masks = for_target(self.model, {k: m.to(device) for k, m in masks.items()} if isinstance(masks, dict)
+        masks = for_target(self.model, {k: m if m is None else m.to(device) for k, m in masks.items()}
+                           if isinstance(masks, dict)
                            else masks.to(device))
         self.forwards += 1
         return self.model(input_ids=input_ids.to(device), position_ids=position_ids.to(device),

@@ -8,7 +8,8 @@ through the `update` call every attention layer makes (transformers' Cache API):
 `plan_write` say what the next forward writes.
 
 Used by the batched decoder (serve/batch/decoder.py: a pending token and its drafts per row), which also runs
-self-distillation (data/generate.py, one new token per row).
+self-distillation (data/generate.py, one new token per row). A hybrid target's recurrent layers keep their states per
+row beside the buffers (serve/core/recurrent_slots.py).
 """
 from __future__ import annotations
 
@@ -19,16 +20,30 @@ from typing import Any, Sequence
 import torch
 
 from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.recurrent_slots import RecurrentSlots
 from draftsmith.serve.core.target_config import text_config
 
 
+# what a hybrid target's recurrent layers call on their cache (transformers' linear-attention API)
+_RECURRENT_CALLS = frozenset({"get_conv_state", "update_conv_state", "get_recurrent_state", "update_recurrent_state",
+                              "get_recurrent_states_to_keep", "is_recording_past", "increase_count"})
+
+
 def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
-    """Bytes of keys and values one token takes in a full cache of every layer."""
+    """Bytes of keys and values one token takes in a full cache of every layer (an upper bound for a hybrid target,
+    whose recurrent layers hold none)."""
     config = text_config(config)
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+    layers = [config]
+    try:
+        config.head_dim
+    except Exception:  # noqa: BLE001  a heterogeneous config (Gemma 4): per-layer sizes only
+        layers = list(config.per_layer_config)
+    width = 0
+    for layer in layers:
+        heads = layer.num_attention_heads
+        kv_heads = getattr(layer, "num_key_value_heads", None) or heads
+        width = max(width, kv_heads * (getattr(layer, "head_dim", None) or layer.hidden_size // heads))
+    return 2 * config.num_hidden_layers * width * torch.finfo(dtype).bits // 8
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -70,23 +85,38 @@ def reserve_zeros(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
 
 class SlotCache:
     """The KV buffers: (slots, kv_heads, capacity, head_dim) per layer, allocated on first use (reserved: on the
-    CPU only the columns written take memory)."""
+    CPU only the columns written take memory). `recurrent`: the target also has layers with a recurrent state (a
+    hybrid target), kept per row by serve/core/recurrent_slots.py; its newcomers are prefilled one at a time."""
 
-    def __init__(self, slots: int, capacity: int):
+    def __init__(self, slots: int, capacity: int, *, recurrent: bool = False):
         self.slots = slots
         self.capacity = capacity
         self.keys: dict[int, torch.Tensor] = {}  # layer -> (slots, kv_heads, capacity, head_dim)
         self.values: dict[int, torch.Tensor] = {}
+        self.recurrent = RecurrentSlots(slots) if recurrent else None
         self._plan: tuple = ()
 
     def plan_prefill(self, rows: Sequence[int], lengths: Sequence[int]) -> None:
         """Next forward: newcomers left-padded to max(lengths); newcomer n goes to row rows[n], columns [0, len)."""
-        self._plan = ("prefill", list(rows), list(lengths))
+        rows = list(rows)
+        if self.recurrent is not None:
+            if len(rows) != 1:
+                raise ValueError("a hybrid target's newcomers are prefilled one at a time (no padding in its state)")
+            self.recurrent.plan_prefill(rows[0])
+        self._plan = ("prefill", rows, list(lengths))
 
     def plan_write(self, active: int, columns: torch.Tensor, window: int) -> None:
         """Next forward: W tokens for each of rows [0, active), row r's j-th written at columns[r] + j
         (columns: (active,) long); every row attends to columns [0, window)."""
+        if self.recurrent is not None:
+            self.recurrent.plan_cycle(active)
         self._plan = ("write", active, columns, window)
+
+    def __getattr__(self, name: str):
+        """The linear-attention calls of a hybrid target's recurrent layers (RecurrentSlots)."""
+        if name in _RECURRENT_CALLS and self.__dict__.get("recurrent") is not None:
+            return getattr(self.__dict__["recurrent"], name)
+        raise AttributeError(name)
 
     def grow(self, capacity: int) -> None:
         if capacity <= self.capacity:
@@ -102,10 +132,15 @@ class SlotCache:
         for store in (self.keys, self.values):
             for buffer in store.values():
                 buffer[dst, :, :length] = buffer[src, :, :length]
+        if self.recurrent is not None:
+            self.recurrent.move_row(src, dst)
 
     def keep(self, row: int, start: int, offsets: Sequence[int]) -> None:
         """After a write at columns start.. of `row`, keep the written offsets (ascending) at start, start+1, ...
-        (a tree's accepted path); a prefix needs no copy (the rest is masked, then overwritten)."""
+        (a tree's accepted path); a prefix needs no copy (the rest is masked, then overwritten). Recurrent layers
+        keep their states after the prefix (a hybrid target's drafts are chains)."""
+        if self.recurrent is not None:
+            self.recurrent.keep(row, len(offsets))
         if list(offsets) == list(range(len(offsets))):
             return
         src = torch.tensor([start + o for o in offsets])

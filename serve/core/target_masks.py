@@ -11,7 +11,10 @@ from typing import Any
 
 import torch
 
-Masks = torch.Tensor | dict[str, torch.Tensor]  # one mask, or one per layer type (sliding / full attention)
+Masks = torch.Tensor | dict[str, torch.Tensor | None]  # one mask, or one per layer type (None: the layer takes none)
+# layer types whose layers take no attention mask: a recurrent / convolution state instead of attention, or an MLP
+# alone (hybrid targets; Falcon-H1's `hybrid` layers read theirs under full_attention)
+UNMASKED_LAYER_TYPES = frozenset({"linear_attention", "mamba", "conv", "hybrid", "mlp", "moe"})
 
 
 def window_masks(allowed: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, *,
@@ -39,11 +42,19 @@ def config_masks(config: Any, allowed: torch.Tensor, query_positions: torch.Tens
 
     config = text_config(config)
     layer_types = getattr(config, "layer_types", None)
-    unknown = set(layer_types or ()) - {"full_attention", "sliding_attention"}
+    unmasked = set(layer_types or ()) & UNMASKED_LAYER_TYPES
+    unknown = set(layer_types or ()) - {"full_attention", "sliding_attention"} - unmasked
     if unknown:
         raise NotImplementedError(f"attention layer types {sorted(unknown)} are not supported by batched decoding")
-    return window_masks(allowed, query_positions, key_positions, window=getattr(config, "sliding_window", None),
-                        all_sliding=layer_types is None)
+    masks = window_masks(allowed, query_positions, key_positions, window=getattr(config, "sliding_window", None),
+                         all_sliding=layer_types is None)
+    if not unmasked:
+        return masks
+    # a hybrid target: its recurrent layers take no mask (the slot cache keeps each row's state at its own last
+    # token, so padding after it never counts); a model reads its mapping by layer type (Falcon-H1's mamba part by
+    # `linear_attention`, its attention by `full_attention`)
+    masks = dict(masks) if isinstance(masks, dict) else {"full_attention": masks}
+    return {**masks, **dict.fromkeys(unmasked | {"linear_attention"}), "full_attention": masks["full_attention"]}
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -55,7 +66,7 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def for_target(model: Any, masks: Masks) -> Masks:
     """(B, 1, Q, K) bool masks, or a dict of them -> what the model's attention reads (bool, or 0 / dtype min)."""
     if isinstance(masks, dict):
-        return {kind: for_target(model, mask) for kind, mask in masks.items()}
+        return {kind: None if mask is None else for_target(model, mask) for kind, mask in masks.items()}
     if getattr(model.config, "_attn_implementation", "sdpa") != "eager":
         return masks
     return additive_mask(masks, model.dtype)
