@@ -190,3 +190,24 @@ def test_every_recurrent_family_is_a_table_row(family):
 
     row = family_of(tiny_config(family).model_type)
     assert row is not None and row.recurrent and row.loads
+
+
+def test_the_memory_plan_refuses_what_it_does_not_model(hybrid_dirs):
+    """A plan of a hybrid or Gemma 4 target would count its recurrent layers and per-layer embeddings as attention:
+    `train --plan` refuses in one line (exit 2) instead of printing wrong figures."""
+    import subprocess
+    import sys
+
+    from draftsmith.serve.core.families import FAMILIES
+    from draftsmith.serve.core.target_arch import arch_of
+    from tests.tiny_models import tiny_config
+
+    assert {row.model_type for row in FAMILIES if not row.planned} == {
+        tiny_config(family).model_type for family in HYBRID_FAMILIES}
+    for family in ("qwen3_5", "gemma4"):
+        with pytest.raises(TargetError, match="does not model"):
+            arch_of(tiny_config(family))
+    done = subprocess.run([sys.executable, "-m", "draftsmith", "train", "--plan", f"target={hybrid_dirs['lfm2']}",
+                           "device=cpu"], capture_output=True, text=True, timeout=120)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1 and "'lfm2'" in errors[0]

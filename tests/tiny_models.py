@@ -53,7 +53,8 @@ HYBRID_FAMILIES = {
                       mamba_d_state=8, mamba_n_groups=1),
     "lfm2": dict(model_type="lfm2", block_ff_dim=64, layer_types=["conv", "full_attention", "conv", "full_attention"]),
     "olmo_hybrid": dict(model_type="olmo_hybrid"),
-    "gemma4": dict(model_type="gemma4_text", head_dim=8),
+    "gemma4": dict(model_type="gemma4_text", head_dim=8, vocab_size_per_layer_input=259,
+                   hidden_size_per_layer_input=8),
 }
 
 

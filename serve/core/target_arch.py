@@ -79,13 +79,17 @@ def arch_of(config: Any) -> TargetArch:
     data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     if isinstance(data.get("text_config"), dict):
         data = {**data["text_config"], "model_type": data["text_config"].get("model_type", data.get("model_type"))}
+    model_type = str(data.get("model_type", "llama"))
+    family = family_of(model_type)  # serve/core/families.py: what its decoder has beyond Llama's
+    if family is not None and not family.planned:
+        raise TargetError(f"the memory plan does not model a {model_type!r} target's decoder yet (recurrent layers, "
+                          f"per-layer embeddings or head sizes): its figures would be wrong; run without --plan, "
+                          f"and size the devices from a trial run")
     missing = [f for f in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads") if f not in data]
     if missing:
         raise TargetError(f"the target's config lacks {', '.join(missing)}: a memory plan needs a decoder config")
     hidden, heads = int(data["hidden_size"]), int(data["num_attention_heads"])
     experts = int(_get(data, "num_experts", "num_local_experts", "n_routed_experts", default=0) or 0)
-    model_type = str(data.get("model_type", "llama"))
-    family = family_of(model_type)  # serve/core/families.py: what its decoder has beyond Llama's
     return TargetArch(
         model_type=model_type, vocab_size=int(data["vocab_size"]), hidden_size=hidden,
         intermediate_size=int(_get(data, "intermediate_size", default=0) or 0), num_layers=int(data["num_hidden_layers"]),
