@@ -211,3 +211,18 @@ def test_the_memory_plan_refuses_what_it_does_not_model(hybrid_dirs):
                            "device=cpu"], capture_output=True, text=True, timeout=120)
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert done.returncode == 2 and len(errors) == 1 and "'lfm2'" in errors[0]
+
+
+def test_bf16_on_a_hybrid_target_is_exact_at_batch_1_and_batched(hybrid_dirs):
+    """bf16, where the target runs batch-invariant kernels (serve/core/invariant.py): the recorded verify path of the
+    recurrent layers still gives plain decoding's tokens, alone and in a batch."""
+    target = load_target(hybrid_dirs["qwen3_5"], dtype="bfloat16")
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (n,), generator=gen).repeat(3).tolist() for n in (3, 5, 8, 4, 6)]
+    plain = [plain_generate(target, torch.tensor([p]), max_new_tokens=24).output_ids for p in prompts]
+    alone = [speculative_generate(target, build_drafter("ngram:length=fixed", target), torch.tensor([p]),
+                                  max_new_tokens=24, k=4).output_ids for p in prompts]
+    decoder = BatchDecoder(target, build_drafter("ngram:length=fixed", target), slots=3, k=4)
+    for i, prompt in enumerate(prompts):
+        decoder.add(Job(i, prompt, max_new_tokens=24))
+    assert alone == plain and [f.result.output_ids for f in decoder.run()] == plain
