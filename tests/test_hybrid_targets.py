@@ -13,7 +13,8 @@ import torch
 from draftsmith.serve.batch.decoder import BatchDecoder, Job
 from draftsmith.serve.core.errors import TargetError
 from draftsmith.serve.core.families import family_of
-from draftsmith.serve.core.kv import new_cache, recurrent_layer_kinds, rolls_back_trees
+from draftsmith.serve.core.kv import (new_cache, records_recurrent_states, recurrent_layer_kinds,
+                                     rolls_back_trees)
 from draftsmith.serve.core.target import SUPPORTED_MODEL_TYPES, Target, load_target
 from draftsmith.serve.decoding import plain_generate, speculative_generate
 from draftsmith.serve.drafters import build_drafter
@@ -22,6 +23,10 @@ from tests.decoder_fixtures import PROMPT, VOCAB, GreedyTreeDrafter, chi_square_
 from tests.tiny_models import HYBRID_FAMILIES, save_tiny_target, tiny_model, tiny_tokenizer
 
 RECURRENT = sorted(f for f in HYBRID_FAMILIES if f != "gemma4")
+# transformers 5.25 records a recurrent layer's state per token (what rolling it back needs); older releases are
+# refused in one line (test_an_older_transformers_is_refused_in_one_line)
+needs_recording = pytest.mark.skipif(not records_recurrent_states(), reason="transformers < 5.25 records no "
+                                     "recurrent states")
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +42,7 @@ def repeating_prompts(count: int = 3) -> list[torch.Tensor]:
     return [torch.randint(0, 256, (1, 8), generator=gen).repeat(1, 3) for _ in range(count)]
 
 
+@needs_recording
 @pytest.mark.parametrize("family", sorted(HYBRID_FAMILIES))
 def test_each_family_loads_and_decodes_exactly_at_batch_1(hybrid_dirs, family):
     target = load_target(hybrid_dirs[family])
@@ -53,6 +59,7 @@ def test_each_family_loads_and_decodes_exactly_at_batch_1(hybrid_dirs, family):
     assert drafted > 0  # drafts were verified and rolled back, or the test proves little
 
 
+@needs_recording
 @pytest.mark.parametrize("family", sorted(HYBRID_FAMILIES))
 def test_eagle_heads_train_draft_exactly_and_export_where_an_engine_hosts_them(family, tmp_path):
     """EAGLE-3 and EAGLE-1 heads train on the family's tiny target and draft with output identical to plain greedy
@@ -74,6 +81,7 @@ def test_eagle_heads_train_draft_exactly_and_export_where_an_engine_hosts_them(f
                 assert result.mu[method][fmt][0] == result.mu[method][fmt][1]
 
 
+@needs_recording
 def test_trees_fall_back_to_chains_once(hybrid_dirs, capsys):
     target = load_target(hybrid_dirs["qwen3_5"])
     assert not rolls_back_trees(new_cache(target.model))
@@ -97,6 +105,7 @@ def sampling_hybrid() -> Target:
     return Target(model=model, tokenizer=tiny_tokenizer(), name="tiny-qwen3_5-v8", path="")
 
 
+@needs_recording
 def test_sampling_on_a_hybrid_target_matches_its_distribution(sampling_hybrid):
     """A greedy chain of another model (q one-hot, differing from p), rolled back on the recurrent layers whenever
     a draft is rejected: the first three tokens' joint equals the target's enumerated one (chi-square)."""
@@ -115,6 +124,7 @@ def test_sampling_on_a_hybrid_target_matches_its_distribution(sampling_hybrid):
     assert chi_square_p(counts, exact_joint(sampling_hybrid, settings), samples) > 1e-3
 
 
+@needs_recording
 @pytest.mark.parametrize("family", sorted(HYBRID_FAMILIES))
 def test_batched_rows_keep_their_own_states(hybrid_dirs, family):
     """The batched decoder over 3 slots, 5 requests of mixed lengths (newcomers take freed slots): every row's
@@ -132,6 +142,7 @@ def test_batched_rows_keep_their_own_states(hybrid_dirs, family):
         assert [f.result.output_ids for f in done] == plain
 
 
+@needs_recording
 def test_seeded_sampling_and_heads_in_a_batch_equal_plain_decoding(hybrid_dirs):
     """EAGLE-3 drafts (a random head: most are rejected) at temperature 0 and seeded 0.8, a tree asked for and
     verified as chains: each row's tokens are its plain seeded decoding's."""
@@ -213,6 +224,7 @@ def test_the_memory_plan_refuses_what_it_does_not_model(hybrid_dirs):
     assert done.returncode == 2 and len(errors) == 1 and "'lfm2'" in errors[0]
 
 
+@needs_recording
 def test_bf16_on_a_hybrid_target_is_exact_at_batch_1_and_batched(hybrid_dirs):
     """bf16, where the target runs batch-invariant kernels (serve/core/invariant.py): the recorded verify path of the
     recurrent layers still gives plain decoding's tokens, alone and in a batch."""
@@ -226,3 +238,38 @@ def test_bf16_on_a_hybrid_target_is_exact_at_batch_1_and_batched(hybrid_dirs):
     for i, prompt in enumerate(prompts):
         decoder.add(Job(i, prompt, max_new_tokens=24))
     assert alone == plain and [f.result.output_ids for f in decoder.run()] == plain
+
+
+def test_an_older_transformers_is_refused_in_one_line(hybrid_dirs, monkeypatch):
+    """Without per-token state recording (transformers < 5.25) speculative decoding on a hybrid target, alone or in
+    a batch, stops in one line that says plain decoding still works; plain decoding runs."""
+    from draftsmith.serve.core import kv
+
+    target = load_target(hybrid_dirs["qwen3_5"])
+    drafters = [build_drafter("ngram", target) for _ in range(2)]
+    monkeypatch.setattr(kv, "records_recurrent_states", lambda: False)
+    prompt = repeating_prompts(1)[0]
+    for attempt in (lambda: speculative_generate(target, drafters[0], prompt, max_new_tokens=8),
+                    lambda: BatchDecoder(target, drafters[1], slots=2)):
+        with pytest.raises(TargetError) as refused:
+            attempt()
+        assert "\n" not in str(refused.value) and "plain decoding still works" in str(refused.value)
+    assert len(plain_generate(target, prompt, max_new_tokens=8).output_ids) == 8
+
+
+def test_a_cache_that_cannot_be_cropped_is_refused_in_one_line(monkeypatch):
+    """A layer kind whose cache transformers cannot crop (MiniMax's lightning attention, DeepSeek-V4's compressed
+    attention): one line naming the layer and its type, and that plain decoding still works."""
+    from types import SimpleNamespace
+
+    from draftsmith.serve.core import kv
+
+    class Layer:
+        is_croppable = False
+
+    monkeypatch.setattr(kv, "DynamicCache", lambda config: SimpleNamespace(layers=[Layer()]))
+    model = SimpleNamespace(config=SimpleNamespace(model_type="minimax", layer_types=["lightning_attention"]))
+    with pytest.raises(TargetError, match=r"layer 0 .*\(lightning_attention\) keeps a cache that cannot be rolled "
+                                          r"back.*plain decoding still works"):
+        kv.new_cache(model)
+    assert kv.new_cache(model, rolls_back=False).layers  # plain decoding's cache

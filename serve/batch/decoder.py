@@ -31,7 +31,7 @@ from draftsmith.serve.batch.masks import verify_inputs
 from draftsmith.serve.batch.width import batch_width, cut
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.invariant import is_invariant, whole_prompt
-from draftsmith.serve.core.kv import cache_kwargs, recurrent_layer_kinds
+from draftsmith.serve.core.kv import cache_kwargs, check_rollback, recurrent_layer_kinds
 from draftsmith.serve.core.layers import pick_hidden_states
 from draftsmith.serve.core.slots import SlotCache, check_fits
 from draftsmith.serve.core.target_config import text_config
@@ -103,6 +103,8 @@ class BatchDecoder:
         self.k = resolve_k([drafter], k) if drafter is not None else 0
         # a hybrid target's recurrent layers: rows prefilled alone, drafts verified as chains (serve/core/kv.py)
         self.recurrent = recurrent_layer_kinds(self.model)
+        if self.recurrent and drafter is not None:
+            check_rollback(self.model)
         if self.recurrent and tree is not None:
             note_once(f"this {self.model.config.model_type} target has recurrent layers, whose state a tree's "
                       f"branches cannot share: its drafts are verified as chains")

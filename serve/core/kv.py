@@ -31,22 +31,42 @@ def _holds_nothing(layer) -> bool:
     return type(layer).__name__ == "DummyLayer"
 
 
+def records_recurrent_states() -> bool:
+    """Whether the installed transformers can record a recurrent layer's state after each token of a forward
+    (`activate_past_recording(recurrent_states_to_keep=...)`, transformers 5.25), which rolling one back needs."""
+    from transformers import cache_utils
+
+    mixin = getattr(cache_utils, "LinearAttentionCacheLayerMixin", None)
+    return (mixin is not None
+            and "recurrent_states_to_keep" in inspect.signature(mixin.activate_past_recording).parameters)
+
+
+def check_rollback(model) -> None:
+    """TargetError when `model` has recurrent layers and this transformers cannot roll them back."""
+    kinds = recurrent_layer_kinds(model)
+    if kinds and not records_recurrent_states():
+        import transformers
+
+        raise TargetError(f"transformers {transformers.__version__} cannot roll back the {'/'.join(kinds)} layers of "
+                          f"this {model.config.model_type} target (no recurrent-state recording): speculative "
+                          f"decoding on it needs transformers >= 5.25; plain decoding still works")
+
+
 def new_cache(model, *, rolls_back: bool = True) -> DynamicCache:
     """A cache for `model`'s forwards; `rolls_back`: its recurrent layers record past states, so that `rollback`
     can return to any token of the last forward (plain decoding, which never rolls back, leaves them off)."""
     cache = DynamicCache(config=model.config)
+    if rolls_back and has_recurrent_layers(cache):
+        check_rollback(model)
     for index, layer in enumerate(cache.layers):
         if getattr(layer, "is_sliding", False):
             layer.activate_past_recording()
         elif rolls_back and is_recurrent(layer):
-            if "recurrent_states_to_keep" not in inspect.signature(layer.activate_past_recording).parameters:
-                raise TargetError(f"transformers cannot roll back the {type(layer).__name__} cache of layer {index} "
-                                  f"of this {model.config.model_type} target (no recurrent-state recording): "
-                                  f"speculative decoding needs a newer transformers; plain decoding still works")
             layer.activate_past_recording(recurrent_states_to_keep=0)
         elif rolls_back and not getattr(layer, "is_croppable", True):
             kind = getattr(model.config, "layer_types", [None] * len(cache.layers))[index]
-            raise TargetError(f"layer {index} of this {model.config.model_type} target ({kind or type(layer).__name__}) "
+            raise TargetError(f"layer {index} of this {model.config.model_type} target "
+                              f"({kind or type(layer).__name__}) "
                               f"keeps a cache that cannot be rolled back, so drafts cannot be verified on it; plain "
                               f"decoding still works")
     return cache
