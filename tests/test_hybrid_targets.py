@@ -273,3 +273,21 @@ def test_a_cache_that_cannot_be_cropped_is_refused_in_one_line(monkeypatch):
                                           r"back.*plain decoding still works"):
         kv.new_cache(model)
     assert kv.new_cache(model, rolls_back=False).layers  # plain decoding's cache
+
+
+@pytest.mark.distributed
+def test_capture_over_two_processes_holds_the_whole_hybrid_target_in_each(tmp_path, tiny_target_factory):
+    """Data-parallel capture (target.parallel=none, 2 CPU processes) equals one process's; a split (fsdp) is refused
+    in one line, before any work (the memory plan does not model the family, and its split is untested)."""
+    from tests.sharded_fixtures import CAPTURE, EAGLE3_LAYERS, captured_once, max_difference, torchrun
+
+    target = tiny_target_factory("qwen3_5", num_hidden_layers=EAGLE3_LAYERS)
+    dataset, one = captured_once(tmp_path, target, rows=4)
+    common = ["-m", "draftsmith.cli", "data", "capture", "--target", str(target), "--dataset", str(dataset)]
+    done = torchrun(2, *common, "--out", str(tmp_path / "two"), *CAPTURE, "capture.target.parallel=none")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert max_difference(one, tmp_path / "two") == 0.0
+    split = torchrun(2, *common, "--out", str(tmp_path / "split"), *CAPTURE, "capture.target.parallel=fsdp")
+    errors = {line for line in split.stderr.splitlines() if line.startswith("error:")}
+    assert split.returncode != 0 and len(errors) == 1 and "target.parallel=none" in errors.pop()
+    assert not (tmp_path / "split" / "manifest.json").exists()
