@@ -37,6 +37,10 @@ _BOTH = {"EAGLE-3": HOSTED, "EAGLE-1": HOSTED}
 _EVERYWHERE = {"vLLM": {"EAGLE-3": HOSTED}, "SGLang": _BOTH}
 _NO_AUX = "does not implement SupportsEagle3 (no aux hidden-state capture)"
 _VLLM_DOES = " (no aux hidden-state capture); vLLM's does"
+# a class with no EAGLE hook in either engine (Gemma 2, Granite-4 hybrid, LFM2); vLLM's EAGLE-1 needs none
+_NO_HOOKS = {"vLLM": {"EAGLE-3": _NO_AUX},
+             "SGLang": dict.fromkeys(("EAGLE-3", "EAGLE-1"),
+                                     "has neither set_eagle3_layers_to_capture nor get_embed_and_head")}
 
 # rows in the support matrix's order (README); Mistral and Phi-3 subclass LlamaForCausalLM in both engines
 FAMILIES: tuple[Family, ...] = (
@@ -51,9 +55,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("gpt_oss", "GptOssForCausalLM", tiny="gpt_oss", hosts=_EVERYWHERE),
     Family("gemma", "GemmaForCausalLM"),
     Family("gemma2", "Gemma2ForCausalLM",
-           hosts={"vLLM": {"EAGLE-3": _NO_AUX},
-                  "SGLang": dict.fromkeys(("EAGLE-3", "EAGLE-1"),
-                                          "has neither set_eagle3_layers_to_capture nor get_embed_and_head")}),
+           hosts=_NO_HOOKS),
     Family("olmo2", "Olmo2ForCausalLM", qk_norm=True),
     # hybrids and Gemma 4 (tests/tiny_models.py HYBRID_FAMILIES), whose recurrent layers, per-layer embeddings and head
     # sizes the memory plan does not model yet (`--plan` refuses them); hosting read
@@ -70,17 +72,13 @@ FAMILIES: tuple[Family, ...] = (
            hosts={"vLLM": {"EAGLE-3": HOSTED},
                   "SGLang": {"EAGLE-3": f"has no set_eagle3_layers_to_capture{_VLLM_DOES}", "EAGLE-1": HOSTED}}),
     Family("granitemoehybrid", "GraniteMoeHybridForCausalLM", recurrent=True, planned=False,
-           hosts={"vLLM": {"EAGLE-3": _NO_AUX},
-                  "SGLang": dict.fromkeys(("EAGLE-3", "EAGLE-1"),
-                                          "has neither set_eagle3_layers_to_capture nor get_embed_and_head")}),
+           hosts=_NO_HOOKS),
     Family("falcon_h1", "FalconH1ForCausalLM", recurrent=True, planned=False,
            hosts={"vLLM": {"EAGLE-3": _NO_AUX},
                   "SGLang": {"EAGLE-3": "has no set_eagle3_layers_to_capture (no aux hidden-state capture)",
                              "EAGLE-1": HOSTED}}),
     Family("lfm2", "Lfm2ForCausalLM", recurrent=True, planned=False,
-           hosts={"vLLM": {"EAGLE-3": _NO_AUX},
-                  "SGLang": dict.fromkeys(("EAGLE-3", "EAGLE-1"),
-                                          "has neither set_eagle3_layers_to_capture nor get_embed_and_head")}),
+           hosts=_NO_HOOKS),
     Family("olmo_hybrid", "OlmoHybridForCausalLM", recurrent=True, planned=False,
            hosts={"vLLM": {"EAGLE-3": _NO_AUX},
                   "SGLang": dict.fromkeys(("EAGLE-3", "EAGLE-1"), "is not in this release (no model serves it)")}),
