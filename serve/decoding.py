@@ -96,6 +96,15 @@ def note_once(message: str) -> None:
         print(f"note: {message}", file=sys.stderr, flush=True)
 
 
+def tree_on(model, tree: TreeSpec | None, *, recurrent: bool) -> TreeSpec | None:
+    """`tree`, or None (said once) on a target whose recurrent layers cannot keep a tree's path."""
+    if recurrent and tree is not None:
+        note_once(f"this {model.config.model_type} target has recurrent layers, whose state a tree's branches "
+                  f"cannot share: its drafts are verified as chains")
+        return None
+    return tree
+
+
 def _hidden(out, layers: Sequence[int], rows: torch.Tensor | slice) -> dict[int, torch.Tensor]:
     """The drafter's layers of an HF output (serve.core.layers), the rows of batch entry 0: {id: (len(rows), h)}."""
     if not layers:
@@ -213,10 +222,7 @@ def speculative_generate(target: Target, drafter: Drafter, input_ids: torch.Tens
     device = model.device
     cache = new_cache(model)
     chains_only = not rolls_back_trees(cache)  # recurrent layers keep one state per position: no tree paths
-    if chains_only and tree is not None:
-        note_once(f"this {model.config.model_type} target has recurrent layers, whose state a tree's branches "
-                  f"cannot share: its drafts are verified as chains")
-        tree = None
+    tree = tree_on(model, tree, recurrent=chains_only)
     probs = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     t_start = time.perf_counter()
 

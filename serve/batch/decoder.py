@@ -38,7 +38,7 @@ from draftsmith.serve.core.target_config import text_config
 from draftsmith.serve.core.target_masks import config_masks, for_target
 from draftsmith.serve.core.noise import PositionNoise
 from draftsmith.serve.decoding import (GenerationResult, SpecStats, draft_generator, new_generator, next_token,
-                                       note_once, stopper_for, verdict_of)
+                                       stopper_for, tree_on, verdict_of)
 from draftsmith.serve.drafters.base import Draft, Drafter
 from draftsmith.serve.drafters.settings import resolve_k
 from draftsmith.serve.stopping import StopChecker
@@ -105,11 +105,7 @@ class BatchDecoder:
         self.recurrent = recurrent_layer_kinds(self.model)
         if self.recurrent and drafter is not None:
             check_rollback(self.model)
-        if self.recurrent and tree is not None:
-            note_once(f"this {self.model.config.model_type} target has recurrent layers, whose state a tree's "
-                      f"branches cannot share: its drafts are verified as chains")
-            tree = None
-        self.tree = tree
+        self.tree = tree_on(self.model, tree, recurrent=bool(self.recurrent))
         self.slots = slots
         self.layers = tuple(drafter.target_layers) if drafter is not None else ()
         self.costs = (BatchCosts(self.model) if costs is None else costs or None) if drafter is not None else None
