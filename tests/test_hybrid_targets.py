@@ -127,15 +127,16 @@ def test_sampling_on_a_hybrid_target_matches_its_distribution(sampling_hybrid):
 @needs_recording
 @pytest.mark.parametrize("family", sorted(HYBRID_FAMILIES))
 def test_batched_rows_keep_their_own_states(hybrid_dirs, family):
-    """The batched decoder over 3 slots, 5 requests of mixed lengths (newcomers take freed slots): every row's
+    """The batched decoder over 2 and 4 slots, 5 requests of mixed lengths (newcomers take freed slots): every row's
     output equals its plain decoding, with the n-gram drafter accepting different counts per row (each row's
     recurrent state returns to its own last accepted token, serve/core/recurrent_slots.py)."""
     target = load_target(hybrid_dirs[family])
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 256, (n,), generator=gen).repeat(3).tolist() for n in (3, 5, 8, 4, 6)]
     plain = [plain_generate(target, torch.tensor([p]), max_new_tokens=20).output_ids for p in prompts]
-    for drafter in (None, build_drafter("ngram:length=fixed", target)):
-        decoder = BatchDecoder(target, drafter, slots=3, k=4)
+    for slots, drafter in ((2, None), (2, build_drafter("ngram:length=fixed", target)),
+                           (4, build_drafter("ngram:length=fixed", target))):
+        decoder = BatchDecoder(target, drafter, slots=slots, k=4)
         for i, prompt in enumerate(prompts):
             decoder.add(Job(i, prompt, max_new_tokens=20))
         done = decoder.run()
@@ -291,3 +292,33 @@ def test_capture_over_two_processes_holds_the_whole_hybrid_target_in_each(tmp_pa
     errors = {line for line in split.stderr.splitlines() if line.startswith("error:")}
     assert split.returncode != 0 and len(errors) == 1 and "target.parallel=none" in errors.pop()
     assert not (tmp_path / "split" / "manifest.json").exists()
+
+
+def test_a_drafter_trained_on_one_hybrid_target_refuses_another(tmp_path, hybrid_dirs):
+    from draftsmith.serve.core.errors import DraftsmithError
+    from draftsmith.serve.drafters.folder import build_head, save_drafter
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
+
+    qwen = load_target(hybrid_dirs["qwen3_5"])
+    config = eagle3_config(qwen)
+    folder = save_drafter(build_head(config), config, tmp_path / "drafter")
+    build_drafter(str(folder), qwen)  # its own target: fine
+    with pytest.raises(DraftsmithError) as refused:
+        build_drafter(str(folder), load_target(hybrid_dirs["qwen3_next"]))
+    assert "\n" not in str(refused.value) and "trained for target" in str(refused.value)
+
+
+def test_a_multimodal_config_without_its_text_model_is_one_line(tmp_path, hybrid_dirs):
+    """A Qwen3.5 vision-language config.json that lost its `text_config`: transformers would build its default
+    (a 2B-parameter text model) and fail on the weights; one line names what is missing, before any weight loads."""
+    import shutil
+
+    folder = tmp_path / "vl"
+    shutil.copytree(hybrid_dirs["qwen3_5"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "architectures":
+                                                    ["Qwen3_5ForConditionalGeneration"],
+                                                    "vision_config": {}, **{k: config[k] for k in ("eos_token_id",)}}))
+    with pytest.raises(TargetError) as refused:
+        load_target(folder)
+    assert "\n" not in str(refused.value) and "text_config" in str(refused.value)

@@ -1,6 +1,7 @@
 """Loading a target: an HF folder, a hub id, a GGUF file, or `demo` (the cached default)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,17 @@ def check_model_folder(folder: Path, *, weights: bool) -> None:
                           f"`model.save_pretrained({str(folder)!r})`, or finish copying it")
 
 
+def check_text_model(config: Any, folder: Path | None, spec: str) -> None:
+    """TargetError when a vision-language config (one that nests a text model) was saved without its
+    `text_config`: transformers would build its default text model, and the weights would not fit it."""
+    if folder is None or config.get_text_config() is config:
+        return
+    saved = json.loads((folder / "config.json").read_text())
+    if saved.get("model_type") == config.model_type and "text_config" not in saved:
+        raise TargetError(f"{spec!r} is a {config.model_type!r} vision-language config without its `text_config` "
+                          f"(the text model's sizes): copy it from the model you fine-tuned from into config.json")
+
+
 def _transformers_version() -> str:
     import transformers
 
@@ -188,6 +200,7 @@ def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", devic
         cause = err.__cause__ or err
         raise TargetError(f"the config in {spec!r} is inconsistent: {str(cause).splitlines()[0][:200]} (fix "
                           f"config.json)") from None
+    check_text_model(config, Path(path) if Path(path).is_dir() else None, spec)
     model_type = getattr(text_config(config), "model_type", None) or config.model_type
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise TargetError(f"{spec!r} is a {model_type!r} model; draftsmith supports "
