@@ -160,12 +160,14 @@ def write_into(readme: Path, table: str, note: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--families", default=",".join(FAMILIES))
+    sys.path.insert(0, str(ROOT))
+    from tests.tiny_models import HYBRID_FAMILIES  # hybrid targets and Gemma 4 (tests/test_hybrid_targets.py)
+
+    parser.add_argument("--families", default=",".join([*FAMILIES, *HYBRID_FAMILIES]))
     parser.add_argument("--engines-json", default="", help="the --json output of scripts/check_engines.py")
     parser.add_argument("--readme", default="", help="write the table into this README between the markers")
     parser.add_argument("--json", default="", help="also write the per-family results here")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     import torch
 
     torch.set_num_threads(1)
