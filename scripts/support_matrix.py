@@ -109,7 +109,9 @@ def _engine_cells(rows: list[dict]) -> dict[str, str]:
         result = row["result"]
         kind = ("identical" if result.startswith("loads, drafts identically") else
                 "refused" if result.startswith("refused by the exporter") else
-                "source-read" if result.startswith("not built on CPU") else "FAILS")
+                "source-read" if result.startswith("not built on CPU") else
+                # the engine cannot even inspect the target's class on a machine without its GPU kernels
+                "target class not importable on CPU" if "failed to be inspected" in result else "FAILS")
         counts = tally.setdefault(row.get("family", "llama"), {}).setdefault(row["engine"], {})
         counts[kind] = counts.get(kind, 0) + 1
     return {family: "; ".join(f"{engine}: " + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
@@ -188,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                "draft classes and `load_weights`, runs the family's own target class for the aux states and compares "
                "one draft step (identical = logits, token ids and fed-back state within 1e-4); SGLang's modules need "
                "triton to import on a CPU, so its target classes' EAGLE hooks and draft classes are read from its "
-               "installed source (source-read)." if engine_rows else "")
+               "installed source (source-read); where vLLM cannot import the target's own class without its GPU "
+               "kernels (target class not importable on CPU), its loader was not reached." if engine_rows else "")
             + " The draft layer is a Llama layer for every family (serve/drafters/draft_layer.py). Refused exports, "
               "each before anything is written:\n" + "\n".join(f"- {r}" for r in refusals))
     if args.json:
