@@ -27,6 +27,7 @@ RECURRENT = sorted(f for f in HYBRID_FAMILIES if f != "gemma4")
 # refused in one line (test_an_older_transformers_is_refused_in_one_line)
 needs_recording = pytest.mark.skipif(not records_recurrent_states(), reason="transformers < 5.25 records no "
                                      "recurrent states")
+pytestmark = needs_recording  # hybrid targets need it throughout (README: transformers 5.25 or newer)
 
 
 @pytest.fixture(scope="module")

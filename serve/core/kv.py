@@ -64,6 +64,10 @@ def new_cache(model, *, rolls_back: bool = True) -> DynamicCache:
         elif rolls_back and is_recurrent(layer):
             layer.activate_past_recording(recurrent_states_to_keep=0)
         elif rolls_back and not getattr(layer, "is_croppable", True):
+            if not records_recurrent_states():  # before 5.25 a hybrid's layers are neither recurrent nor croppable
+                raise TargetError(f"transformers cannot roll back layer {index} of this {model.config.model_type} "
+                                  f"target: speculative decoding on it needs transformers >= 5.25; plain decoding "
+                                  f"still works")
             kind = getattr(model.config, "layer_types", [None] * len(cache.layers))[index]
             raise TargetError(f"layer {index} of this {model.config.model_type} target "
                               f"({kind or type(layer).__name__}) "
