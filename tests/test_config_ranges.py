@@ -106,6 +106,10 @@ def test_cli_one_line_errors_for_bad_numbers_and_bad_recipes(tmp_path, capsys):
         return err
 
     assert "optim.max_steps must be at least 0, got -3" in error_of("train", "data.dataset=x", "optim.max_steps=-3")
+    assert "loss.kind='kl' is not one of ce, tv, nla, lk_hybrid" in error_of("train", "data.dataset=x", "loss.kind=kl")
+    assert "loss.lk_eta must be at least 0" in error_of("train", "data.dataset=x", "loss.lk_eta=-1")
+    assert "loss.kind=tv needs soft targets (EAGLE-1/3): Medusa" in error_of(
+        "train", "data.dataset=x", "model.method=medusa", "loss.kind=tv")
     bad = tmp_path / "bad.yaml"
     bad.write_text("optim:\n  lr: [1\n")
     assert f"bad config file {bad}: while parsing a flow sequence" in error_of("train", "--config", str(bad))

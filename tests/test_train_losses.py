@@ -59,3 +59,51 @@ def test_ttt_mask_sees_context_causally_and_its_own_drafts_only():
     assert m[:, 3:6].tolist() == torch.eye(3, dtype=torch.bool).tolist()
     assert m[:, 6:].tolist() == torch.eye(3, dtype=torch.bool).tolist()
     assert causal_allowed(2, 3).tolist() == [[True] * 4 + [False], [True] * 5]
+
+
+def _probs(logits: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(logits.float(), dim=-1)
+
+
+def test_acceptance_is_one_minus_total_variation_and_each_loss_is_its_definition():
+    torch.manual_seed(0)
+    logits, target_logits = torch.randn(2, 3, 11), torch.randn(2, 3, 11) * 2
+    mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 0.5]])
+    q, p = _probs(logits), _probs(target_logits)
+    alpha = losses.acceptance(q, p)  # (2, 3)
+    assert torch.allclose(alpha, 1 - 0.5 * (p - q).abs().sum(-1), atol=1e-6)
+    kl = (p * (p.log() - q.log())).sum(-1)
+    lam = torch.exp(-3.0 * alpha)
+    expected = {"ce": -(p * q.log()).sum(-1), "tv": 1 - alpha, "nla": -alpha.log(),
+                "lk_hybrid": lam * kl + (1 - lam) * (1 - alpha)}
+    for kind, per_row in expected.items():
+        got = losses.distribution_loss(logits, target_logits, mask, kind=kind)
+        assert torch.allclose(got, (per_row * mask).sum(), atol=1e-5), kind
+
+
+def test_acceptance_losses_vanish_where_the_draft_is_the_target_and_nla_is_ce_on_a_point_mass():
+    logits = torch.randn(1, 4, 9)
+    mask = torch.ones(1, 4)
+    for kind in ("tv", "nla", "lk_hybrid"):
+        assert abs(float(losses.distribution_loss(logits, logits.clone(), mask, kind=kind))) < 1e-5, kind
+    labels = torch.randint(0, 9, (1, 4))
+    one_hot = F.one_hot(labels, 9).float() * 60.0
+    nla = losses.distribution_loss(logits, one_hot, mask, kind="nla")
+    assert torch.allclose(nla, losses.hard_cross_entropy(logits, labels, mask), atol=1e-4)
+
+
+def test_nla_gradient_is_tvs_over_alpha_and_lk_weight_is_not_differentiated():
+    torch.manual_seed(1)
+    target_logits = torch.randn(1, 1, 7)
+    mask = torch.ones(1, 1)
+    grads = {}
+    for kind in ("tv", "nla"):
+        logits = torch.randn(1, 1, 7, generator=torch.Generator().manual_seed(2)).requires_grad_()
+        losses.distribution_loss(logits, target_logits, mask, kind=kind).backward()
+        grads[kind] = logits.grad
+    alpha = losses.acceptance(_probs(logits.detach()), _probs(target_logits))
+    assert torch.allclose(grads["nla"], grads["tv"] / alpha, atol=1e-6)
+    # lk_hybrid at eta = 0 is the KL alone (lam = 1): its gradient is the soft CE's, q - p
+    logits = torch.randn(1, 1, 7).requires_grad_()
+    losses.distribution_loss(logits, target_logits, mask, kind="lk_hybrid", eta=0.0).backward()
+    assert torch.allclose(logits.grad, _probs(logits.detach()) - _probs(target_logits), atol=1e-6)

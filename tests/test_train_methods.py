@@ -44,9 +44,19 @@ def _config(target, dataset, out_dir, method: str, *extra: str) -> TrainConfig:
 
 @pytest.mark.parametrize("method", ["eagle3", "eagle1", "medusa"])
 def test_method_trains_and_drafts_losslessly(tiny_jobs, method):
+    _trains_and_drafts(tiny_jobs, method, method)
+
+
+@pytest.mark.parametrize("method,kind", [("eagle3", "tv"), ("eagle3", "lk_hybrid"), ("eagle1", "nla")])
+def test_acceptance_losses_train_heads_that_draft_losslessly(tiny_jobs, method, kind):
+    """loss.kind: the heads trained for acceptance (1 - alpha, -log alpha, the LK blend) learn as the soft CE does."""
+    _trains_and_drafts(tiny_jobs, method, f"{method}-{kind}", f"loss.kind={kind}")
+
+
+def _trains_and_drafts(tiny_jobs, method: str, name: str, *extra: str) -> None:
     target_dir, dataset, root = tiny_jobs(EAGLE3_LAYERS if method == "eagle3" else 2)
-    out = root / method
-    extra = ("model.draft_vocab_size=200",) if method == "eagle3" else ()
+    out = root / name
+    extra = (*extra, "model.draft_vocab_size=200") if method == "eagle3" else extra
     folder = train_drafter(_config(target_dir, dataset, out, method, *extra))
 
     evals = [r for r in read_log(out) if r.get("event") == "eval"]

@@ -11,6 +11,7 @@ from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.ranges import check_ranges
 from draftsmith.serve.core.target_config import TargetConfig
 from draftsmith.serve.methods import registry
+from draftsmith.serve.methods.loss_kinds import DISTRIBUTION_LOSSES
 
 STRATEGIES = ("ddp", "deepspeed", "fsdp")
 
@@ -77,13 +78,17 @@ class OptimConfig:
 @dataclass
 class LossConfig:
     RANGES: ClassVar[dict[str, str]] = {"decay": "(0, 1]", "feature_weight": ">= 0", "ce_weight": ">= 0",
-                                        "feature_noise": ">= 0", "aux_noise": ">= 0", "prompt_weight": "[0, 1]"}
+                                        "feature_noise": ">= 0", "aux_noise": ">= 0", "prompt_weight": "[0, 1]",
+                                        "lk_eta": ">= 0"}
     decay: float = 0.8                     # weight decay^i of TTT step / Medusa head i
     feature_weight: float = 1.0            # EAGLE-1 SmoothL1 on the next feature
     ce_weight: float = 0.1                 # EAGLE-1 cross-entropy vs the target's distribution
     feature_noise: float = 0.1             # EAGLE-1: U(-a, a) added to input features; 0 = off
     aux_noise: float = 0.0                 # EAGLE-3: U(-a, a) x the feature's RMS added to each aux feature
     prompt_weight: float = 0.0             # EAGLE-1/3: weight of prompt (non-assistant) positions; 0 = assistant only
+    kind: str = "ce"                       # EAGLE-1/3: the loss against the target's distribution: ce (soft
+                                           # cross-entropy) | tv (1 - acceptance) | nla (-log acceptance) | lk_hybrid
+    lk_eta: float = 3.0                    # lk_hybrid: KL weight exp(-lk_eta * acceptance), the rest on 1 - acceptance
 
 
 @dataclass
@@ -169,6 +174,7 @@ def check(config: TrainConfig, *, data: bool = True) -> TrainConfig:
     _choice("distributed.backend", config.distributed.backend, ("auto", "gloo", "nccl"))
     _choice("optim.schedule", config.optim.schedule, ("cosine", "linear", "constant"))
     _choice("tracking", config.tracking, ("wandb", "none"))
+    _choice("loss.kind", config.loss.kind, DISTRIBUTION_LOSSES)
     _choice("model.attn_implementation", config.model.attn_implementation, ("sdpa", "eager"))
     if data and config.data.mode == "online" and not config.data.dataset:
         raise DraftsmithError("data.mode=online needs data.dataset (a `draftsmith data build` folder)")

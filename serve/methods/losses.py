@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from draftsmith.serve.methods.loss_kinds import DISTRIBUTION_LOSSES
+
 
 def shift_left(x: torch.Tensor, n: int, *, fill=0) -> torch.Tensor:
     """x[:, t] <- x[:, t+n] along dim 1, padding the end with `fill`. (B, T, ...) -> (B, T, ...)."""
@@ -35,6 +37,41 @@ def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor, mask: 
     target = torch.softmax(target_logits.float(), dim=-1)
     logq = torch.log_softmax(logits.float(), dim=-1)
     per_row = -(target * logq).sum(-1)  # (B, T)
+    return (per_row * mask).sum()
+
+
+NLA_FLOOR = 1e-6  # -log alpha is clamped here: a draft with no overlap at all has a finite loss
+
+
+def acceptance(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """alpha = sum_v min(p_v, q_v): the probability that a token drafted from q is accepted against p (Leviathan et
+    al. 2023). q, p: (..., V) probabilities -> (...)."""
+    return torch.minimum(p, q).sum(-1)
+
+
+def distribution_loss(logits: torch.Tensor, target_logits: torch.Tensor, mask: torch.Tensor, *, kind: str = "ce",
+                      eta: float = 3.0) -> torch.Tensor:
+    """Sum over masked rows of one loss of the draft's distribution q = softmax(logits) against the target's
+    p = softmax(target_logits); logits, target_logits: (B, T, V); mask: (B, T).
+
+    ce: -sum_v p log q. tv: 1 - alpha (total variation). nla: -log alpha (its gradient is TV's over alpha, which keeps
+    it strong while the draft is far off). lk_hybrid: lam * KL(p||q) + (1 - lam)(1 - alpha), lam = exp(-eta * sg(alpha))
+    per row: KL while acceptance is low, acceptance itself once it grows (Samarin et al., "LK losses")."""
+    if kind == "ce":
+        return soft_cross_entropy(logits, target_logits, mask)
+    p = torch.softmax(target_logits.float(), dim=-1)
+    logq = torch.log_softmax(logits.float(), dim=-1)
+    alpha = acceptance(logq.exp(), p)  # (B, T)
+    if kind == "tv":
+        per_row = 1.0 - alpha
+    elif kind == "nla":
+        per_row = -alpha.clamp_min(NLA_FLOOR).log()
+    elif kind == "lk_hybrid":
+        lam = torch.exp(-eta * alpha.detach())
+        kl = (torch.special.xlogy(p, p) - p * logq).sum(-1)  # (B, T); 0 log 0 = 0
+        per_row = lam * kl + (1.0 - lam) * (1.0 - alpha)
+    else:
+        raise ValueError(f"unknown distribution loss {kind!r}: one of {', '.join(DISTRIBUTION_LOSSES)}")
     return (per_row * mask).sum()
 
 

@@ -31,6 +31,8 @@ class ObjectiveSettings:
     ce_weight: float = 0.1          # EAGLE-1: soft CE through the target's lm_head
     aux_noise: float = 0.0          # EAGLE-3: U(-a, a) x each aux feature's RMS
     prompt_weight: float = 0.0      # soft-target methods: weight of prompt positions
+    kind: str = "ce"                # soft-target methods: the loss against the target's distribution (losses.py)
+    lk_eta: float = 3.0             # lk_hybrid: lam = exp(-eta * alpha)
 
 
 @dataclass

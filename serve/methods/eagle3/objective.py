@@ -10,15 +10,16 @@ from draftsmith.serve.methods.objective import FeatureBatch, ObjectiveSettings, 
 
 
 class Eagle3Objective(UnrolledObjective):
-    """EAGLE-3: training-time test over `ttt_steps`, soft CE against the target restricted to the draft
-    vocabulary, step weights decay^j; rows whose target top-1 lies outside the draft vocabulary cannot be matched
+    """EAGLE-3: training-time test over `ttt_steps`, soft CE (or an acceptance loss: `kind`,
+    losses.DISTRIBUTION_LOSSES) against the target restricted to the draft vocabulary, step weights decay^j; rows whose target top-1 lies outside the draft vocabulary cannot be matched
     and are masked (as SpecForge). Noise, when on, is relative to each aux feature's scale (their RMS differs
     by an order of magnitude between low and high layers)."""
 
     def __init__(self, head, parts, *, ttt_steps: int = 7, decay: float = 0.8, feature_noise: float = 0.0,
-                 prompt_weight: float = 0.0):
+                 prompt_weight: float = 0.0, kind: str = "ce", lk_eta: float = 3.0):
         super().__init__(head, parts, feature_noise=feature_noise, relative_noise=True, prompt_weight=prompt_weight)
         self.steps, self.decay = ttt_steps, decay
+        self.kind, self.lk_eta = kind, lk_eta
 
     def term_weights(self) -> dict[str, float]:
         return {f"ttt{j}": w for j, w in enumerate(losses.step_weights(self.steps, self.decay))}
@@ -57,11 +58,12 @@ class Eagle3Objective(UnrolledObjective):
         target_logits = self.parts.logits(final, draft_token_ids(self.head.d2t))  # (B, T, Vd)
         lengths = attention_mask.sum(1) if attention_mask is not None else None
         hidden = self._input_hidden(hidden_states, noise_seeds, lengths)
-        return {f"ttt{j}": losses.soft_cross_entropy(self.head.logits(out), losses.shift_left(target_logits, 1 + j),
-                                                     masks[j])
+        return {f"ttt{j}": losses.distribution_loss(self.head.logits(out), losses.shift_left(target_logits, 1 + j),
+                                                    masks[j], kind=self.kind, eta=self.lk_eta)
                 for j, out in self._unroll(input_ids, hidden, self.steps)}
 
 
 def eagle3_objective(head, parts, settings: ObjectiveSettings) -> Eagle3Objective:
     return Eagle3Objective(head, parts, ttt_steps=settings.ttt_steps, decay=settings.decay,
-                           feature_noise=settings.aux_noise, prompt_weight=settings.prompt_weight)
+                           feature_noise=settings.aux_noise, prompt_weight=settings.prompt_weight, kind=settings.kind,
+                           lk_eta=settings.lk_eta)

@@ -21,6 +21,10 @@ def _check(config) -> None:
     if config.loss.prompt_weight:
         raise DraftsmithError("loss.prompt_weight needs soft targets (EAGLE-1/3): Medusa learns the data's tokens, "
                               "and prompt tokens are the user's, not the target's")
+    if config.loss.kind != "ce":
+        raise DraftsmithError(f"loss.kind={config.loss.kind} needs soft targets (EAGLE-1/3): Medusa learns the data's "
+                              f"tokens with a cross-entropy, and an acceptance loss needs the target's distribution; "
+                              f"leave loss.kind=ce")
 
 
 METHOD = register(Method(
