@@ -97,8 +97,9 @@ def ensure_env(name: str, version: str) -> Path:
 
 # ------------------------------------------------------------------------------------ drafters, exports
 
-def make_drafters(work: Path, family: str) -> tuple[Path, dict]:
-    """The family's tiny target and one seeded native drafter per (method, vocabulary)."""
+def make_drafters(work: Path, family: str, head_options: dict | None = None) -> tuple[Path, dict]:
+    """The family's tiny target and one seeded native drafter per (method, vocabulary); `head_options` (model.*
+    keys, e.g. norm_output=True) are set on the drafters of the methods that have them."""
     sys.path.insert(0, str(ROOT))
     from draftsmith.serve.core.target import load_target
     from tests.export_fixtures import make_native
@@ -113,6 +114,7 @@ def make_drafters(work: Path, family: str) -> tuple[Path, dict]:
         if not method_of(method).llama_layer and family not in FAMILY_FREE:
             continue
         options = {"draft_vocab_size": None if vocab == "full" else REDUCED} if method_of(method).own_vocab else {}
+        options.update({k: v for k, v in (head_options or {}).items() if k in method_of(method).options})
         natives[method, vocab] = make_native(target, method, work / "native" / f"{method}-{vocab}", seed=7, **options)
     return target_dir, natives
 
@@ -294,7 +296,11 @@ def main(argv: list[str] | None = None) -> int:
                                                                     "the folders (default: this one)")
     parser.add_argument("--work", default="", help="work folder (default: a temporary one)")
     parser.add_argument("--json", default="", help="also write the table as JSON here")
+    parser.add_argument("--head-options", default="", help="comma-separated model.* options set on the drafters "
+                                                           "of the methods that have them, e.g. norm_output=true "
+                                                           "(EAGLE-3.1) or fc_norm=true: check that option's export")
     args = parser.parse_args(argv)
+    head_options = _head_options(args.head_options, parser)
 
     import torch
 
@@ -316,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.save({"input_ids": input_ids}, inputs)
     targets, exports, refs = {}, {}, {}
     for family in families:
-        targets[family], natives = make_drafters(work / family, family)
+        targets[family], natives = make_drafters(work / family, family, head_options)
         for key, folder in export_all(natives, targets[family], work / family,
                                       Path(args.exporter_repo).resolve()).items():
             exports[(family, *key)] = folder
@@ -345,6 +351,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     return 0
+
+
+def _head_options(text: str, parser: argparse.ArgumentParser) -> dict:
+    """'norm_output=true,fc_norm=false' -> {'norm_output': True, 'fc_norm': False}: a method's on/off model.*
+    options (train/config.py ModelConfig)."""
+    from draftsmith.serve.methods.registry import method, names
+    from draftsmith.train.config import ModelConfig
+
+    known = {key for name in names(trained=True) for key in method(name).options
+             if isinstance(getattr(ModelConfig, key, None), bool)}
+    options = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if key not in known or value.lower() not in ("true", "false"):
+            parser.error(f"--head-options {item!r}: expected KEY=true|false with KEY one of {', '.join(sorted(known))}")
+        options[key] = value.lower() == "true"
+    return options
 
 
 if __name__ == "__main__":

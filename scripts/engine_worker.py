@@ -386,6 +386,8 @@ def run_speculators(job: dict) -> dict:
                                   position_embeddings=model.rotary_emb(x, positions))
             out = out[0] if isinstance(out, tuple) else out
             logits = model.lm_head(model.norm(out))[0].float()  # (T, Vd)
+            if getattr(model.config, "norm_output", False):  # EAGLE-3.1: the next step reads norm(out)
+                out = model.norm(out)
             d2t = getattr(model, "d2t", None)
             draft_ids = logits.argmax(-1)
             token_ids = draft_ids + d2t[draft_ids] if d2t is not None else draft_ids

@@ -178,11 +178,12 @@ def test_speculators_readme_leads_with_the_form_that_serves_a_local_target(nativ
     assert config["speculators_config"]["verifier"]["name_or_path"] == "HuggingFaceTB/tiny-llama"
 
 
-@pytest.mark.parametrize("norm", ["fc_norm", "norm_before_fc"])
+@pytest.mark.parametrize("norm", ["fc_norm", "norm_before_fc", "norm_output"])
 @pytest.mark.parametrize("fmt", ["vllm", "sglang", "speculators"])
 def test_feature_norms_export_under_the_engines_names(target, tmp_path, fmt, norm):
-    """EAGLE-3 norms before fc: the flag the engine reads, its tensors in the engine's (ascending) aux order,
-    and the same drafts read back; releases that drop the norm silently are refused by --engine-version."""
+    """EAGLE-3 norms before fc and EAGLE-3.1's normed output: the flag the engine reads, the norms' tensors in the
+    engine's (ascending) aux order, and the same drafts read back (norm_output changes every step after the first);
+    releases that drop the norm silently are refused by --engine-version."""
     from safetensors.torch import load_file
 
     from draftsmith.serve.methods.eagle3.export import FEATURE_NORM_FIRST
@@ -192,16 +193,21 @@ def test_feature_norms_export_under_the_engines_names(target, tmp_path, fmt, nor
                             k=3, max_new_tokens=12)
     assert report.proposals_compared > 0 and report.mu_readback == report.mu_native
     config = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert config[norm] is True and config["fc_norm" if norm == "norm_before_fc" else "norm_before_fc"] is False
+    assert config[norm] is True
+    assert [flag for flag in ("fc_norm", "norm_before_fc", "norm_output") if config.get(flag)] == [norm]
     tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
     if norm == "norm_before_fc":
         assert tensors["input_norm.weight"].shape == (3 * 32,)
         if fmt == "sglang":
             assert config["eagle_config"]["norm_before_fc"] is True
-    else:
+    elif norm == "fc_norm":
         assert [k for k in sorted(tensors) if k.startswith("fc_norm.")] == [f"fc_norm.{i}.weight" for i in range(3)]
+    else:  # a flag alone: the same tensors as a plain EAGLE-3 head
+        assert not any(k.startswith(("fc_norm.", "input_norm.")) for k in tensors)
+        if fmt == "sglang":
+            assert "norm_output" not in config["eagle_config"]  # SGLang reads it from the top level only
     first = FEATURE_NORM_FIRST[fmt][norm]
     too_old = ".".join(map(str, first[:-1] + (first[-1] - 1,)))
-    with pytest.raises(DraftsmithError, match="no norm before fc"):
+    with pytest.raises(DraftsmithError, match=f"do not read {norm} and would serve another model silently"):
         export_drafter(native, fmt, tmp_path / "old", target=target, engine_version=too_old)
     assert not (tmp_path / "old").exists()

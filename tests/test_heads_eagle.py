@@ -59,6 +59,29 @@ def test_eagle3_tensor_names_and_shapes(tiny_target_dir):
         eagle3_config(target, aux_layer_ids=[0, 5, 1])
 
 
+def test_eagle3_norm_output_feeds_the_normed_state_forward_with_the_same_logits(tiny_target_dir):
+    """EAGLE-3.1's norm_output: the same weights give the same first-step logits, and the state the next step reads
+    is norm(out) instead of out."""
+    import dataclasses
+
+    from draftsmith.serve.drafters.masks import additive, causal_allowed
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
+
+    target = load_target(tiny_target_dir)
+    cfg = eagle3_config(target, draft_vocab_size=100, aux_layer_ids=[0, 1, 1])
+    plain = build_head(cfg).eval()
+    normed = build_head(dataclasses.replace(cfg, norm_output=True)).eval()
+    normed.load_state_dict(plain.state_dict())  # no tensor of its own
+    ids = torch.randint(0, 259, (6,), generator=torch.Generator().manual_seed(0))
+    hidden = plain.input_hidden(_features(target, ids))[None]  # (1, T, h)
+    embeds = target.model.get_input_embeddings()(ids)[None]
+    kwargs = dict(position_ids=torch.arange(6)[None], attention_mask=additive(causal_allowed(6, 0), torch.float32)[None])
+    with torch.no_grad():
+        out, out_normed = plain(hidden, embeds, **kwargs), normed(hidden, embeds, **kwargs)
+        assert torch.allclose(out_normed, plain.norm(out)) and not torch.allclose(out_normed, out)
+        assert torch.allclose(normed.logits(out_normed), plain.logits(out))
+
+
 def test_heads_build_and_draft_for_every_family(tiny_target_factory, family):
     target = load_target(tiny_target_factory(family))
     ids = torch.randint(0, 256, (14,), generator=torch.Generator().manual_seed(1))

@@ -71,7 +71,7 @@ def test_cache_stores_the_targets_top1(job):
     assert torch.equal(row["target_top1"], logits.argmax(-1))
 
 
-@pytest.mark.parametrize("norm", ["model.fc_norm=true", "model.norm_before_fc=true"])
+@pytest.mark.parametrize("norm", ["model.fc_norm=true", "model.norm_before_fc=true", "model.norm_output=true"])
 def test_feature_norms_train_and_draft_losslessly(job, norm):
     target_dir, root = job
     name = norm.split(".")[1].split("=")[0]
@@ -81,8 +81,10 @@ def test_feature_norms_train_and_draft_losslessly(job, norm):
     if name == "fc_norm":
         assert config["fc_norm"] and [k for k in weights if k.startswith("fc_norm.")] == \
             ["fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"]
-    else:
+    elif name == "norm_before_fc":
         assert config["norm_before_fc"] and weights["input_norm.weight"].shape == (3 * 32,)
+    else:  # EAGLE-3.1: the next step reads norm(out); no tensor of its own
+        assert config["norm_output"] and not any(k.startswith(("fc_norm.", "input_norm.")) for k in weights)
     target = load_target(target_dir)
     drafter = build_drafter(str(folder), target)
     prompt = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(3))

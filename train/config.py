@@ -27,6 +27,7 @@ class ModelConfig:
     ttt_steps: int = 7                     # EAGLE-3 training-time-test unroll
     fc_norm: bool = False                  # EAGLE-3: an RMSNorm per aux feature before fc (EAGLE-3.1)
     norm_before_fc: bool = False           # EAGLE-3: one RMSNorm over the concatenated aux features before fc
+    norm_output: bool = False              # EAGLE-3: the next draft step reads the normed output (EAGLE-3.1)
     fc_bias: bool = False                  # EAGLE-1
     medusa_num_layers: int = 1             # ResBlocks per Medusa head
     attn_implementation: str = "sdpa"      # sdpa | eager

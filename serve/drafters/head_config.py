@@ -37,6 +37,7 @@ class HeadConfig:
     hidden_norm: bool = True             # EAGLE-3: the fused hidden state is normed before attention
     fc_norm: bool = False                # EAGLE-3: an RMSNorm per aux feature before `fc` (EAGLE-3.1)
     norm_before_fc: bool = False         # EAGLE-3: one RMSNorm over the concatenated aux features before `fc`
+    norm_output: bool = False            # EAGLE-3: the next step reads the normed output (EAGLE-3.1)
     fc_bias: bool = False                # EAGLE-1 fc bias
     medusa_num_layers: int = 1           # ResBlocks per Medusa head
     ttt_steps: int = 1                   # EAGLE-3 training-time-test unroll it was trained with

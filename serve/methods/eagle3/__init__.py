@@ -16,7 +16,7 @@ def _config(model, target: Target):
     cfg = eagle3_config(target, draft_vocab_size=model.draft_vocab_size or None,
                         aux_layer_ids=model.aux_layer_ids or None, num_speculative_tokens=model.num_speculative_tokens,
                         ttt_steps=model.ttt_steps, fc_norm=model.fc_norm, norm_before_fc=model.norm_before_fc,
-                        attn_implementation=model.attn_implementation)
+                        norm_output=model.norm_output, attn_implementation=model.attn_implementation)
     check_eagle3_layers(cfg.aux_layer_ids, target.num_layers)  # refused now rather than at export
     return cfg
 
@@ -30,5 +30,5 @@ METHOD = register(Method(
     name="eagle3", title="EAGLE-3", config=_config, head=Eagle3Head, drafter=EagleDrafter, objective=eagle3_objective,
     layers=lambda num_layers: tuple(default_eagle3_layers(num_layers)),  # low, middle, high
     unroll=lambda model, cfg: model.ttt_steps,  # training-time test runs the head ttt_steps times per position
-    check=_check, llama_layer=True, own_vocab=True, options=("fc_norm", "norm_before_fc"),
+    check=_check, llama_layer=True, own_vocab=True, options=("fc_norm", "norm_before_fc", "norm_output"),
     exports={"vllm": to_vllm.FORM, "sglang": to_sglang.FORM, "speculators": to_speculators.FORM}, trees=True))

@@ -39,20 +39,22 @@ def check(config: HeadConfig, fmt: str) -> None:
                               f"(hidden_norm); this drafter was trained without it")
 
 
-# EAGLE-3 norms before fc, as the engines name them (vLLM llama_eagle3.py, SGLang llama_eagle3.py, speculators
+# EAGLE-3's norms, as the engines name them (vLLM llama_eagle3.py, SGLang llama_eagle3.py, speculators
 # Eagle3DraftModel): `norm_before_fc` = one RMSNorm over the concatenated aux states, tensor `input_norm.weight`
-# (n*h,); `fc_norm` = one RMSNorm per aux state, tensors `fc_norm.{i}.weight` (h,). The first releases that read
-# each flag, per format (from every release's source): below them the tensor is dropped silently, a wrong model.
+# (n*h,); `fc_norm` = one RMSNorm per aux state, tensors `fc_norm.{i}.weight` (h,); `norm_output` = the next step
+# reads norm(out) (EAGLE-3.1; no tensor of its own). The first releases that read each flag, per format (from every
+# release's source): below them the tensor or the flag is dropped silently, a wrong model.
 FEATURE_NORM_FIRST = {
-    "vllm": {"norm_before_fc": (0, 18), "fc_norm": (0, 22)},
-    "speculators": {"norm_before_fc": (0, 19), "fc_norm": (0, 25)},  # through vLLM's speculators reader
-    "sglang": {"norm_before_fc": (0, 5, 18), "fc_norm": (0, 5, 15)},
+    "vllm": {"norm_before_fc": (0, 18), "fc_norm": (0, 22), "norm_output": (0, 22)},
+    "speculators": {"norm_before_fc": (0, 19), "fc_norm": (0, 25), "norm_output": (0, 25)},  # vLLM's speculators reader
+    "sglang": {"norm_before_fc": (0, 5, 18), "fc_norm": (0, 5, 15), "norm_output": (0, 5, 12)},
 }
 
 
 def feature_norms(config: HeadConfig) -> dict[str, bool]:
-    """The head's norms before fc as engine config flags."""
-    return {"norm_before_fc": bool(config.norm_before_fc), "fc_norm": bool(config.fc_norm)}
+    """The head's norms as engine config flags."""
+    return {"norm_before_fc": bool(config.norm_before_fc), "fc_norm": bool(config.fc_norm),
+            "norm_output": bool(config.norm_output)}
 
 
 def first_release_for(config: HeadConfig, fmt: str):
@@ -62,18 +64,20 @@ def first_release_for(config: HeadConfig, fmt: str):
 
 
 def feature_norm_support(config: HeadConfig, fmt: str, engine: str):
-    """engines.Support for a head with norms before fc (None: it has none, the format's own range holds)."""
+    """engines.Support for a head with any of these norms (None: it has none, the format's own range holds)."""
     from draftsmith.serve.export.engines import Support
 
     first = first_release_for(config, fmt)
     if first is None:
         return None
-    return Support(engine, first, why="older releases have no norm before fc and drop its weights silently",
-                   fix="Use a newer release, or retrain without model.fc_norm / model.norm_before_fc.")
+    flags = [flag for flag, on in feature_norms(config).items() if on]
+    return Support(engine, first, why=f"older releases do not read {' / '.join(flags)} and would serve another "
+                                      f"model silently",
+                   fix=f"Use a newer release, or retrain without {' / '.join('model.' + f for f in flags)}.")
 
 
 def feature_norm_fields(config: HeadConfig, *, prefix: str = "") -> dict[str, Expect]:
-    """The config flags of the head's norms before fc; false may also be left out (every engine defaults it)."""
+    """The config flags of the head's norms; false may also be left out (every engine defaults it)."""
     out = {}
     for flag, on in feature_norms(config).items():
         why = f"the drafter {'has' if on else 'has no'} {flag}"
@@ -132,13 +136,13 @@ def read_eagle3(config: dict, tensors: dict, *, where: str, engine: str, num_lay
     if get_field(config, "norm_before_residual", norm_before_residual_default):
         raise ExportError(f"{where}: norm_before_residual is true ({engine} then adds the NORMED fused state as the "
                           f"residual); draftsmith heads add the un-normed one: expected false")
-    if get_field(config, "norm_output", False):
-        raise ExportError(f"{where}: norm_output is true; draftsmith heads feed back un-normed states: expected false")
-    # both engines read norm_before_fc from eagle_config first, then the top level; fc_norm from the top level only
+    # both engines read norm_before_fc from eagle_config first, then the top level; fc_norm and norm_output from
+    # the top level only
     norms = {"norm_before_fc": bool(get_field(config, "eagle_config.norm_before_fc",
                                               get_field(config, "norm_before_fc", False))),
-             "fc_norm": bool(get_field(config, "fc_norm", False))}
-    if all(norms.values()):
+             "fc_norm": bool(get_field(config, "fc_norm", False)),
+             "norm_output": bool(get_field(config, "norm_output", False))}
+    if norms["norm_before_fc"] and norms["fc_norm"]:
         raise ExportError(f"{where}: norm_before_fc and fc_norm are both true; the engines take one or the other")
     if not get_field(config, "eagle_config.use_aux_hidden_state", True):
         raise ExportError(f"{where}: eagle_config.use_aux_hidden_state is false; expected true (fc over aux layers)")

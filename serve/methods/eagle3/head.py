@@ -8,8 +8,10 @@
     logits = lm_head(norm(out))                        own lm_head over a reduced draft vocabulary
     target_id = draft_id + d2t[draft_id]; t2d marks target ids inside the draft vocabulary
 
-During drafting (and training-time test) `out` replaces `fused` for the next step. Tensor names follow
-vLLM's llama_eagle3 (`midlayer.*`, `midlayer.hidden_norm`, `fc`, `norm`, `lm_head`, `d2t`, `t2d`).
+During drafting (and training-time test) `out` replaces `fused` for the next step; with `norm_output` (EAGLE-3.1,
+vLLM's and SGLang's `norm_output`) `norm(out)` does, which keeps its scale from drifting over the steps: the head's
+forward then returns norm(out) and `logits` applies lm_head alone. Tensor names follow vLLM's llama_eagle3
+(`midlayer.*`, `midlayer.hidden_norm`, `fc`, `norm`, `lm_head`, `d2t`, `t2d`).
 """
 from __future__ import annotations
 
@@ -95,16 +97,18 @@ class Eagle3Head(nn.Module):
         x = residual + x
         residual = x
         x = layer.mlp(layer.post_attention_layernorm(x))
-        return residual + x
+        out = residual + x
+        return self.norm(out) if self.config.norm_output else out
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
-        """(..., h) -> (..., Vd) over the draft vocabulary."""
-        return self.lm_head(self.norm(out))
+        """(..., h) forward's output -> (..., Vd) over the draft vocabulary."""
+        return self.lm_head(out if self.config.norm_output else self.norm(out))
 
 
 def eagle3_config(target: Target, *, draft_vocab_size: int | None = None, aux_layer_ids: list[int] | None = None,
                   num_speculative_tokens: int = 5, ttt_steps: int = 7, fc_norm: bool = False,
-                  norm_before_fc: bool = False, attn_implementation: str = "sdpa") -> HeadConfig:
+                  norm_before_fc: bool = False, norm_output: bool = False,
+                  attn_implementation: str = "sdpa") -> HeadConfig:
     text = text_config(target.config)
     n = text.num_hidden_layers
     aux = list(aux_layer_ids) if aux_layer_ids else default_eagle3_layers(n)
@@ -119,6 +123,6 @@ def eagle3_config(target: Target, *, draft_vocab_size: int | None = None, aux_la
     return HeadConfig(method="eagle3", model_type=layer["model_type"], hidden_size=text.hidden_size,
                       vocab_size=text.vocab_size, draft_vocab_size=vd, num_speculative_tokens=num_speculative_tokens,
                       aux_layer_ids=aux, input_layernorm=True, hidden_norm=True, ttt_steps=ttt_steps,
-                      fc_norm=fc_norm, norm_before_fc=norm_before_fc, layer_config=layer,
+                      fc_norm=fc_norm, norm_before_fc=norm_before_fc, norm_output=norm_output, layer_config=layer,
                       target_model_type=text.model_type, target_name=target.name, target_config_hash=target.config_hash,
                       target_tokenizer_hash=target.tokenizer_hash)

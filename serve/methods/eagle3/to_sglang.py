@@ -28,7 +28,8 @@ ARCHITECTURES = ("LlamaForCausalLMEagle3",)
 
 
 def build(state: dict[str, torch.Tensor], config: HeadConfig, facts: TargetFacts) -> tuple[dict, dict]:
-    # SGLang reads norm_before_fc from eagle_config first, then the top level; fc_norm from the top level
+    # SGLang reads norm_before_fc from eagle_config first, then the top level; fc_norm and norm_output from the top
+    # level
     body = {"architectures": list(ARCHITECTURES), **llama_layer_config(config),
             "draft_vocab_size": config.draft_vocab_size, "target_hidden_size": config.hidden_size, "bias": False,
             **feature_norms(config),
@@ -52,7 +53,8 @@ def expected(config: HeadConfig, facts: TargetFacts) -> FormatSpec:
         "eagle_config.use_aux_hidden_state": Expect(True, "fc over the aux layers", also=(ABSENT,)),
         **feature_norm_fields(config), **feature_norm_fields(config, prefix="eagle_config."),
     })
-    fields.pop("eagle_config.fc_norm")  # SGLang reads fc_norm from the top level only
+    for flag in ("fc_norm", "norm_output"):  # SGLang reads these from the top level only
+        fields.pop(f"eagle_config.{flag}")
     return FormatSpec(NAME, config.method, fields, expected_tensors(config, text, layer_prefix="midlayer"),
                       engine_layer_ids=ids)
 

@@ -18,7 +18,7 @@ import torch
 
 from draftsmith.serve.drafters.draft_layer import shared_embedding
 from draftsmith.serve.drafters.head_config import HeadConfig
-from draftsmith.serve.export.common import ABSENT, Expect, ExportError, FormatSpec, TargetFacts
+from draftsmith.serve.export.common import Expect, ExportError, FormatSpec, TargetFacts
 from draftsmith.serve.export.eagle import expected_llama_fields, rename_prefix
 from draftsmith.serve.export.engines import Support
 from draftsmith.serve.export.layer_ids import aux_layer_ids_for
@@ -46,7 +46,6 @@ def build(state: dict[str, torch.Tensor], config: HeadConfig, facts: TargetFacts
         "target_hidden_size": config.hidden_size,
         "norm_before_residual": False,  # vLLM's speculators reader defaults it to TRUE: always written
         **feature_norms(config),
-        "norm_output": False,
         "eagle_aux_hidden_state_layer_ids": aux_layer_ids_for(config, NAME, facts.num_layers),
         "speculators_config": {
             "algorithm": MODEL_TYPE,
@@ -70,7 +69,6 @@ def expected(config: HeadConfig, facts: TargetFacts) -> FormatSpec:
         "target_hidden_size": Expect(int(text["hidden_size"]), "fc reads 3 x target_hidden_size"),
         "norm_before_residual": Expect(False, "vLLM's speculators reader defaults it to true"),
         **feature_norm_fields(config),
-        "norm_output": Expect(False, "drafts feed back un-normed states", also=(ABSENT,)),
         "eagle_aux_hidden_state_layer_ids": Expect(ids, "vLLM convention: id i = input of layer i"),
         "speculators_config.algorithm": Expect(MODEL_TYPE),
         "speculators_config.proposal_methods.0.proposal_type": Expect("greedy"),
