@@ -24,6 +24,7 @@ class HeadConfig:
     RANGES: ClassVar[dict[str, str]] = {"hidden_size": ">= 1", "vocab_size": ">= 1", "draft_vocab_size": ">= 1",
                                         "num_speculative_tokens": ">= 1", "aux_layer_ids": ">= -1",  # -1: FINAL
                                         "medusa_num_layers": ">= 1", "ttt_steps": ">= 1", "min_confidence": "[0, 1)",
+                                        "block_size": ">= 0", "mask_token_id": ">= -1",
                                         "draftsmith_drafter": ">= 1"}
     method: str
     model_type: str                      # EAGLE: the draft layer's ("llama"); Medusa: the target's
@@ -41,6 +42,8 @@ class HeadConfig:
     fc_bias: bool = False                # EAGLE-1 fc bias
     medusa_num_layers: int = 1           # ResBlocks per Medusa head
     ttt_steps: int = 1                   # EAGLE-3 training-time-test unroll it was trained with
+    block_size: int = 0                  # DFlash: tokens per block (the last verified one, then block_size-1 masks)
+    mask_token_id: int = -1              # DFlash: the token id whose embedding fills a block's drafted slots
     # How it drafts unless told otherwise (serve/drafters/settings.py): K above, these two, a flag overrides.
     tree: Optional[dict] = None          # null = chains; {depth, top_k, total_tokens} or {static_choices} = trees
     min_confidence: float = 0.0          # chains stop where the draft's top-1 probability falls below it

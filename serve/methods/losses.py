@@ -75,6 +75,16 @@ def distribution_loss(logits: torch.Tensor, target_logits: torch.Tensor, mask: t
     return (per_row * mask).sum()
 
 
+def position_weights(loss_mask: torch.Tensor, attention_mask: torch.Tensor | None,
+                     prompt_weight: float) -> torch.Tensor:
+    """(B, T) weight of each position as a predicted token: 1 on trained (assistant) tokens, prompt_weight on the
+    other real tokens. The soft targets are the target's own distribution at every position, so prompt positions are
+    valid distillation rows too: cheap extra data where answers are short and prompts long."""
+    if prompt_weight <= 0 or attention_mask is None:
+        return loss_mask.float()
+    return loss_mask.float() + prompt_weight * (attention_mask.float() - loss_mask.float())
+
+
 def feature_smooth_l1(pred: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """EAGLE-1 feature regression: sum over masked rows of the mean SmoothL1 between the predicted and the teacher's
     features. (B, T, h)."""

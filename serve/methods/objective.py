@@ -33,6 +33,7 @@ class ObjectiveSettings:
     prompt_weight: float = 0.0      # soft-target methods: weight of prompt positions
     kind: str = "ce"                # soft-target methods: the loss against the target's distribution (losses.py)
     lk_eta: float = 3.0             # lk_hybrid: lam = exp(-eta * alpha)
+    anchors: int = 32               # DFlash: blocks per row and step
 
 
 @dataclass
@@ -188,12 +189,8 @@ class UnrolledObjective(Objective):
         self.prompt_weight = prompt_weight
 
     def _loss_weights(self, loss_mask: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """(B, T) weight of the position each row predicts: 1 on trained (assistant) tokens, prompt_weight on the
-        other real tokens. The soft targets are the target's own distribution at every position, so prompt positions
-        are valid distillation rows too: cheap extra data where answers are short and prompts long."""
-        if self.prompt_weight <= 0 or attention_mask is None:
-            return loss_mask.float()
-        return loss_mask.float() + self.prompt_weight * (attention_mask.float() - loss_mask.float())
+        """(B, T) weight of the position each row predicts (losses.position_weights)."""
+        return losses.position_weights(loss_mask, attention_mask, self.prompt_weight)
 
     def _noise(self, features: torch.Tensor, noise_seeds: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """features + U(-a, a) (times each row's RMS when relative), seeded per row. (B, T, h) -> (B, T, h)."""

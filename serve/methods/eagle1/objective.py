@@ -10,7 +10,7 @@ from draftsmith.serve.methods.objective import FeatureBatch, ObjectiveSettings, 
 
 class Eagle1Objective(UnrolledObjective):
     """EAGLE-1: SmoothL1 on the next feature + ce_weight x a loss against the target's distribution through its
-    lm_head (soft CE, or an acceptance loss: `kind`, losses.DISTRIBUTION_LOSSES; its term keeps the name "ce"), one
+    lm_head (soft CE, or an acceptance loss: `kind`, loss_kinds.py; its term keeps the name "ce"), one
     step."""
 
     def __init__(self, head, parts, *, feature_noise: float = 0.1, feature_weight: float = 1.0,

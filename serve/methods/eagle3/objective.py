@@ -10,10 +10,10 @@ from draftsmith.serve.methods.objective import FeatureBatch, ObjectiveSettings, 
 
 
 class Eagle3Objective(UnrolledObjective):
-    """EAGLE-3: training-time test over `ttt_steps`, soft CE (or an acceptance loss: `kind`,
-    losses.DISTRIBUTION_LOSSES) against the target restricted to the draft vocabulary, step weights decay^j; rows whose target top-1 lies outside the draft vocabulary cannot be matched
-    and are masked (as SpecForge). Noise, when on, is relative to each aux feature's scale (their RMS differs
-    by an order of magnitude between low and high layers)."""
+    """EAGLE-3: training-time test over `ttt_steps`, soft CE (or an acceptance loss: `kind`, loss_kinds.py) against
+    the target restricted to the draft vocabulary, step weights decay^j; rows whose target top-1 lies outside the
+    draft vocabulary cannot be matched and are masked (as SpecForge). Noise, when on, is relative to each aux
+    feature's scale (their RMS differs by an order of magnitude between low and high layers)."""
 
     def __init__(self, head, parts, *, ttt_steps: int = 7, decay: float = 0.8, feature_noise: float = 0.0,
                  prompt_weight: float = 0.0, kind: str = "ce", lk_eta: float = 3.0):

@@ -15,10 +15,10 @@ from torch import nn
 
 from draftsmith.serve.drafters.base import Draft, Drafter
 from draftsmith.serve.drafters.head_config import HeadConfig
-from draftsmith.serve.drafters.heads_common import confidence_signal, grow_tree, sample_chain_token
 from draftsmith.serve.drafters.identity import check_target_identity
-from draftsmith.serve.drafters.leaves import LEAF_RANKS, MAX_LEAVES, check_leaves, hang_leaves, runner_ups
+from draftsmith.serve.drafters.leaves import MAX_LEAVES, check_leaves
 from draftsmith.serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
+from draftsmith.serve.drafters.positions_draft import propose_positions
 from draftsmith.serve.drafters.vocab import draft_token_ids, identity_vocab
 from draftsmith.serve.core.layers import FINAL
 from draftsmith.serve.core.target import Target, text_config
@@ -150,29 +150,7 @@ class MedusaDrafter(Drafter):
         with Stopwatch(self.policy.record_overhead):  # every head runs once per drafting cycle
             logits = self._logits
         assert logits is not None, "begin() must run before propose()"
-        logprobs = torch.log_softmax(logits, dim=-1)  # (num_heads, Vd)
-        if tree is not None:
-            depth_cap = self.heads.num_heads
-            tokens, parents = grow_tree(logprobs[0], lambda nodes, depth, *_: logprobs[depth].expand(len(nodes), -1),
-                                        tree, max_depth=depth_cap)
-            return Draft(tokens=self._to_target(tokens.to(self.heads.d2t.device)).cpu(), parents=parents)
-        self.policy.start(min(k, self.heads.num_heads), sampled=temperature > 0)
-        # every head's distribution is known before any token is sampled: the length is chosen from all of them
-        n = self.policy.choose([confidence_signal(logits[i], i) for i in range(self.heads.num_heads)])
-        tokens, qs = [], []
-        for i in range(n):
-            token, q = sample_chain_token(logits[i], temperature=temperature, generator=generator,
-                                          d2t=self.heads.d2t, vocab_size=self.vocab_size)
-            tokens.append(token)
-            if q is not None:
-                qs.append(q)
-        ids = self._to_target(torch.tensor(tokens, dtype=torch.long, device=self.heads.d2t.device)).cpu()
-        # greedy: every head's draft is known, drafted or not, and is learned from
-        seen = self._to_target(logits[: self.policy.cap].argmax(-1)).cpu() if temperature <= 0 else ids
-        self.last.tokens = seen.tolist()
-        if temperature <= 0:
-            ranks = LEAF_RANKS if self.max_leaves else 0
-            candidates = [leaf for i in range(n) for leaf in runner_ups(logits[i], i + 1, ranks)]
-            return hang_leaves(ids, candidates, self.policy, self.last, limit=self.max_leaves,
-                               to_target=lambda draft: self._to_target(draft.to(self.heads.d2t.device)).cpu())
-        return Draft(tokens=ids, q=torch.stack(qs).cpu() if qs else None)
+        d2t = self.heads.d2t
+        return propose_positions(logits, k, policy=self.policy, last=self.last, max_leaves=self.max_leaves,
+                                 to_target=lambda draft: self._to_target(draft.to(d2t.device)).cpu(), d2t=d2t,
+                                 vocab_size=self.vocab_size, temperature=temperature, generator=generator, tree=tree)
