@@ -88,3 +88,16 @@ def test_mask_token_is_a_row_that_carries_something(target):
 def test_block_sizes_out_of_range_are_refused(target, size, message):
     with pytest.raises(DraftsmithError, match=message):
         dflash_config(target, aux_layer_ids=[0, 1], block_size=size)
+
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "sglang", "speculators"])
+def test_an_engine_export_is_one_line_saying_what_is_missing(target, tmp_path, fmt):
+    from draftsmith.serve.drafters.folder import save_drafter
+    from draftsmith.serve.export import export_drafter
+
+    config = dflash_config(target, aux_layer_ids=[0, 1], block_size=4)
+    folder = save_drafter(build_head(config), config, tmp_path / "native")
+    with pytest.raises(DraftsmithError, match="serve DFlash, but draftsmith does not write their DFlash folders yet"):
+        export_drafter(folder, fmt, tmp_path / "out", target=target)
+    assert not (tmp_path / "out").exists()

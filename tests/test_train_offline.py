@@ -32,10 +32,11 @@ def _config(target, dataset, root, method: str, mode: str) -> TrainConfig:
         f"target={target}", f"data.dataset={dataset}", f"data.cache={root / 'cache'}", f"data.mode={mode}",
         f"out_dir={root / (method + '-' + mode)}", f"model.method={method}", "model.ttt_steps=2",
         "model.num_speculative_tokens=2", "optim.batch_size=2", "optim.max_steps=3", "optim.lr=3e-3",
-        "data.eval_rows=2", "tracking=none", "log.progress=false", "checkpoint.every=0"])
+        "data.eval_rows=2", "tracking=none", "log.progress=false", "checkpoint.every=0",
+        *(["model.block_size=3"] if method == "dflash" else [])])
 
 
-@pytest.mark.parametrize("method", ["eagle3", "eagle1", "medusa"])
+@pytest.mark.parametrize("method", ["eagle3", "eagle1", "medusa", "dflash"])
 def test_offline_and_online_give_the_same_loss_on_the_same_batch(cached, method):
     from draftsmith.train.features import open_rows
     from draftsmith.serve.methods.objective import TargetParts

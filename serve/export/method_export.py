@@ -42,6 +42,8 @@ def method_export(method_name: str, fmt: str, engine: str) -> FormatExport:
     """The FormatExport of `method_name` in `fmt`; one line naming the formats it has when it has none there."""
     found = method(method_name, what="drafter method", trained=True)
     form = found.exports.get(fmt)
+    if form is None and found.unexported:
+        raise DraftsmithError(f"--format {fmt} cannot export method {method_name!r}: {found.unexported}")
     if form is None:
         others = sorted(found.exports)
         fix = (f"use --format {' or '.join(others)}" if others else

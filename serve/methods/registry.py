@@ -61,6 +61,9 @@ class Method:
     # engine format name (serve/export/formats.py) -> its FormatExport (serve/export/method_export.py); a format
     # not named refuses the export with one line
     exports: Mapping[str, Any] = field(default_factory=dict)
+    # what the refusal of a format it lacks says instead of "the engine has none" (the engine serves the method and
+    # draftsmith does not write its format yet)
+    unexported: str = ""
     # HeadConfig -> the draft tokens per cycle an export's read-back is compared at (each a forward of the head)
     validation_k: Callable[[Any], int] = lambda cfg: min(cfg.num_speculative_tokens, 5)
     # --- a drafter named by its spec string (serve/drafters/spec.py)

@@ -46,4 +46,6 @@ METHOD = register(Method(
     # at most one anchor a position
     unroll=lambda model, cfg: cfg.block_size * int(cfg.layer_config.get("num_hidden_layers", 1)),
     check=_check, options=("block_size", "draft_layers", "mask_token_id", "anchors"),
-    validation_k=lambda cfg: cfg.block_size - 1, trees=True))
+    validation_k=lambda cfg: cfg.block_size - 1, trees=True,
+    unexported="vLLM, SGLang and speculators serve DFlash, but draftsmith does not write their DFlash folders yet; "
+               "serve this drafter with `draftsmith serve`, or train model.method=eagle3 for an engine"))
