@@ -103,7 +103,7 @@ def test_two_methods_of_one_name_are_refused(toy):
     twin = Method(name="eagle3", title="Another EAGLE-3", config=toy.config, head=toy.head, drafter=toy.drafter,
                   objective=toy.objective, layers=toy.layers)
     with pytest.raises(MethodError, match=r"two drafting methods register the name 'eagle3' \(EAGLE-3 and Another "
-                                          r"EAGLE-3\); registered: eagle1, eagle3, hybrid, medusa, model, ngram, "
+                                          r"EAGLE-3\); registered: dflash, eagle1, eagle3, hybrid, medusa, model, ngram, "
                                           r"oracle, toy"):
         register(twin)
     from draftsmith.serve.methods import method

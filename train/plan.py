@@ -29,7 +29,7 @@ def train_workload(config: TrainConfig, hf_config: Any, *, precision: str) -> Wo
     from draftsmith.train.heads import needed_layers
 
     params, cfg = head_size(config, hf_config)
-    unroll = method(cfg.method).unroll(config.model, cfg)
+    unroll = method(cfg.method).unroll(config.model, cfg, config.data.max_length)
     return Workload(task="train", dtype="bfloat16" if precision == "bf16" else "float32",
                     tokens=config.optim.batch_size * config.data.max_length, stored_layers=len(needed_layers(cfg)),
                     online=config.data.mode == "online", head_params=params,

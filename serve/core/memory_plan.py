@@ -34,7 +34,8 @@ class Workload:
     head_params: int = 0       # train: trainable parameters of the head
     head_vocab: int = 0        # train: columns of the head's softmax (the draft vocabulary)
     head_intermediate: int = 0 # train: MLP width of the draft layer (0 for Medusa)
-    unroll: int = 1            # train: positions kept for backward (EAGLE-3 TTT steps, Medusa heads)
+    unroll: float = 1          # train: head forwards per position kept for backward (EAGLE-3 TTT steps, Medusa
+                               # heads, DFlash's blocks over a row)
     cache_dtype: str = "bf16"  # capture: the cache's dtype
     shard_tokens: int = 0      # capture: tokens of one shard, built in host memory
     split_over_tp: bool = False  # capture: a TP group's processes split `tokens` (each plans tokens / tp)
@@ -106,7 +107,7 @@ def _train_lines(arch: TargetArch, layout: Layout, work: Workload) -> list[tuple
     # draft vocabulary, and the draft layer's inputs and intermediates (~10 h + 3 MLP widths)
     per_step = vocab * 4 * 3 + (10 * h + 3 * work.head_intermediate) * 4
     lines.append(("head activations", work.tokens * (work.unroll * per_step + arch.vocab_size * 4),
-                  f"{work.tokens} tokens x ({work.unroll} unrolled steps x (softmax + layer) + target logits)"))
+                  f"{work.tokens} tokens x ({work.unroll:g} unrolled steps x (softmax + layer) + target logits)"))
     if not work.online:
         lines.append(("cached features", work.tokens * work.stored_layers * h * 4,
                       f"{work.stored_layers} stored states per token, fp32 on the device"))

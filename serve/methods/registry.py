@@ -48,8 +48,8 @@ class Method:
     objective: Optional[Callable[[Any, Any, Any], Any]] = None
     # the target's number of decoder layers -> the layer ids a capture stores for this method by default
     layers: Optional[Callable[[int], tuple[int, ...]]] = None
-    # (ModelConfig, HeadConfig) -> head forwards per training position (the memory plan's activation term)
-    unroll: Callable[[Any, Any], int] = lambda model, cfg: 1
+    # (ModelConfig, HeadConfig, row length) -> head forwards per training position (the memory plan's activations)
+    unroll: Callable[[Any, Any, int], float] = lambda model, cfg, length: 1
     # TrainConfig -> None or DraftsmithError naming the key: what this method asks of a recipe beyond the common checks
     check: Callable[[Any], None] = _no_check
     # its head holds one Llama decoder layer built from HeadConfig.layer_config (serve/drafters/draft_layer.py)

@@ -42,9 +42,9 @@ class ModelDefaults:
 METHOD = register(Method(
     name="dflash", title="DFlash", config=_config, head=DFlashHead, drafter=DFlashDrafter, objective=dflash_objective,
     layers=lambda num_layers: tuple(default_eagle3_layers(num_layers)),
-    # head forwards per training position, at most: every layer over a block of queries per anchor, and a row has
-    # at most one anchor a position
-    unroll=lambda model, cfg: cfg.block_size * int(cfg.layer_config.get("num_hidden_layers", 1)),
+    # every layer runs over a block of queries per anchor, `anchors` of them a row (at most one a position)
+    unroll=lambda model, cfg, length: int(cfg.layer_config.get("num_hidden_layers", 1)) *
+    min(length, model.anchors) * cfg.block_size / max(length, 1),
     check=_check, options=("block_size", "draft_layers", "mask_token_id", "anchors"),
     validation_k=lambda cfg: cfg.block_size - 1, trees=True,
     unexported="vLLM, SGLang and speculators serve DFlash, but draftsmith does not write their DFlash folders yet; "

@@ -29,6 +29,6 @@ def _check(config) -> None:
 METHOD = register(Method(
     name="eagle3", title="EAGLE-3", config=_config, head=Eagle3Head, drafter=EagleDrafter, objective=eagle3_objective,
     layers=lambda num_layers: tuple(default_eagle3_layers(num_layers)),  # low, middle, high
-    unroll=lambda model, cfg: model.ttt_steps,  # training-time test runs the head ttt_steps times per position
+    unroll=lambda model, cfg, length: model.ttt_steps,  # training-time test runs the head ttt_steps times per position
     check=_check, llama_layer=True, own_vocab=True, options=("fc_norm", "norm_before_fc", "norm_output"),
     exports={"vllm": to_vllm.FORM, "sglang": to_sglang.FORM, "speculators": to_speculators.FORM}, trees=True))

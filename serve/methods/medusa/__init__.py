@@ -30,7 +30,7 @@ def _check(config) -> None:
 METHOD = register(Method(
     name="medusa", title="Medusa", config=_config, head=MedusaHeads, drafter=MedusaDrafter, objective=medusa_objective,
     layers=lambda num_layers: (FINAL,),
-    unroll=lambda model, cfg: cfg.num_speculative_tokens,  # every head on every position
+    unroll=lambda model, cfg, length: cfg.num_speculative_tokens,  # every head on every position
     check=_check, own_vocab=True, options=("medusa_num_layers",), exports=EXPORTS,
     validation_k=lambda cfg: cfg.num_speculative_tokens,  # all heads run in one forward: compare them all
     trees=True))
