@@ -4,11 +4,13 @@ with a position-decayed loss. Its head (head.py), objective (objective.py), draf
 project asks of it (below). Its default aux layers are EAGLE-3's, so one capture trains both."""
 from __future__ import annotations
 
+import sys
+
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.layers import default_eagle3_layers
 from draftsmith.serve.core.target import Target
 from draftsmith.serve.methods.dflash.drafter import DFlashDrafter
-from draftsmith.serve.methods.dflash.head import DFlashHead, choose_mask_token, dflash_config
+from draftsmith.serve.methods.dflash.head import DFlashHead, check_block_size, choose_mask_token, dflash_config
 from draftsmith.serve.methods.dflash.objective import dflash_objective
 from draftsmith.serve.methods.registry import Method, register
 
@@ -17,7 +19,7 @@ def _config(model, target: Target):
     mask, source = choose_mask_token(target, model.mask_token_id)
     if model.mask_token_id < 0:
         print(f"dflash: a block's drafted slots hold token {mask} ({source}); model.mask_token_id picks another",
-              flush=True)
+              file=sys.stderr)
     return dflash_config(target, aux_layer_ids=model.aux_layer_ids or None, block_size=model.block_size,
                          draft_layers=model.draft_layers, mask_token_id=mask,
                          attn_implementation=model.attn_implementation)
@@ -26,17 +28,11 @@ def _config(model, target: Target):
 def _check(config) -> None:
     if config.model.draft_vocab_size:
         raise DraftsmithError("DFlash drafts through the target's lm_head: model.draft_vocab_size must be 0")
-    if config.model.num_speculative_tokens != ModelDefaults.num_speculative_tokens and \
-            config.model.num_speculative_tokens != config.model.block_size - 1:
+    k, default_k = config.model.num_speculative_tokens, type(config.model).num_speculative_tokens
+    if k not in (default_k, config.model.block_size - 1):
         raise DraftsmithError(f"DFlash drafts model.block_size-1 = {config.model.block_size - 1} tokens a cycle: "
                               f"set model.block_size instead of model.num_speculative_tokens")
-    if not 2 <= config.model.block_size <= 64:
-        raise DraftsmithError(f"model.block_size={config.model.block_size}: a DFlash block is the last verified token "
-                              f"and at least one drafted one, at most 64: pick 2..64 (4-16 are usual)")
-
-
-class ModelDefaults:
-    num_speculative_tokens = 5  # train/config.py ModelConfig's default (not imported: it imports the registry)
+    check_block_size(config.model.block_size)
 
 
 METHOD = register(Method(

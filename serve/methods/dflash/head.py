@@ -165,15 +165,19 @@ def choose_mask_token(target: Target, wanted: int = -1) -> tuple[int, str]:
                           "token id the answers never use")
 
 
+def check_block_size(block_size: int) -> None:
+    if not 2 <= block_size <= BLOCK_MAX:
+        raise DraftsmithError(f"model.block_size={block_size}: a DFlash block is the last verified token and at "
+                              f"least one drafted one, at most {BLOCK_MAX}: pick 2..{BLOCK_MAX} (4-16 are usual)")
+
+
 def dflash_config(target: Target, *, aux_layer_ids: list[int] | None = None, block_size: int = 8,
                   draft_layers: int = 1, mask_token_id: int = -1, attn_implementation: str = "sdpa") -> HeadConfig:
     """The HeadConfig of a DFlash drafter for `target`: its aux layers (default: EAGLE-3's three, so the same capture
     serves both), `draft_layers` decoder layers shaped like the target's, blocks of `block_size` tokens."""
     text = text_config(target.config)
     n = text.num_hidden_layers
-    if not 2 <= block_size <= BLOCK_MAX:
-        raise DraftsmithError(f"model.block_size={block_size}: a DFlash block is the last verified token and at "
-                              f"least one drafted one, at most {BLOCK_MAX}: pick 2..{BLOCK_MAX} (4-16 are usual)")
+    check_block_size(block_size)
     context = int(getattr(text, "max_position_embeddings", 0) or 0)
     if context and block_size >= context:
         raise DraftsmithError(f"model.block_size={block_size} does not fit the target's context of {context} tokens")
