@@ -54,6 +54,16 @@ def default_eagle3_layers(num_layers: int) -> list[int]:
     return [low, mid, high]
 
 
+def aux_layers_or_default(layer_ids: Sequence[int] | None, num_layers: int, *, title: str) -> list[int]:
+    """The aux layers a head of `title` reads: the given ids, each inside 0..n-1, or EAGLE-3's default three."""
+    aux = [int(i) for i in layer_ids] if layer_ids else default_eagle3_layers(num_layers)
+    bad = [i for i in aux if not 0 <= i < num_layers]
+    if bad:
+        raise DraftsmithError(f"{title} aux layer ids {bad} are outside 0..{num_layers - 1} for this "
+                              f"{num_layers}-layer target (ids are outputs of decoder layers, 0-based)")
+    return aux
+
+
 def check_eagle3_layers(layer_ids: Sequence[int], num_layers: int | None = None, *,
                         key: str = "model.aux_layer_ids") -> list[int]:
     """Refuse EAGLE-3 aux layers that no serving engine could load: not exactly three, repeated, or (when the

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.serve.core.errors import DraftsmithError
-from draftsmith.serve.core.layers import default_eagle3_layers
+from draftsmith.serve.core.layers import aux_layers_or_default
 from draftsmith.serve.core.target import Target, text_config
 from draftsmith.serve.drafters.draft_layer import draft_layer_config, llama_config, rms_norm, rotary
 from draftsmith.serve.drafters.head_config import HeadConfig
@@ -105,10 +105,6 @@ class DFlashHead(nn.Module):
         self.norm = rms_norm(h, layer_config.rms_norm_eps)
         self.rope = rotary(layer_config)
 
-    @property
-    def block_size(self) -> int:
-        return self.config.block_size
-
     def context(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
         """The aux features (..., C, h) each -> the context the block reads (..., C, h)."""
         dtype = self.fc.weight.dtype
@@ -181,10 +177,7 @@ def dflash_config(target: Target, *, aux_layer_ids: list[int] | None = None, blo
     context = int(getattr(text, "max_position_embeddings", 0) or 0)
     if context and block_size >= context:
         raise DraftsmithError(f"model.block_size={block_size} does not fit the target's context of {context} tokens")
-    aux = list(aux_layer_ids) if aux_layer_ids else default_eagle3_layers(n)
-    bad = [i for i in aux if not 0 <= i < n]
-    if bad:
-        raise DraftsmithError(f"DFlash aux layer ids {bad} are outside 0..{n - 1} for this {n}-layer target")
+    aux = aux_layers_or_default(aux_layer_ids, n, title="DFlash")
     mask, _ = choose_mask_token(target, mask_token_id)
     layer = draft_layer_config(text.to_dict(), attn_implementation=attn_implementation)
     layer["num_hidden_layers"] = int(draft_layers)

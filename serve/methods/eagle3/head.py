@@ -25,7 +25,7 @@ from draftsmith.serve.drafters.head_config import HeadConfig
 from draftsmith.serve.drafters.vocab import identity_vocab
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.kv import cache_argument
-from draftsmith.serve.core.layers import default_eagle3_layers
+from draftsmith.serve.core.layers import aux_layers_or_default
 from draftsmith.serve.core.target import Target, text_config
 
 _WIDE_INPUTS = ("q_proj", "k_proj", "v_proj", "qkv_proj")
@@ -111,11 +111,7 @@ def eagle3_config(target: Target, *, draft_vocab_size: int | None = None, aux_la
                   attn_implementation: str = "sdpa") -> HeadConfig:
     text = text_config(target.config)
     n = text.num_hidden_layers
-    aux = list(aux_layer_ids) if aux_layer_ids else default_eagle3_layers(n)
-    bad = [i for i in aux if not 0 <= i < n]
-    if bad:
-        raise DraftsmithError(f"EAGLE-3 aux layer ids {bad} are outside 0..{n - 1} for this {n}-layer target "
-                              f"(ids are outputs of decoder layers, 0-based)")
+    aux = aux_layers_or_default(aux_layer_ids, n, title="EAGLE-3")
     vd = int(draft_vocab_size or text.vocab_size)
     if not 0 < vd <= text.vocab_size:
         raise DraftsmithError(f"draft_vocab_size {vd} must be in 1..{text.vocab_size} (the target's vocabulary)")
