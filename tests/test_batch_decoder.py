@@ -51,11 +51,13 @@ def head_drafter(target, method: str, *, auto: bool = False):
     from draftsmith.serve.drafters.folder import build_head, make_drafter
     from draftsmith.serve.methods.dflash.head import dflash_config
     from draftsmith.serve.methods.medusa.head import medusa_config
+    from draftsmith.serve.methods.peagle.head import peagle_config
 
     torch.manual_seed(5)
     config = {"eagle1": lambda: eagle1_config(target), "eagle3": lambda: eagle3_config(target, aux_layer_ids=[0, 1, 1]),
               "medusa": lambda: medusa_config(target, num_heads=3),
-              "dflash": lambda: dflash_config(target, aux_layer_ids=[0, 1], block_size=4)}[method]()
+              "dflash": lambda: dflash_config(target, aux_layer_ids=[0, 1], block_size=4),
+              "peagle": lambda: peagle_config(target, depths=4, aux_layer_ids=[0, 1, 1], draft_vocab_size=200)}[method]()
     head = build_head(config)
     if method == "medusa":
         head.init_from_target(target.model.get_output_embeddings().weight)  # head 0 agrees with the target often
@@ -73,7 +75,7 @@ def drafter_for(spec: str, target, tiny_target_factory):
         return None
     if spec == "model":
         return build_drafter(f"model:{tiny_target_factory('llama', seed=1)}", target)
-    if spec in ("eagle1", "eagle3", "medusa", "dflash"):
+    if spec in ("eagle1", "eagle3", "medusa", "dflash", "peagle"):
         return head_drafter(target, spec)
     if spec == "eagle3-auto":
         return head_drafter(target, "eagle3", auto=True)
@@ -83,7 +85,7 @@ def drafter_for(spec: str, target, tiny_target_factory):
 
 
 @pytest.mark.parametrize("spec", ["plain", "ngram", "oracle", "model", "eagle1", "eagle3", "eagle3-auto", "medusa",
-                                  "dflash", "hybrid"])
+                                  "dflash", "peagle", "hybrid"])
 def test_greedy_rows_equal_plain_decoding_at_every_batch(target, tiny_target_factory, spec):
     prompts = random_prompts(9)
     expected = plain(target, prompts)
@@ -96,7 +98,7 @@ def test_greedy_rows_equal_plain_decoding_at_every_batch(target, tiny_target_fac
             assert min(f.result.stats.mu for f in done) > 3
 
 
-@pytest.mark.parametrize("spec", ["eagle3", "medusa", "dflash"])
+@pytest.mark.parametrize("spec", ["eagle3", "medusa", "dflash", "peagle"])
 def test_greedy_trees_equal_plain_decoding(target, spec):
     prompts = random_prompts(6, seed=1)
     expected = plain(target, prompts)

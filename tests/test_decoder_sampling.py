@@ -109,8 +109,13 @@ def _auto_drafter(target, kind: str):
     if kind == "dflash-auto":
         from draftsmith.serve.methods.dflash.head import dflash_config
 
-        drafter = make_drafter(build_head(dflash_config(target, aux_layer_ids=[0, 1], block_size=3, mask_token_id=0)), target,
-                               check=False)
+        drafter = make_drafter(build_head(dflash_config(target, aux_layer_ids=[0, 1], block_size=3, mask_token_id=0)),
+                               target, check=False)
+    elif kind == "peagle-auto":
+        from draftsmith.serve.methods.peagle.head import peagle_config
+
+        drafter = make_drafter(build_head(peagle_config(target, depths=3, aux_layer_ids=[0, 1, 1], mask_token_id=0)),
+                               target, check=False)
     elif kind == "medusa-auto":
         heads = build_head(medusa_config(target, num_heads=2))
         heads.init_from_target(target.model.get_output_embeddings().weight)  # head 0 agrees with the target often
@@ -123,7 +128,8 @@ def _auto_drafter(target, kind: str):
     return drafter
 
 
-@pytest.mark.parametrize("drafter_kind", ["eagle3-auto", "medusa-auto", "dflash-auto", "model-auto", "hybrid"])
+@pytest.mark.parametrize("drafter_kind", ["eagle3-auto", "medusa-auto", "dflash-auto", "peagle-auto", "model-auto",
+                                          "hybrid"])
 def test_per_step_length_sampling_matches_target_distribution(target, drafter_kind):
     """Lengths chosen per step from the draft's own distribution (never from the sampled token) and a hybrid that
     picks its side per cycle keep speculative sampling exact."""

@@ -85,12 +85,12 @@ def test_an_unregistered_method_is_one_line_naming_the_registered(job, tmp_path,
     target, dataset, _ = job
     for name in ("eagle9", "ngram"):  # a name nobody registered; a drafter that trains nothing
         with pytest.raises(MethodError, match=rf"model.method '{name}' is not a registered trained method; "
-                                              rf"registered: dflash, eagle1, eagle3, medusa \("):
+                                              rf"registered: dflash, eagle1, eagle3, medusa, peagle \("):
             load_config(TrainConfig, overrides=[f"target={target}", f"data.dataset={dataset}", f"model.method={name}"])
         line = cli_error(capsys, "train", f"target={target}", f"data.dataset={dataset}", f"out_dir={tmp_path / 'o'}",
                          f"model.method={name}")
         assert line.startswith(f"error: model.method '{name}' is not a registered trained method; registered: "
-                               f"dflash, eagle1, eagle3, medusa ("), line
+                               f"dflash, eagle1, eagle3, medusa, peagle ("), line
         assert not (tmp_path / "o").exists()
     from draftsmith.serve.drafters import parse_drafter_spec
 
@@ -104,7 +104,7 @@ def test_two_methods_of_one_name_are_refused(toy):
                   objective=toy.objective, layers=toy.layers)
     with pytest.raises(MethodError, match=r"two drafting methods register the name 'eagle3' \(EAGLE-3 and Another "
                                           r"EAGLE-3\); registered: dflash, eagle1, eagle3, hybrid, medusa, model, ngram, "
-                                          r"oracle, toy"):
+                                          r"oracle, peagle, toy"):
         register(twin)
     from draftsmith.serve.methods import method
 
@@ -119,10 +119,10 @@ def test_a_drafter_folder_of_a_method_not_installed_is_refused(toy, job, tmp_pat
     from draftsmith.serve.drafters import build_drafter
 
     with pytest.raises(DraftsmithError, match="drafter method .toy. is not a registered trained method; registered: "
-                                              "dflash, eagle1, eagle3, medusa"):
+                                              "dflash, eagle1, eagle3, medusa, peagle"):
         build_drafter(str(folder), load_target(target_dir))
     line = cli_error(capsys, "export", "--drafter", folder, "--format", "vllm", "--out", tmp_path / "x")
-    assert "drafter method 'toy' is not a registered trained method; registered: dflash, eagle1, eagle3, medusa" in line, line
+    assert "drafter method 'toy' is not a registered trained method; registered: dflash, eagle1, eagle3, medusa, peagle" in line, line
 
 
 def test_a_method_of_another_package_registers_through_its_entry_point(monkeypatch):

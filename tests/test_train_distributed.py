@@ -21,7 +21,8 @@ pytestmark = pytest.mark.distributed
 
 def _overrides(target, dataset, out_dir, batch_size: int, method: str = "eagle3") -> list[str]:
     return [f"target={target}", f"data.dataset={dataset}", f"out_dir={out_dir}", f"model.method={method}",
-            *(["model.block_size=3", "model.anchors=8"] if method == "dflash" else ["model.ttt_steps=2"]),
+            *(["model.block_size=3", "model.anchors=8"] if method == "dflash" else
+              ["model.anchors=8"] if method == "peagle" else ["model.ttt_steps=2"]),
             "model.num_speculative_tokens=2", f"optim.batch_size={batch_size}",
             "optim.max_steps=4", "optim.lr=3e-3", "data.eval_rows=2", "tracking=none", "log.progress=false",
             "checkpoint.every=0", "device=cpu", "seed=1"]
@@ -72,15 +73,17 @@ def test_two_process_ddp_matches_one_process(setup):
     assert '"processes": 2' in log
 
 
-def test_two_process_ddp_trains_dflash_as_one_process(setup):
-    """DFlash's random anchors are drawn from each row's own seed: two processes draw the ones one process does."""
+@pytest.mark.parametrize("method", ["dflash", "peagle"])
+def test_two_process_ddp_trains_anchored_methods_as_one_process(setup, method):
+    """DFlash's and P-EAGLE's random anchors are drawn from each row's own seed: two processes draw the ones one
+    process does."""
     target, dataset, root, _ = setup
     subprocess.run([sys.executable, "-m", "draftsmith.cli", "train",
-                    *_overrides(target, dataset, root / "dflash-single", 4, "dflash")],
+                    *_overrides(target, dataset, root / f"{method}-single", 4, method)],
                    cwd=ROOT, env=_env(), check=True, capture_output=True, timeout=300)
-    done = _accelerate_launch(_overrides(target, dataset, root / "dflash-ddp", 2, "dflash"))
+    done = _accelerate_launch(_overrides(target, dataset, root / f"{method}-ddp", 2, method))
     assert done.returncode == 0, done.stderr[-3000:]
-    _assert_close(load_file(str(root / "dflash-single" / "drafter" / "model.safetensors")), root / "dflash-ddp")
+    _assert_close(load_file(str(root / f"{method}-single" / "drafter" / "model.safetensors")), root / f"{method}-ddp")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,

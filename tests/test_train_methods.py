@@ -42,7 +42,7 @@ def _config(target, dataset, out_dir, method: str, *extra: str) -> TrainConfig:
         "checkpoint.every=0", *extra])
 
 
-@pytest.mark.parametrize("method", ["eagle3", "eagle1", "medusa", "dflash"])
+@pytest.mark.parametrize("method", ["eagle3", "eagle1", "medusa", "dflash", "peagle"])
 def test_method_trains_and_drafts_losslessly(tiny_jobs, method):
     _trains_and_drafts(tiny_jobs, method, method)
 
@@ -54,9 +54,9 @@ def test_acceptance_losses_train_heads_that_draft_losslessly(tiny_jobs, method, 
 
 
 def _trains_and_drafts(tiny_jobs, method: str, name: str, *extra: str) -> None:
-    target_dir, dataset, root = tiny_jobs(EAGLE3_LAYERS if method in ("eagle3", "dflash") else 2)
+    target_dir, dataset, root = tiny_jobs(EAGLE3_LAYERS if method in ("eagle3", "dflash", "peagle") else 2)
     out = root / name
-    extra = (*extra, "model.draft_vocab_size=200") if method == "eagle3" else \
+    extra = (*extra, "model.draft_vocab_size=200") if method in ("eagle3", "peagle") else \
         (*extra, "model.block_size=4", "model.anchors=16") if method == "dflash" else extra
     folder = train_drafter(_config(target_dir, dataset, out, method, *extra))
 

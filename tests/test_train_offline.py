@@ -36,7 +36,7 @@ def _config(target, dataset, root, method: str, mode: str) -> TrainConfig:
         *(["model.block_size=3"] if method == "dflash" else [])])
 
 
-@pytest.mark.parametrize("method", ["eagle3", "eagle1", "medusa", "dflash"])
+@pytest.mark.parametrize("method", ["eagle3", "eagle1", "medusa", "dflash", "peagle"])
 def test_offline_and_online_give_the_same_loss_on_the_same_batch(cached, method):
     from draftsmith.train.features import open_rows
     from draftsmith.serve.methods.objective import TargetParts

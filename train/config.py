@@ -22,19 +22,19 @@ class ModelConfig:
                                         "ttt_steps": ">= 1", "medusa_num_layers": ">= 1", "aux_layer_ids": ">= 0",
                                         "draft_layers": ">= 1", "mask_token_id": ">= -1", "anchors": ">= 1",
                                         "block_size": ">= 2"}
-    method: str = "eagle3"                 # a registered method (serve/methods/): eagle1 | eagle3 | medusa | dflash
-    num_speculative_tokens: int = 5        # K trained for; Medusa: number of heads
+    method: str = "eagle3"                 # a registered method (serve/methods/): eagle1|eagle3|medusa|dflash|peagle
+    num_speculative_tokens: int = 5        # K trained for; Medusa: number of heads; P-EAGLE: depths a forward
     draft_vocab_size: int = 0              # 0 = the target's whole vocabulary (EAGLE-1 always uses it)
     aux_layer_ids: list[int] = field(default_factory=list)  # EAGLE-3; empty = serve.core.layers.default_eagle3_layers
     ttt_steps: int = 7                     # EAGLE-3 training-time-test unroll
-    fc_norm: bool = False                  # EAGLE-3: an RMSNorm per aux feature before fc (EAGLE-3.1)
-    norm_before_fc: bool = False           # EAGLE-3: one RMSNorm over the concatenated aux features before fc
+    fc_norm: bool = False                  # EAGLE-3, P-EAGLE: an RMSNorm per aux feature before fc (EAGLE-3.1)
+    norm_before_fc: bool = False           # EAGLE-3, P-EAGLE: one RMSNorm over the concatenated aux features before fc
     norm_output: bool = False              # EAGLE-3: the next draft step reads the normed output (EAGLE-3.1)
     block_size: int = 8                    # DFlash: tokens per block: the last verified one, then block_size-1 drafted
     draft_layers: int = 1                  # DFlash: decoder layers of the drafter
-    mask_token_id: int = -1                # DFlash: the token filling a block's drafted slots; -1 = the tokenizer's
+    mask_token_id: int = -1                # DFlash, P-EAGLE: the token filling the drafted slots; -1 = the tokenizer's
                                            # mask, pad, unk or eos token, the first it has (train says which)
-    anchors: int = 32                      # DFlash: blocks trained per row and step (random anchors)
+    anchors: int = 32                      # DFlash, P-EAGLE: blocks trained per row and step (random anchors)
     fc_bias: bool = False                  # EAGLE-1
     medusa_num_layers: int = 1             # ResBlocks per Medusa head
     attn_implementation: str = "sdpa"      # sdpa | eager
