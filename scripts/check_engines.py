@@ -66,6 +66,7 @@ def cases() -> list[tuple[str, str]]:
 
 
 REDUCED = 150  # draft vocabulary of the reduced drafters (the tiny target has 259 tokens)
+PARALLEL_SLOTS = 2  # P-EAGLE's mask slots after the teacher-forced pairs (as engine_worker.py's step)
 
 
 # --------------------------------------------------------------------------------------- environments
@@ -189,7 +190,6 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
     from draftsmith.serve.core.target import load_target
 
     target = load_target(str(target_dir))
-    T = input_ids.numel()
     next_ids = torch.cat([input_ids[1:], input_ids[-1:]])
     with torch.no_grad():
         hs = target.model(input_ids[None], output_hidden_states=True).hidden_states
@@ -204,10 +204,14 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
                 logits = head(features[FINAL])  # (heads, T, Vd)
                 fed_back = torch.stack([block(features[FINAL]) for block in head.blocks])
             else:
-                hidden = head.input_hidden(features)[None]
-                embeds = shared_embedding(target)(next_ids)[None]
-                mask = additive(causal_allowed(T, 0), torch.float32)[None]
-                out = head(hidden, embeds, position_ids=torch.arange(T)[None], attention_mask=mask)
+                hidden, tokens = head.input_hidden(features), next_ids
+                if hasattr(head, "mask_input"):  # P-EAGLE: mask slots after the pairs, as the engine's proposer
+                    hidden = torch.cat([hidden, head.mask_input().expand(PARALLEL_SLOTS, -1)])
+                    tokens = torch.cat([tokens, torch.full((PARALLEL_SLOTS,), config.mask_token_id)])
+                length = tokens.numel()
+                embeds = shared_embedding(target)(tokens)[None]
+                mask = additive(causal_allowed(length, 0), torch.float32)[None]
+                out = head(hidden[None], embeds, position_ids=torch.arange(length)[None], attention_mask=mask)
                 fed_back = out[0]
                 logits = (target.model.get_output_embeddings()(out) if getattr(head, "reads_target_lm_head", False)
                           else head.logits(out))[0]

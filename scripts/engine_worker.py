@@ -171,9 +171,11 @@ def _vllm_config(target: str, case: dict, k: int = 3):
     model_config = ModelConfig(model=target, tokenizer=target, dtype="float32", max_model_len=64, enforce_eager=True,
                                skip_tokenizer_init=True)
     parallel = ParallelConfig()
-    method = {"eagle1": "eagle", "eagle3": "eagle3", "medusa": "medusa"}[case["method"]]
+    method = {"eagle1": "eagle", "eagle3": "eagle3", "medusa": "medusa", "peagle": "eagle3"}[case["method"]]
+    parallel_drafting = {"parallel_drafting": True} if case["method"] == "peagle" else {}  # P-EAGLE (vLLM <= 0.33)
     speculative = SpeculativeConfig(model=case["folder"], method=method, num_speculative_tokens=k,
-                                    target_model_config=model_config, target_parallel_config=parallel)
+                                    target_model_config=model_config, target_parallel_config=parallel,
+                                    **parallel_drafting)
     return VllmConfig(model_config=model_config, speculative_config=speculative, parallel_config=parallel,
                       device_config=DeviceConfig(device="cpu"), compilation_config=CompilationConfig(mode=0, custom_ops=["none"]))  # forward_native
 
@@ -209,7 +211,8 @@ def run_vllm(job: dict) -> dict:
                 draft_config = vllm_config.speculative_config.draft_model_config
                 target, states, fallback = _vllm_target_states(vllm_config, case["target"], ids)
                 draft = _vllm_model(vllm_config, draft_config, case["folder"])
-                results[case["name"]] = _vllm_step(case["method"], target, draft, ids, states)
+                results[case["name"]] = _vllm_step(case["method"], target, draft, ids, states,
+                                                   draft_config.hf_config)
                 if fallback:
                     results[case["name"]]["target_states"] = fallback
                 if case["format"] == "speculators":
@@ -298,9 +301,12 @@ class TargetEmbedAndHead(torch.nn.Module):
             layer.weight.weight_loader(layer.weight, weight)
 
 
-def _vllm_step(method, target, draft, ids, states) -> dict:
+PARALLEL_SLOTS = 2  # P-EAGLE: mask slots after the teacher-forced pairs (check_engines.reference_steps adds as many)
+PARALLEL_TOKEN_KEYS = ("mask_token_id", "pard_token", "ptd_token_id")  # the proposer's order (vLLM 0.33)
+
+
+def _vllm_step(method, target, draft, ids, states, draft_hf_config=None) -> dict:
     hidden, aux = states
-    positions = torch.arange(ids.numel())
     next_ids = torch.cat([ids[1:], ids[-1:]])  # teacher forcing: the draft at t reads token t+1
     if method != "medusa":
         _share_with_draft(target, draft)
@@ -310,6 +316,13 @@ def _vllm_step(method, target, draft, ids, states) -> dict:
         return {"status": "loaded", "logits": logits.float(), "token_ids": logits.argmax(-1),
                 "hidden": torch.stack(blocks).float()}
     features = hidden if method == "eagle1" else draft.combine_hidden_states(torch.cat(aux, dim=-1))
+    if method == "peagle":  # the proposer's parallel drafting: mask slots read the token and combine(mask_hidden)
+        token = next(getattr(draft_hf_config, key) for key in PARALLEL_TOKEN_KEYS
+                     if getattr(draft_hf_config, key, None) is not None)
+        next_ids = torch.cat([next_ids, torch.full((PARALLEL_SLOTS,), int(token))])
+        slot = draft.combine_hidden_states(draft.mask_hidden.view(-1))
+        features = torch.cat([features, slot.expand(PARALLEL_SLOTS, -1)])
+    positions = torch.arange(next_ids.numel())
     draft_out = draft(next_ids, positions, features)
     normed, fed_back = draft_out if isinstance(draft_out, tuple) else (draft_out, draft_out)
     logits = draft.compute_logits(normed).float()  # (T, V): draft ids already mapped to target ids by vLLM

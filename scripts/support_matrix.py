@@ -24,11 +24,12 @@ FAMILIES = tiny_families()  # serve/core/families.py's rows with a tiny test tar
 
 def matrix_methods() -> tuple[str, ...]:
     """The methods whose engine forms depend on the target's family (a head with a decoder layer: EAGLE-3, EAGLE-1,
-    newest first); Medusa reads the final state alone and is checked once, not per family."""
+    newest first); Medusa reads the final state alone and is checked once, not per family; a variant of one of them
+    (P-EAGLE: EAGLE-3's layer and folder) is covered by its row."""
     from draftsmith.serve.methods.registry import method, names
 
-    return tuple(sorted((n for n in names(trained=True) if method(n).llama_layer), key=lambda n: method(n).title,
-                        reverse=True))
+    return tuple(sorted((n for n in names(trained=True) if method(n).llama_layer and not method(n).variant_of),
+                        key=lambda n: method(n).title, reverse=True))
 
 
 def formats_of(name: str) -> tuple[str, ...]:

@@ -30,6 +30,11 @@ def make_native(target, method: str, folder: str | Path, *, seed: int = 0, **opt
         config = eagle1_config(target, **options)
     elif method == "eagle3":
         config = eagle3_config(target, **{"aux_layer_ids": [2, 0, 1], "draft_vocab_size": 120, **options})
+    elif method == "peagle":
+        from draftsmith.serve.methods.peagle.head import peagle_config
+
+        config = peagle_config(target, **{"depths": 4, "aux_layer_ids": [2, 0, 1], "draft_vocab_size": 120,
+                                          **options})
     else:
         config = medusa_config(target, **{"num_heads": 3, "draft_vocab_size": 150, **options})
     head = build_head(config)

@@ -89,3 +89,88 @@ def test_training_terms_are_one_per_depth_and_anchors_are_counted(target):
     assert all(0 < float(sums[t].detach()) <= float(counts[t]) for t in sums)  # tv is in [0, 1] per row
     sum(sums.values()).backward()
     assert head.mask_hidden.grad is not None and head.mask_hidden.grad.abs().sum() > 0
+
+
+@pytest.fixture(scope="module")
+def deep_target(tiny_target_factory):
+    return load_target(tiny_target_factory("llama", num_hidden_layers=4))  # the engines' aux layers need 4
+
+
+@pytest.fixture(scope="module")
+def exported(deep_target, tmp_path_factory):
+    from draftsmith.serve.export import export_drafter
+    from tests.export_fixtures import make_native
+
+    root = tmp_path_factory.mktemp("peagle-export")
+    native = make_native(deep_target, "peagle", root / "native", seed=3, fc_norm=True)
+    report = export_drafter(native, "vllm", root / "vllm", target=deep_target, k=4, max_new_tokens=12)
+    return native, root / "vllm", report
+
+
+def test_vllm_export_reads_back_drafting_as_the_native(exported):
+    import json
+
+    from safetensors.torch import load_file
+
+    native, out, report = exported
+    assert report.proposals_compared > 0 and report.mu_native == report.mu_readback
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["fc_norm"] is True
+    assert config["ptd_token_id"] == json.loads((native / "config.json").read_text())["mask_token_id"]
+    state, tensors = load_file(str(native / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    # aux ids [2, 0, 1]: the engine concatenates layers 0, 1, 2, so mask_hidden's blocks are permuted like fc's
+    blocks = state["mask_hidden"].chunk(3)
+    assert tensors["mask_hidden"].shape == (1, 96)
+    assert torch.equal(tensors["mask_hidden"][0], torch.cat([blocks[1], blocks[2], blocks[0]]))
+    readme = (out / "README.md").read_text()
+    assert '"parallel_drafting": true' in readme and '"method": "eagle3"' in readme
+
+
+def test_a_parallel_folder_is_never_read_as_plain_eagle3(exported, deep_target, tmp_path):
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from draftsmith.serve.export.common import ExportError
+    from draftsmith.serve.export.readback import read_head
+
+    _, out, _ = exported
+    assert read_head(out, deep_target, fmt="vllm").config.method == "peagle"
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    save_file({k: v for k, v in load_file(str(out / "model.safetensors")).items() if k != "mask_hidden"},
+              str(broken / "model.safetensors"))
+    with pytest.raises(ExportError, match="'mask_hidden' is missing"):
+        read_head(broken, deep_target, fmt="vllm")
+    config = json.loads((out / "config.json").read_text())
+    del config["ptd_token_id"]
+    (broken / "config.json").write_text(json.dumps(config))
+    assert read_head(broken, deep_target, fmt="vllm").config.method == "eagle3"  # no token: plain EAGLE-3
+
+
+@pytest.mark.parametrize("fmt, version, message", [
+    ("vllm", "0.34", "does not load in vLLM 0.34: vLLM serves P-EAGLE .* from 0.16 to 0.33"),
+    ("vllm", "0.15", "does not load in vLLM 0.15"),
+    ("sglang", None, "SGLang serves no P-EAGLE"),
+    ("speculators", None, "does not write speculators' `peagle` folders yet")])
+def test_an_engine_that_lacks_it_is_one_line_and_nothing_written(exported, deep_target, tmp_path, fmt, version,
+                                                                  message):
+    from draftsmith.serve.export import export_drafter
+
+    native, _, _ = exported
+    with pytest.raises(DraftsmithError, match=message) as err:
+        export_drafter(native, fmt, tmp_path / "out", target=deep_target, engine_version=version)
+    assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
+
+
+def test_recipe_refusals_are_one_line(tiny_target_dir):
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.train.config import TrainConfig
+
+    base = [f"target={tiny_target_dir}", "data.dataset=x", "model.method=peagle"]
+    for extra, message in ((["model.num_speculative_tokens=1"], "P-EAGLE drafts 2..16 tokens"),
+                           (["model.norm_output=true"], "model.norm_output is an option of EAGLE-3"),
+                           (["model.block_size=4"], "model.block_size is an option of DFlash")):
+        with pytest.raises(DraftsmithError, match=message):
+            load_config(TrainConfig, overrides=base + extra)

@@ -28,7 +28,7 @@ from draftsmith.serve.core.target import Target
 class EngineFormat:
     NAME: str
     ENGINE: str
-    serving: Callable[..., str]  # (serve_as, *, k, out, facts) -> the serving command, Markdown
+    serving: Callable[..., str]  # (serve_as, *, k, out, facts, options) -> the serving command, Markdown
 
     def form(self, config) -> FormatExport:
         """The drafter's method's form in this format; one line naming the formats it has when none."""
@@ -66,7 +66,9 @@ class EngineFormat:
         return forms[0].read(config_json, tensors, num_layers=num_layers, where=where)
 
     def usage(self, config, *, out: str, facts: TargetFacts) -> str:
-        return self.serving(self.form(config).serve_as, k=config.num_speculative_tokens, out=out, facts=facts)
+        form = self.form(config)
+        return self.serving(form.serve_as, k=config.num_speculative_tokens, out=out, facts=facts,
+                            options=dict(form.serve_options))
 
     def notes(self, config, facts: TargetFacts) -> list[str]:
         return self.form(config).notes(config, facts)

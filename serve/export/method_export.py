@@ -3,8 +3,8 @@ has a form in and lists them in its Method record (`exports`); the formats (serv
 never branch on a method's name."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
 
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.methods.registry import method, names
@@ -36,6 +36,7 @@ class FormatExport:
     notes: Callable = _nothing        # (HeadConfig, TargetFacts) -> [line]: version notes for OUT/README.md
     check_extra: Callable = _nothing  # (config.json dict) -> [problem]: what a FormatSpec cannot express
     package_check: Callable = _no_package_check  # (out, target, head, *, where) -> str: the engine's own package
+    serve_options: Mapping[str, Any] = field(default_factory=dict)  # the speculative config's other keys
 
 
 def method_export(method_name: str, fmt: str, engine: str) -> FormatExport:

@@ -9,8 +9,8 @@ NAME = "sglang"
 ENGINE = "SGLang"
 
 
-def usage(serve_as: str, *, k: int, out: str, facts: TargetFacts) -> str:
-    """How to serve the folder `out` with SGLang; serve_as: its --speculative-algorithm."""
+def usage(serve_as: str, *, k: int, out: str, facts: TargetFacts, options: dict | None = None) -> str:
+    """How to serve the folder `out` with SGLang; serve_as: its --speculative-algorithm (options: none it takes)."""
     return (f"```bash\npython -m sglang.launch_server --model-path {facts.verifier} \\\n"
             f"    --speculative-algorithm {serve_as} --speculative-draft-model-path {out} \\\n"
             f"    --speculative-num-steps {k} --speculative-eagle-topk 1 "

@@ -18,9 +18,9 @@ NAME = "speculators"
 ENGINE = "vLLM"  # the engine that serves the speculators format
 
 
-def usage(serve_as: str, *, k: int, out: str, facts: TargetFacts) -> str:
-    """How to serve the folder `out` with vLLM; serve_as: the speculative_config's `method`."""
-    spec = {"model": out, "method": serve_as, "num_speculative_tokens": k}
+def usage(serve_as: str, *, k: int, out: str, facts: TargetFacts, options: dict | None = None) -> str:
+    """How to serve the folder `out` with vLLM; serve_as: the speculative_config's `method`; options: its other keys."""
+    spec = {"model": out, "method": serve_as, "num_speculative_tokens": k, **(options or {})}
     lines = ["Name the target and point `--speculative-config` at this folder (every vLLM version, local or hub "
              "target):", "", f"```bash\nvllm serve {facts.verifier} --speculative-config '{json.dumps(spec)}'\n```",
              "", f"```python\nfrom vllm import LLM\n\nllm = LLM(model={facts.verifier!r}, "

@@ -11,9 +11,9 @@ NAME = "vllm"
 ENGINE = "vLLM"
 
 
-def usage(serve_as: str, *, k: int, out: str, facts: TargetFacts) -> str:
-    """How to serve the folder `out` with vLLM; serve_as: the speculative_config's `method`."""
-    spec = {"model": out, "method": serve_as, "num_speculative_tokens": k}
+def usage(serve_as: str, *, k: int, out: str, facts: TargetFacts, options: dict | None = None) -> str:
+    """How to serve the folder `out` with vLLM; serve_as: the speculative_config's `method`; options: its other keys."""
+    spec = {"model": out, "method": serve_as, "num_speculative_tokens": k, **(options or {})}
     return (f"```bash\nvllm serve {facts.verifier} --speculative-config '{json.dumps(spec)}'\n```\n\n"
             f"```python\nfrom vllm import LLM, SamplingParams\n\n"
             f"llm = LLM(model={facts.verifier!r}, speculative_config={spec!r})\n"

@@ -64,6 +64,9 @@ class Method:
     # what the refusal of a format it lacks says instead of "the engine has none" (the engine serves the method and
     # draftsmith does not write its format yet)
     unexported: str = ""
+    # the method whose head and engine folders this one extends (P-EAGLE: EAGLE-3's, plus its mask slots): the
+    # per-family checks of that method (scripts/support_matrix.py) cover its layer and the engines' target classes
+    variant_of: str = ""
     # HeadConfig -> the draft tokens per cycle an export's read-back is compared at (each a forward of the head)
     validation_k: Callable[[Any], int] = lambda cfg: min(cfg.num_speculative_tokens, 5)
     # --- a drafter named by its spec string (serve/drafters/spec.py)

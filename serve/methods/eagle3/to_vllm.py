@@ -53,8 +53,16 @@ def expected(config: HeadConfig, facts: TargetFacts) -> FormatSpec:
                       engine_layer_ids=ids)
 
 
-def claims(config: dict) -> bool:
+# a folder naming the token of parallel drafting's mask slots is a P-EAGLE head (serve/methods/peagle/to_vllm.py)
+PARALLEL_TOKEN_KEYS = ("mask_token_id", "pard_token", "ptd_token_id")
+
+
+def eagle3_architecture(config: dict) -> bool:
     return any("Eagle3" in a for a in config.get("architectures") or [])
+
+
+def claims(config: dict) -> bool:
+    return eagle3_architecture(config) and all(config.get(key) is None for key in PARALLEL_TOKEN_KEYS)
 
 
 def read(config: dict, tensors: dict, *, num_layers: int, where: str) -> tuple[HeadConfig, dict]:

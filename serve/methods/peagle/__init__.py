@@ -12,6 +12,7 @@ from draftsmith.serve.core.target import Target
 from draftsmith.serve.methods.dflash.head import choose_mask_token
 from draftsmith.serve.methods.peagle.drafter import PEagleDrafter
 from draftsmith.serve.methods.peagle.head import PEagleHead, peagle_config
+from draftsmith.serve.methods.peagle import to_vllm
 from draftsmith.serve.methods.peagle.objective import peagle_objective
 from draftsmith.serve.methods.registry import Method, register
 
@@ -46,6 +47,8 @@ METHOD = register(Method(
     # every real position, and K-1 slots for each of `anchors` positions a row
     unroll=lambda model, cfg, length: 1 + (cfg.num_speculative_tokens - 1) * min(length, model.anchors) /
     max(length, 1),
-    check=_check, llama_layer=True, own_vocab=True,
+    check=_check, llama_layer=True, own_vocab=True, variant_of="eagle3",
     options=("fc_norm", "norm_before_fc", "mask_token_id", "anchors"),
-    validation_k=lambda cfg: cfg.num_speculative_tokens, trees=True))
+    exports={"vllm": to_vllm.FORM}, validation_k=lambda cfg: cfg.num_speculative_tokens, trees=True,
+    unexported="SGLang serves no P-EAGLE, and draftsmith does not write speculators' `peagle` folders yet: export "
+               "--format vllm (vLLM 0.16-0.33), or train model.method=eagle3"))
