@@ -200,7 +200,17 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
             head = load_head(native).eval()
             config = head.config
             vocab = config.vocab_size
-            if not method_of(config.method).llama_layer:  # independent heads on the final state (Medusa)
+            if hasattr(head, "context_kv"):  # DFlash: one block [the last token, masks] after the whole context
+                block, length = config.block_size, input_ids.numel()
+                context_kv = head.context_kv(head.context(features)[None], torch.arange(length)[None])
+                tokens = torch.full((block,), config.mask_token_id)
+                tokens[0] = input_ids[-1]
+                embeds = shared_embedding(target)(tokens)[None]
+                mask = torch.zeros(1, 1, block, length + block)
+                out = head(embeds, torch.arange(length, length + block)[None], context_kv, mask)[0, 1:]
+                fed_back = out
+                logits = target.model.get_output_embeddings()(out)
+            elif not method_of(config.method).llama_layer:  # independent heads on the final state (Medusa)
                 logits = head(features[FINAL])  # (heads, T, Vd)
                 fed_back = torch.stack([block(features[FINAL]) for block in head.blocks])
             else:

@@ -77,6 +77,57 @@ class CausalAttention(torch.nn.Module):
         return out.transpose(0, 1).reshape(T, self.num_heads * self.head_size)
 
 
+class ContextAttention(CausalAttention):
+    """Stands in for the paged Attention of vLLM's DFlash layers: the context's keys and values are written once
+    (`impl.do_kv_cache_update`, from precompute_and_store_context_kv) and a block's queries attend to them and to
+    the whole block, both ways, as DFlash's non-causal draft attention does."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.impl, self.kv_cache, self.context = self, None, None
+
+    def do_kv_cache_update(self, attn, key, value, kv_cache, slot_mapping):
+        attn.context = (key.reshape(key.shape[0], -1), value.reshape(value.shape[0], -1))  # (C, kv*D) each
+
+    def forward(self, query, key, value, *args, **kwargs):
+        Q, rep = query.shape[0], self.num_heads // self.num_kv_heads
+        keys, values = (torch.cat([c, x]) for c, x in zip(self.context, (key, value)))  # (C + Q, kv*D)
+        q = query.view(Q, self.num_heads, self.head_size).transpose(0, 1)  # (H, Q, D)
+        k = keys.view(-1, self.num_kv_heads, self.head_size).transpose(0, 1).repeat_interleave(rep, 0)
+        v = values.view(-1, self.num_kv_heads, self.head_size).transpose(0, 1).repeat_interleave(rep, 0)
+        probs = ((q @ k.transpose(1, 2)).float() * self.scale).softmax(-1)  # (H, Q, C + Q)
+        return (probs.to(v.dtype) @ v).transpose(0, 1).reshape(Q, self.num_heads * self.head_size)
+
+
+class TorchOps:
+    """Stands in for the fused CUDA kernels vLLM's DFlash context path calls (`vllm._custom_ops`): RMSNorm (a
+    weight per row group when it is 2-D: one per layer) and in-place RoPE on the query, neox or GPT-J style."""
+
+    @staticmethod
+    def rms_norm(out, x, weight, eps):
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+        w = weight.float().view(weight.shape[0], *([1] * (x.dim() - 2)), -1) if weight.dim() == 2 else weight.float()
+        out.copy_((normed * w).to(out.dtype))
+
+    @staticmethod
+    def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
+        for x in (query, key):
+            if x is None:
+                continue
+            heads = x.view(x.shape[0], -1, head_size)
+            cos, sin = cos_sin_cache[positions].float().chunk(2, dim=-1)  # (T, rot/2) each
+            cos, sin = cos[:, None], sin[:, None]
+            rot = cos.shape[-1] * 2
+            part = heads[..., :rot].float()
+            if is_neox:
+                x1, x2 = part[..., : rot // 2], part[..., rot // 2:]
+                turned = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+            else:
+                x1, x2 = part[..., 0::2], part[..., 1::2]
+                turned = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+            heads[..., :rot] = turned.to(x.dtype)
+
+
 # ------------------------------------------------------------------------------------------------- vLLM
 
 def _vllm_setup():
@@ -100,7 +151,9 @@ def _stand_in_attention() -> None:
 
     for name, module in list(sys.modules.items()):
         if name.startswith("vllm.model_executor.models.") and getattr(module, "Attention", None) is Attention:
-            module.Attention = CausalAttention
+            module.Attention = ContextAttention if name.endswith(".qwen3_dflash") else CausalAttention
+            if name.endswith(".qwen3_dflash"):
+                module.ops = TorchOps
 
 
 class NativeExperts:
@@ -171,7 +224,8 @@ def _vllm_config(target: str, case: dict, k: int = 3):
     model_config = ModelConfig(model=target, tokenizer=target, dtype="float32", max_model_len=64, enforce_eager=True,
                                skip_tokenizer_init=True)
     parallel = ParallelConfig()
-    method = {"eagle1": "eagle", "eagle3": "eagle3", "medusa": "medusa", "peagle": "eagle3"}[case["method"]]
+    method = {"eagle1": "eagle", "eagle3": "eagle3", "medusa": "medusa", "peagle": "eagle3",
+              "dflash": "dflash"}[case["method"]]
     parallel_drafting = {"parallel_drafting": True} if case["method"] == "peagle" else {}  # P-EAGLE (vLLM <= 0.33)
     speculative = SpeculativeConfig(model=case["folder"], method=method, num_speculative_tokens=k,
                                     target_model_config=model_config, target_parallel_config=parallel,
@@ -189,6 +243,8 @@ def _vllm_model(vllm_config, model_config, folder: str | None):
     model = cls(vllm_config=vllm_config, prefix="").eval()
     files = sorted(glob.glob(os.path.join(folder or model_config.model, "*.safetensors")))
     model.load_weights(safetensors_weights_iterator(files, use_tqdm_on_load=False))
+    if hasattr(model, "precompute_and_store_context_kv"):  # DFlash: its fused context buffers, as the loader does
+        model.process_weights_after_loading()
     return model
 
 
@@ -237,7 +293,7 @@ def _vllm_target_states(vllm_config, target_dir: str, ids):
     transformers target does (vLLM's aux id k = the input of layer k = HF `hidden_states[k]`, in layer order), and
     `target` is the engine's own if it was built, else `TargetEmbedAndHead`: what the draft shares either way."""
     arch = vllm_config.model_config.architectures[0]
-    eagle3 = vllm_config.speculative_config.method == "eagle3"
+    eagle3 = vllm_config.speculative_config.method in ("eagle3", "dflash")  # both read aux layers
     target, reason = None, None
     try:
         target = _vllm_model(vllm_config, vllm_config.model_config, None)
@@ -316,6 +372,8 @@ def _vllm_step(method, target, draft, ids, states, draft_hf_config=None) -> dict
         return {"status": "loaded", "logits": logits.float(), "token_ids": logits.argmax(-1),
                 "hidden": torch.stack(blocks).float()}
     features = hidden if method == "eagle1" else draft.combine_hidden_states(torch.cat(aux, dim=-1))
+    if method == "dflash":
+        return _vllm_dflash_block(draft, ids, features, draft_hf_config)
     if method == "peagle":  # the proposer's parallel drafting: mask slots read the token and combine(mask_hidden)
         token = next(getattr(draft_hf_config, key) for key in PARALLEL_TOKEN_KEYS
                      if getattr(draft_hf_config, key, None) is not None)
@@ -327,6 +385,19 @@ def _vllm_step(method, target, draft, ids, states, draft_hf_config=None) -> dict
     normed, fed_back = draft_out if isinstance(draft_out, tuple) else (draft_out, draft_out)
     logits = draft.compute_logits(normed).float()  # (T, V): draft ids already mapped to target ids by vLLM
     return {"status": "loaded", "logits": logits, "token_ids": logits.argmax(-1), "hidden": fed_back.float()}
+
+
+def _vllm_dflash_block(draft, ids, context, hf_config) -> dict:
+    """The proposer's DFlash step: the context's keys and values stored once, then one block [the last token,
+    mask x (B-1)] at the next positions; the slots' logits (B-1, V) (check_engines.reference_steps runs the same)."""
+    length = ids.numel()
+    draft.precompute_and_store_context_kv(context, torch.arange(length), torch.zeros(length, dtype=torch.long))
+    block = int(hf_config.block_size)
+    tokens = torch.full((block,), int(hf_config.dflash_config["mask_token_id"]))
+    tokens[0] = ids[-1]
+    out = draft(tokens, torch.arange(length, length + block))  # (B, h): norm(out)
+    logits = draft.compute_logits(out[1:]).float()
+    return {"status": "loaded", "logits": logits, "token_ids": logits.argmax(-1), "hidden": out[1:].float()}
 
 
 def _share_with_draft(target, draft) -> None:

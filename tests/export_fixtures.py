@@ -30,6 +30,10 @@ def make_native(target, method: str, folder: str | Path, *, seed: int = 0, **opt
         config = eagle1_config(target, **options)
     elif method == "eagle3":
         config = eagle3_config(target, **{"aux_layer_ids": [2, 0, 1], "draft_vocab_size": 120, **options})
+    elif method == "dflash":
+        from draftsmith.serve.methods.dflash.head import dflash_config
+
+        config = dflash_config(target, **{"block_size": 4, "draft_layers": 2, "aux_layer_ids": [2, 0, 1], **options})
     elif method == "peagle":
         from draftsmith.serve.methods.peagle.head import peagle_config
 

@@ -90,14 +90,65 @@ def test_block_sizes_out_of_range_are_refused(target, size, message):
         dflash_config(target, aux_layer_ids=[0, 1], block_size=size)
 
 
+@pytest.fixture(scope="module")
+def exported(tiny_target_factory, tmp_path_factory):
+    from draftsmith.serve.export import export_drafter
+    from tests.export_fixtures import make_native
 
-@pytest.mark.parametrize("fmt", ["vllm", "sglang", "speculators"])
-def test_an_engine_export_is_one_line_saying_what_is_missing(target, tmp_path, fmt):
-    from draftsmith.serve.drafters.folder import save_drafter
+    target = load_target(tiny_target_factory("llama", num_hidden_layers=4))  # the engines' aux layers need 4
+    root = tmp_path_factory.mktemp("dflash-export")
+    native = make_native(target, "dflash", root / "native", seed=3)
+    report = export_drafter(native, "vllm", root / "vllm", target=target, max_new_tokens=12)
+    return target, native, root / "vllm", report
+
+
+def test_vllm_export_reads_back_drafting_as_the_native(exported):
+    import json
+
+    from safetensors.torch import load_file
+
+    _, native, out, report = exported
+    assert report.proposals_compared > 0 and report.mu_native == report.mu_readback and report.k == 3
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
+    assert config["num_hidden_layers"] == 2 and config["block_size"] == 4
+    assert config["dflash_config"] == {"mask_token_id": json.loads((native / "config.json").read_text())[
+        "mask_token_id"], "target_layer_ids": [0, 1, 2]}
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # vLLM's convention: inputs of layers
+    state, tensors = load_file(str(native / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    blocks = state["fc.weight"].chunk(3, dim=1)  # aux ids [2, 0, 1]: the engine concatenates layers 0, 1, 2
+    assert torch.equal(tensors["fc.weight"], torch.cat([blocks[1], blocks[2], blocks[0]], dim=1))
+    assert set(tensors) == set(state) and not any("embed" in k or "lm_head" in k for k in tensors)
+    assert '"method": "dflash"' in (out / "README.md").read_text()
+
+
+def test_a_folder_vllm_would_read_otherwise_is_refused(exported, tmp_path):
+    import json
+    import shutil
+
+    from draftsmith.serve.export.common import ExportError
+    from draftsmith.serve.export.readback import read_head
+
+    target, _, out, _ = exported
+    for n, (change, message) in enumerate((({"layer_types": ["sliding_attention"] * 2}, "causal or sliding-window"),
+                                           ({"dflash_config": {"target_layer_ids": [0, 1, 2]}},
+                                            "mask_token_id is missing"))):
+        broken = tmp_path / str(n)
+        shutil.copytree(out, broken)
+        config = {**json.loads((out / "config.json").read_text()), **change}
+        (broken / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ExportError, match=message):
+            read_head(broken, target, fmt="vllm")
+
+
+@pytest.mark.parametrize("fmt, version, message", [
+    ("vllm", "0.19", "does not load in vLLM 0.19: vLLM has no DFlash draft model before 0.20"),
+    ("sglang", None, "draftsmith writes vLLM's DFlash folder only"),
+    ("speculators", None, "draftsmith writes vLLM's DFlash folder only")])
+def test_an_engine_export_it_lacks_is_one_line_and_nothing_written(exported, tmp_path, fmt, version, message):
     from draftsmith.serve.export import export_drafter
 
-    config = dflash_config(target, aux_layer_ids=[0, 1], block_size=4)
-    folder = save_drafter(build_head(config), config, tmp_path / "native")
-    with pytest.raises(DraftsmithError, match="serve DFlash, but draftsmith does not write their DFlash folders yet"):
-        export_drafter(folder, fmt, tmp_path / "out", target=target)
-    assert not (tmp_path / "out").exists()
+    target, native, _, _ = exported
+    with pytest.raises(DraftsmithError, match=message) as err:
+        export_drafter(native, fmt, tmp_path / "out", target=target, engine_version=version)
+    assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
