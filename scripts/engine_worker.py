@@ -456,6 +456,9 @@ def run_speculators(job: dict) -> dict:
             config = SpeculatorModelConfig.from_pretrained(case["folder"])
             config.transformer_layer_config._attn_implementation = "eager"  # CPU: no flex attention
             config.speculators_config.verifier.name_or_path = case["target"]  # this machine's copy of the target
+            if case["method"] == "dflash":
+                results[case["name"]] = _speculators_dflash_block(config, case["folder"], ids, hidden_states)
+                continue
             model = Eagle3DraftModel.from_pretrained(case["folder"], config=config).eval()
             model._load_verifier_weights(overwrite_embed_tokens=True)  # noqa: SLF001
             layers = list(model.config.eagle_aux_hidden_state_layer_ids)  # speculators: input of layer i
@@ -483,13 +486,39 @@ def run_speculators(job: dict) -> dict:
     return results
 
 
+@torch.no_grad()
+def _speculators_dflash_block(config, folder: str, ids, hidden_states) -> dict:
+    """speculators' DFlashDraftModel (its config class, loader, fc, hidden_norm, Qwen3DFlashDecoderLayer, norm and
+    the verifier's lm_head) on the block engine_worker's vLLM step drafts: [the last token, mask x (B-1)] after the
+    whole context, attending to all of it and to itself."""
+    from speculators.models.dflash import DFlashDraftModel
+
+    model = DFlashDraftModel.from_pretrained(folder, config=config).eval()
+    model.load_verifier_weights()
+    length, block = ids.numel(), int(config.block_size)
+    layers = list(config.aux_hidden_state_layer_ids)  # speculators: input of layer i
+    context = model.hidden_norm(model.fc(torch.cat([hidden_states[i][0] for i in layers], dim=-1)))[None]
+    tokens = torch.full((block,), int(config.mask_token_id))
+    tokens[0] = ids[-1]
+    x = model.embed_tokens(tokens)[None]
+    positions = torch.arange(length + block)[None]
+    cos_sin = model.rotary_emb(x, positions)
+    for layer in model.layers:
+        x = layer(target_hidden=context, hidden_states=x, attention_mask=None, position_embeddings=cos_sin)
+    out = model.norm(x)[0, 1:]
+    logits = model.verifier_lm_head(out).float()
+    return {"status": "loaded", "logits": logits, "token_ids": logits.argmax(-1), "hidden": out.float()}
+
+
 # ------------------------------------------------------------------------------------------------ SGLang
 
-SGLANG_MODULES = {"eagle1": "sglang.srt.models.llama_eagle", "eagle3": "sglang.srt.models.llama_eagle3"}
+SGLANG_MODULES = {"eagle1": "sglang.srt.models.llama_eagle", "eagle3": "sglang.srt.models.llama_eagle3",
+                  "dflash": "sglang.srt.models.dflash"}
 # What SGLang's EAGLE workers call on the TARGET model: every draft shares its embeddings (eagle_worker_v2.py
 # `init_lm_head` -> `get_embed_and_head`); EAGLE-3 has it capture the aux states (attention_backend_setup.py).
 SGLANG_TARGET_HOOKS = {"eagle1": ("get_embed_and_head",),
-                       "eagle3": ("set_eagle3_layers_to_capture", "get_embed_and_head")}
+                       "eagle3": ("set_eagle3_layers_to_capture", "get_embed_and_head"),
+                       "dflash": ("set_dflash_layers_to_capture",)}  # its worker reads model.lm_head itself
 
 
 def run_sglang(job: dict) -> dict:

@@ -122,6 +122,32 @@ def test_vllm_export_reads_back_drafting_as_the_native(exported):
     assert '"method": "dflash"' in (out / "README.md").read_text()
 
 
+def test_speculators_folder_is_read_back_as_vllm_reads_it(exported, tmp_path):
+    import json
+
+    from draftsmith.serve.export import export_drafter
+
+    target, native, out, _ = exported
+    report = export_drafter(native, "speculators", tmp_path / "spec", target=target, max_new_tokens=12)
+    assert report.proposals_compared > 0 and report.mu_native == report.mu_readback
+    config = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert config["speculators_model_type"] == "dflash" and config["aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert config["transformer_layer_config"]["model_type"] == "qwen3" and config["block_size"] == 4
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    assert (tmp_path / "spec" / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+def test_sglang_reads_the_same_folder_by_its_target_layer_ids(exported, tmp_path):
+    from draftsmith.serve.export import export_drafter
+
+    target, native, out, _ = exported
+    report = export_drafter(native, "sglang", tmp_path / "sglang", target=target, max_new_tokens=12)
+    assert report.proposals_compared > 0 and report.mu_native == report.mu_readback
+    assert (tmp_path / "sglang" / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+    readme = (tmp_path / "sglang" / "README.md").read_text()
+    assert "--speculative-algorithm DFLASH" in readme and "--speculative-num-steps 1 " in readme
+
+
 def test_a_folder_vllm_would_read_otherwise_is_refused(exported, tmp_path):
     import json
     import shutil
@@ -143,8 +169,8 @@ def test_a_folder_vllm_would_read_otherwise_is_refused(exported, tmp_path):
 
 @pytest.mark.parametrize("fmt, version, message", [
     ("vllm", "0.19", "does not load in vLLM 0.19: vLLM has no DFlash draft model before 0.20"),
-    ("sglang", None, "draftsmith writes vLLM's DFlash folder only"),
-    ("speculators", None, "draftsmith writes vLLM's DFlash folder only")])
+    ("sglang", "0.5.10", "does not load in SGLang 0.5.10: SGLang has no DFlash draft model before 0.5.11"),
+    ("speculators", "0.19", "does not load in vLLM 0.19: vLLM reads no DFlash speculators folder before 0.20")])
 def test_an_engine_export_it_lacks_is_one_line_and_nothing_written(exported, tmp_path, fmt, version, message):
     from draftsmith.serve.export import export_drafter
 

@@ -9,7 +9,7 @@ import sys
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.layers import default_eagle3_layers
 from draftsmith.serve.core.target import Target
-from draftsmith.serve.methods.dflash import to_vllm
+from draftsmith.serve.methods.dflash import to_speculators, to_vllm
 from draftsmith.serve.methods.dflash.drafter import DFlashDrafter
 from draftsmith.serve.methods.dflash.head import DFlashHead, check_block_size, choose_mask_token, dflash_config
 from draftsmith.serve.methods.dflash.objective import dflash_objective
@@ -44,6 +44,4 @@ METHOD = register(Method(
     min(length, model.anchors) * cfg.block_size / max(length, 1),
     check=_check, options=("block_size", "draft_layers", "mask_token_id", "anchors"),
     validation_k=lambda cfg: cfg.block_size - 1, trees=True,
-    exports={"vllm": to_vllm.FORM},
-    unexported="SGLang and speculators serve DFlash, but draftsmith writes vLLM's DFlash folder only (--format vllm, "
-               "vLLM 0.20+); serve this drafter with `draftsmith serve`, or train model.method=eagle3"))
+    exports={"vllm": to_vllm.FORM, "sglang": to_vllm.SGLANG_FORM, "speculators": to_speculators.FORM}))

@@ -1,4 +1,5 @@
-"""DFlash in vLLM's own format (`DFlashDraftModel`, built by qwen3_dflash.py's DFlashQwen3ForCausalLM, vLLM 0.20+).
+"""DFlash in vLLM's and SGLang's own format (`DFlashDraftModel`: vLLM 0.20+ qwen3_dflash.py's DFlashQwen3ForCausalLM,
+SGLang 0.5.11+ models/dflash.py): one folder both engines read.
 
 What vLLM reads (qwen3_dflash.py and the aux-layer lookup, read in the 0.20 and 0.34 sources): a Qwen3 config
 (`model_type` qwen3, the layer's sizes, `num_hidden_layers` = the draft layers, rope), `block_size`,
@@ -9,6 +10,10 @@ and 0.20 sizes fc by its length. The target concatenates aux states in ascending
 are permuted to it (as EAGLE-3's). Tensors keep their names (`fc`, `hidden_norm`, `layers.{i}.self_attn.{q,k,v,o}_proj`,
 `q_norm`, `k_norm`, `input_layernorm`, `post_attention_layernorm`, `mlp.*`, `norm`); the embedding and lm_head are
 the target's, shared by the proposer. The block attends both ways (no `layer_types`, no `causal`).
+
+SGLang (speculative/dflash_utils.py parse_dflash_draft_config, 0.5.23's source) reads `block_size` and
+`dflash_config.{mask_token_id, target_layer_ids}` and captures the outputs of those layers (`val + 1` inputs,
+llama.py set_dflash_layers_to_capture), in ascending order: the same folder.
 """
 from __future__ import annotations
 
@@ -41,7 +46,8 @@ def check(config: HeadConfig) -> None:
                               f"Qwen3 DFlash layers run silu")
 
 
-def _layer_fields(config: HeadConfig) -> dict:
+def layer_fields(config: HeadConfig) -> dict:
+    """The draft layers as the Qwen3 config both engines build them from."""
     layer = config.layer_config
     out = {key: layer[key] for key in _LAYER_KEYS if key in layer}
     out["head_dim"] = out.get("head_dim") or layer["hidden_size"] // layer["num_attention_heads"]
@@ -52,7 +58,7 @@ def _layer_fields(config: HeadConfig) -> dict:
 
 def build(state: dict[str, torch.Tensor], config: HeadConfig, facts: TargetFacts) -> tuple[dict, dict]:
     aux = list(config.aux_layer_ids)
-    body = {"architectures": list(ARCHITECTURES), **_layer_fields(config), "draft_vocab_size": config.vocab_size,
+    body = {"architectures": list(ARCHITECTURES), **layer_fields(config), "draft_vocab_size": config.vocab_size,
             "target_hidden_size": config.hidden_size, "block_size": config.block_size,
             "dflash_config": {"mask_token_id": config.mask_token_id, "target_layer_ids": sorted(aux)},
             "eagle_aux_hidden_state_layer_ids": aux_layer_ids_for(config, NAME, facts.num_layers)}
@@ -61,8 +67,8 @@ def build(state: dict[str, torch.Tensor], config: HeadConfig, facts: TargetFacts
     return body, tensors
 
 
-def expected(config: HeadConfig, facts: TargetFacts) -> FormatSpec:
-    fields = {key: Expect(value) for key, value in _layer_fields(config).items() if key != "rope_scaling"}
+def expected(config: HeadConfig, facts: TargetFacts, *, fmt: str = NAME) -> FormatSpec:
+    fields = {key: Expect(value) for key, value in layer_fields(config).items() if key != "rope_scaling"}
     ids = aux_layer_ids_for(config, NAME, facts.num_layers)
     fields.update({
         "architectures": Expect(list(ARCHITECTURES), "vLLM's registry name of the DFlash draft model"),
@@ -91,21 +97,25 @@ def expected(config: HeadConfig, facts: TargetFacts) -> FormatSpec:
                         p + "input_layernorm.weight": ((h,), None), p + "post_attention_layernorm.weight": ((h,), None),
                         p + "mlp.gate_proj.weight": ((inter, h), None), p + "mlp.up_proj.weight": ((inter, h), None),
                         p + "mlp.down_proj.weight": ((h, inter), None)})
-    return FormatSpec(NAME, "dflash", fields, tensors, engine_layer_ids=ids)
+    # SGLang's ids are dflash_config.target_layer_ids, checked above
+    return FormatSpec(fmt, "dflash", fields, tensors, engine_layer_ids=ids if fmt == NAME else [])
 
 
 def claims(config: dict) -> bool:
     return any(a in ARCHITECTURES for a in config.get("architectures") or [])
 
 
-def read(config: dict, tensors: dict, *, num_layers: int, where: str) -> tuple[HeadConfig, dict]:
+def read(config: dict, tensors: dict, *, num_layers: int, where: str, fmt: str = NAME) -> tuple[HeadConfig, dict]:
+    """The head `fmt`'s engine builds: vLLM takes the aux layers from eagle_aux_hidden_state_layer_ids first,
+    SGLang from dflash_config.target_layer_ids alone."""
     dflash = config.get("dflash_config") or {}
     if get_field(config, "layer_types", None) or dflash.get("causal") or dflash.get("use_swa"):
         raise ExportError(f"{where}: causal or sliding-window draft layers (layer_types / dflash_config.causal / "
                           f"use_swa); draftsmith's DFlash layers attend both ways over the whole context")
     if dflash.get("mask_token_id") is None:
         raise ExportError(f"{where}: dflash_config.mask_token_id is missing; vLLM cannot embed the drafted slots")
-    engine_ids = config.get("eagle_aux_hidden_state_layer_ids")
+    # SGLang: dflash_config.target_layer_ids alone (speculators' reader passes its ids there too)
+    engine_ids = config.get("eagle_aux_hidden_state_layer_ids") if fmt == NAME else None
     aux = sorted(from_engine_layer_ids(engine_ids, NAME, num_layers=num_layers) if engine_ids else
                  [int(i) for i in dflash.get("target_layer_ids") or []])  # 0.34: outputs of layers
     if not aux:
@@ -122,6 +132,19 @@ def read(config: dict, tensors: dict, *, num_layers: int, where: str) -> tuple[H
                              layer_config=layer)
     return head_config, dict(tensors)
 
+
+SGLANG_FIRST = (0, 5, 11)  # models/dflash.py and the target's set_dflash_layers_to_capture arrive in 0.5.11
+
+SGLANG_FORM = FormatExport(
+    architectures=ARCHITECTURES, serve_as="DFLASH", check=check,
+    support=lambda config: Support("SGLang", SGLANG_FIRST, why="SGLang has no DFlash draft model before 0.5.11",
+                                   fix="Use SGLang 0.5.11 or newer."),
+    build=build, expected=lambda config, facts: expected(config, facts, fmt="sglang"), claims=claims,
+    read=lambda config, tensors, *, num_layers, where: read(config, tensors, num_layers=num_layers, where=where,
+                                                           fmt="sglang"),
+    full_vocab_only=True, serve_options={"num_steps": 1},  # one forward drafts the block
+    notes=lambda config, facts: ["SGLang versions: DFlashDraftModel from SGLang 0.5.11 (read in the 0.5.23 source; "
+                                 "SGLang cannot run on this CPU, so its loader was not run)."])
 
 FORM = FormatExport(architectures=ARCHITECTURES, serve_as="dflash", check=check,
                     support=lambda config: Support("vLLM", FIRST, why="vLLM has no DFlash draft model before 0.20",
