@@ -79,13 +79,14 @@ def drafter_for(spec: str, target, tiny_target_factory):
         return head_drafter(target, spec)
     if spec == "eagle3-auto":
         return head_drafter(target, "eagle3", auto=True)
-    if spec == "hybrid":
-        return HybridDrafter(head_drafter(target, "eagle3", auto=True), NgramDrafter(min_n=1, policy=ExpectedGain(FLAT)))
+    if spec.startswith("hybrid"):  # hybrid (EAGLE-3), hybrid-dflash, hybrid-peagle: the n-gram drafter beside a head
+        head = spec.partition("-")[2] or "eagle3"
+        return HybridDrafter(head_drafter(target, head, auto=True), NgramDrafter(min_n=1, policy=ExpectedGain(FLAT)))
     return build_drafter(spec, target)
 
 
 @pytest.mark.parametrize("spec", ["plain", "ngram", "oracle", "model", "eagle1", "eagle3", "eagle3-auto", "medusa",
-                                  "dflash", "peagle", "hybrid"])
+                                  "dflash", "peagle", "hybrid", "hybrid-dflash", "hybrid-peagle"])
 def test_greedy_rows_equal_plain_decoding_at_every_batch(target, tiny_target_factory, spec):
     prompts = random_prompts(9)
     expected = plain(target, prompts)
