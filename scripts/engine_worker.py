@@ -84,7 +84,8 @@ class ContextAttention(CausalAttention):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.impl, self.kv_cache, self.context = self, None, None
+        object.__setattr__(self, "impl", self)  # not a submodule of itself
+        self.kv_cache, self.context = None, None
 
     def do_kv_cache_update(self, attn, key, value, kv_cache, slot_mapping):
         attn.context = (key.reshape(key.shape[0], -1), value.reshape(value.shape[0], -1))  # (C, kv*D) each
@@ -243,8 +244,8 @@ def _vllm_model(vllm_config, model_config, folder: str | None):
     model = cls(vllm_config=vllm_config, prefix="").eval()
     files = sorted(glob.glob(os.path.join(folder or model_config.model, "*.safetensors")))
     model.load_weights(safetensors_weights_iterator(files, use_tqdm_on_load=False))
-    if hasattr(model, "precompute_and_store_context_kv"):  # DFlash: its fused context buffers, as the loader does
-        model.process_weights_after_loading()
+    if hasattr(model, "process_weights_after_loading") and hasattr(model, "precompute_and_store_context_kv"):
+        model.process_weights_after_loading()  # DFlash from 0.34: its fused context buffers (0.33: in load_weights)
     return model
 
 
@@ -268,7 +269,8 @@ def run_vllm(job: dict) -> dict:
                 target, states, fallback = _vllm_target_states(vllm_config, case["target"], ids)
                 draft = _vllm_model(vllm_config, draft_config, case["folder"])
                 results[case["name"]] = _vllm_step(case["method"], target, draft, ids, states,
-                                                   draft_config.hf_config)
+                                                   draft_config.hf_config,
+                                                   vllm_config.speculative_config.num_speculative_tokens)
                 if fallback:
                     results[case["name"]]["target_states"] = fallback
                 if case["format"] == "speculators":
@@ -361,7 +363,7 @@ PARALLEL_SLOTS = 2  # P-EAGLE: mask slots after the teacher-forced pairs (check_
 PARALLEL_TOKEN_KEYS = ("mask_token_id", "pard_token", "ptd_token_id")  # the proposer's order (vLLM 0.33)
 
 
-def _vllm_step(method, target, draft, ids, states, draft_hf_config=None) -> dict:
+def _vllm_step(method, target, draft, ids, states, draft_hf_config=None, k: int = 3) -> dict:
     hidden, aux = states
     next_ids = torch.cat([ids[1:], ids[-1:]])  # teacher forcing: the draft at t reads token t+1
     if method != "medusa":
@@ -373,7 +375,7 @@ def _vllm_step(method, target, draft, ids, states, draft_hf_config=None) -> dict
                 "hidden": torch.stack(blocks).float()}
     features = hidden if method == "eagle1" else draft.combine_hidden_states(torch.cat(aux, dim=-1))
     if method == "dflash":
-        return _vllm_dflash_block(draft, ids, features, draft_hf_config)
+        return _vllm_dflash_block(draft, ids, features, draft_hf_config, k)
     if method == "peagle":  # the proposer's parallel drafting: mask slots read the token and combine(mask_hidden)
         token = next(getattr(draft_hf_config, key) for key in PARALLEL_TOKEN_KEYS
                      if getattr(draft_hf_config, key, None) is not None)
@@ -387,12 +389,14 @@ def _vllm_step(method, target, draft, ids, states, draft_hf_config=None) -> dict
     return {"status": "loaded", "logits": logits, "token_ids": logits.argmax(-1), "hidden": fed_back.float()}
 
 
-def _vllm_dflash_block(draft, ids, context, hf_config) -> dict:
+def _vllm_dflash_block(draft, ids, context, hf_config, k: int) -> dict:
     """The proposer's DFlash step: the context's keys and values stored once, then one block [the last token,
-    mask x (B-1)] at the next positions; the slots' logits (B-1, V) (check_engines.reference_steps runs the same)."""
+    mask x k] at the next positions (the proposer's block is num_speculative_tokens + 1, whatever block_size the
+    folder says); the slots' logits (k, V) (check_engines.reference_steps runs the folder's block_size, which
+    check_engines.py asks k to equal)."""
     length = ids.numel()
     draft.precompute_and_store_context_kv(context, torch.arange(length), torch.zeros(length, dtype=torch.long))
-    block = int(hf_config.block_size)
+    block = k + 1
     tokens = torch.full((block,), int(hf_config.dflash_config["mask_token_id"]))
     tokens[0] = ids[-1]
     out = draft(tokens, torch.arange(length, length + block))  # (B, h): norm(out)
