@@ -110,6 +110,12 @@ def test_cli_one_line_errors_for_bad_numbers_and_bad_recipes(tmp_path, capsys):
     assert "loss.lk_eta must be at least 0" in error_of("train", "data.dataset=x", "loss.lk_eta=-1")
     assert "loss.kind=tv needs soft targets (EAGLE-1/3): Medusa" in error_of(
         "train", "data.dataset=x", "model.method=medusa", "loss.kind=tv")
+    assert "loss.position_weighting='pace' is not one of decay, dpace" in error_of(
+        "train", "data.dataset=x", "loss.position_weighting=pace")
+    assert "loss.dpace_smoothing must be in [0, 1], got 2.0" in error_of("train", "data.dataset=x", "loss.dpace_smoothing=2")
+    for method in ("eagle1", "medusa", "peagle"):
+        assert "loss.position_weighting=dpace: " in error_of("train", "data.dataset=x", f"model.method={method}",
+                                                              "loss.position_weighting=dpace")
     bad = tmp_path / "bad.yaml"
     bad.write_text("optim:\n  lr: [1\n")
     assert f"bad config file {bad}: while parsing a flow sequence" in error_of("train", "--config", str(bad))

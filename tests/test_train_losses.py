@@ -107,3 +107,19 @@ def test_nla_gradient_is_tvs_over_alpha_and_lk_weight_is_not_differentiated():
     logits = torch.randn(1, 1, 7).requires_grad_()
     losses.distribution_loss(logits, target_logits, mask, kind="lk_hybrid", eta=0.0).backward()
     assert torch.allclose(logits.grad, _probs(logits.detach()) - _probs(target_logits), atol=1e-6)
+
+
+def test_dpace_weights_are_the_gradient_of_the_smoothed_accepted_length():
+    """w_k = dL/dlog s_k with L = sum_j mask_j prod_{i<=j} s_i, s = (1 - smoothing) alpha + smoothing; masked-out
+    positions multiply by 1 and add nothing."""
+    alpha = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.6, 0.2, 0.9]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
+    weights = losses.dpace_weights(alpha, mask, smoothing=0.5)
+    assert torch.allclose(weights[0], torch.tensor([3.0, 2.0, 1.0]))  # all accepted: the positions after each
+    assert torch.allclose(weights[1], torch.tensor([0.75, 0.25, 0.0]))  # s = 0.5: 0.5 + 0.25, then 0.25
+    log_s = torch.where(mask > 0, (0.5 * alpha + 0.5).log(), torch.zeros_like(alpha)).requires_grad_()
+    length = (torch.cumprod(log_s.exp(), dim=-1) * mask).sum()
+    length.backward()
+    assert torch.allclose(weights, log_s.grad) and not weights.requires_grad
+    # smoothing 1 ignores the draft (every s = 1): the weights count the trained positions from each on
+    assert torch.equal(losses.dpace_weights(alpha, mask, smoothing=1.0)[0], torch.tensor([3.0, 2.0, 1.0]))

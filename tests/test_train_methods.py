@@ -53,6 +53,13 @@ def test_acceptance_losses_train_heads_that_draft_losslessly(tiny_jobs, method, 
     _trains_and_drafts(tiny_jobs, method, f"{method}-{kind}", f"loss.kind={kind}")
 
 
+@pytest.mark.parametrize("method", ["eagle3", "dflash"])
+def test_dpace_position_weights_train_heads_that_draft_losslessly(tiny_jobs, method):
+    """loss.position_weighting=dpace: D-PACE's weights from the draft's own acceptance, over EAGLE-3's steps and
+    DFlash's slots, learn as the fixed decay does."""
+    _trains_and_drafts(tiny_jobs, method, f"{method}-dpace", "loss.position_weighting=dpace")
+
+
 def _trains_and_drafts(tiny_jobs, method: str, name: str, *extra: str) -> None:
     target_dir, dataset, root = tiny_jobs(EAGLE3_LAYERS if method in ("eagle3", "dflash", "peagle") else 2)
     out = root / name

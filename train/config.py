@@ -11,7 +11,7 @@ from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.ranges import check_ranges
 from draftsmith.serve.core.target_config import TargetConfig
 from draftsmith.serve.methods import registry
-from draftsmith.serve.methods.loss_kinds import DISTRIBUTION_LOSSES
+from draftsmith.serve.methods.loss_kinds import DISTRIBUTION_LOSSES, POSITION_WEIGHTINGS
 
 STRATEGIES = ("ddp", "deepspeed", "fsdp")
 
@@ -87,7 +87,7 @@ class OptimConfig:
 class LossConfig:
     RANGES: ClassVar[dict[str, str]] = {"decay": "(0, 1]", "feature_weight": ">= 0", "ce_weight": ">= 0",
                                         "feature_noise": ">= 0", "aux_noise": ">= 0", "prompt_weight": "[0, 1]",
-                                        "lk_eta": ">= 0"}
+                                        "lk_eta": ">= 0", "dpace_smoothing": "[0, 1]"}
     decay: float = 0.8                     # weight decay^i of TTT step / Medusa head i
     feature_weight: float = 1.0            # EAGLE-1 SmoothL1 on the next feature
     ce_weight: float = 0.1                 # EAGLE-1 cross-entropy vs the target's distribution
@@ -97,6 +97,8 @@ class LossConfig:
     kind: str = "ce"                       # EAGLE-1/3: the loss against the target's distribution: ce (soft
                                            # cross-entropy) | tv (1 - acceptance) | nla (-log acceptance) | lk_hybrid
     lk_eta: float = 3.0                    # lk_hybrid: KL weight exp(-lk_eta * acceptance), the rest on 1 - acceptance
+    position_weighting: str = "decay"      # EAGLE-3, DFlash: decay (decay^i) | dpace (D-PACE, from the acceptance)
+    dpace_smoothing: float = 0.5           # dpace: s = (1 - smoothing) * acceptance + smoothing (D-PACE's alpha)
 
 
 @dataclass
@@ -183,12 +185,17 @@ def check(config: TrainConfig, *, data: bool = True) -> TrainConfig:
     _choice("optim.schedule", config.optim.schedule, ("cosine", "linear", "constant"))
     _choice("tracking", config.tracking, ("wandb", "none"))
     _choice("loss.kind", config.loss.kind, DISTRIBUTION_LOSSES)
+    _choice("loss.position_weighting", config.loss.position_weighting, POSITION_WEIGHTINGS)
     _choice("model.attn_implementation", config.model.attn_implementation, ("sdpa", "eager"))
     if data and config.data.mode == "online" and not config.data.dataset:
         raise DraftsmithError("data.mode=online needs data.dataset (a `draftsmith data build` folder)")
     if data and config.data.mode == "offline" and not config.data.cache:
         raise DraftsmithError("data.mode=offline needs data.cache (a `draftsmith data capture` folder)")
     _check_options(config.model, method)
+    if config.loss.position_weighting not in method.position_weightings:
+        raise DraftsmithError(f"loss.position_weighting={config.loss.position_weighting}: {method.title} weighs its "
+                              f"positions by {' | '.join(method.position_weightings)} (D-PACE weighs the positions of "
+                              f"one drafted chain or block: EAGLE-3's steps, DFlash's slots)")
     method.check(config)
     if config.model.fc_norm and config.model.norm_before_fc:
         raise DraftsmithError("model.fc_norm (a norm per aux feature) and model.norm_before_fc (one norm over their "

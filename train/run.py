@@ -134,7 +134,8 @@ def train_drafter(config: TrainConfig, *, overwrite: bool = False) -> Path:
     objective = build_objective(head, parts, ttt_steps=config.model.ttt_steps, decay=loss.decay,
                                 feature_noise=loss.feature_noise, feature_weight=loss.feature_weight,
                                 ce_weight=loss.ce_weight, aux_noise=loss.aux_noise, prompt_weight=loss.prompt_weight,
-                                kind=loss.kind, lk_eta=loss.lk_eta, anchors=config.model.anchors)
+                                kind=loss.kind, lk_eta=loss.lk_eta, anchors=config.model.anchors,
+                                position_weighting=loss.position_weighting, dpace_smoothing=loss.dpace_smoothing)
     if config.distributed.strategy == "deepspeed":
         (out_dir / "deepspeed_config.json").write_text(json.dumps(deepspeed_config(config), indent=2))
     resolved = to_dict(config)

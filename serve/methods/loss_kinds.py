@@ -10,3 +10,9 @@ DISTRIBUTION_LOSSES = {
     "nla": "negative log-acceptance -log alpha",
     "lk_hybrid": "lam * KL(p||q) + (1 - lam)(1 - alpha), lam = exp(-loss.lk_eta * alpha)",
 }
+
+# how the drafted positions of one chain or block are weighed (`loss.position_weighting`)
+POSITION_WEIGHTINGS = {
+    "decay": "loss.decay^i for position i, fixed",
+    "dpace": "D-PACE: each position's share of the smoothed expected accepted length, from the draft's own acceptance",
+}

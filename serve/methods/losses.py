@@ -75,6 +75,27 @@ def distribution_loss(logits: torch.Tensor, target_logits: torch.Tensor, mask: t
     return (per_row * mask).sum()
 
 
+def dpace_weights(alpha: torch.Tensor, mask: torch.Tensor, *, smoothing: float = 0.5) -> torch.Tensor:
+    """D-PACE's position weights (Wu et al. 2026, arXiv 2605.18810; Lucas-TY/D-PACE `_dpace_weight`), detached.
+
+    alpha: (..., K) the acceptance of each drafted position of one chain or block (positions 1..K in drafting order);
+    mask: (..., K) its loss weight. With s_i = (1 - smoothing) alpha_i + smoothing (1 where masked out), the smoothed
+    expected accepted length is L = sum_j mask_j prod_{i<=j} s_i and w_k = dL / dlog s_k = sum_{j>=k} mask_j
+    prod_{i<=j} s_i: a position weighs what the accepted length after it is worth, so the positions that limit
+    acceptance get the signal as the drafter improves (a fixed decay cannot follow them)."""
+    with torch.no_grad():
+        kept = mask > 0
+        smooth = torch.where(kept, (1.0 - smoothing) * alpha.float() + smoothing, torch.ones_like(alpha.float()))
+        prefix = torch.cumprod(smooth, dim=-1) * kept
+        return prefix.flip(-1).cumsum(-1).flip(-1)
+
+
+def draft_acceptance(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """(..., V) draft and target logits -> (...) alpha of the draft against the target, detached."""
+    with torch.no_grad():
+        return acceptance(torch.softmax(logits.float(), dim=-1), torch.softmax(target_logits.float(), dim=-1))
+
+
 def position_weights(loss_mask: torch.Tensor, attention_mask: torch.Tensor | None,
                      prompt_weight: float) -> torch.Tensor:
     """(B, T) weight of each position as a predicted token: 1 on trained (assistant) tokens, prompt_weight on the

@@ -33,6 +33,8 @@ class ObjectiveSettings:
     prompt_weight: float = 0.0      # soft-target methods: weight of prompt positions
     kind: str = "ce"                # soft-target methods: the loss against the target's distribution (losses.py)
     lk_eta: float = 3.0             # lk_hybrid: lam = exp(-eta * alpha)
+    position_weighting: str = "decay"  # decay^i, or dpace: D-PACE's weights from the draft's acceptance (losses.py)
+    dpace_smoothing: float = 0.5    # dpace: s = (1 - smoothing) * alpha + smoothing
     anchors: int = 32               # DFlash: blocks per row and step
 
 

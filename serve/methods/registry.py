@@ -56,6 +56,8 @@ class Method:
     llama_layer: bool = False
     # its head drafts over a vocabulary of its own, which model.draft_vocab_size may reduce (else the target's)
     own_vocab: bool = False
+    # the `loss.position_weighting` values its objective can weigh drafted positions by (loss_kinds.POSITION_WEIGHTINGS)
+    position_weightings: tuple[str, ...] = ("decay",)
     # model.* keys only this method reads: set on a recipe of another method they are refused, not ignored
     options: tuple[str, ...] = ()
     # engine format name (serve/export/formats.py) -> its FormatExport (serve/export/method_export.py); a format

@@ -43,5 +43,6 @@ METHOD = register(Method(
     unroll=lambda model, cfg, length: int(cfg.layer_config.get("num_hidden_layers", 1)) *
     min(length, model.anchors) * cfg.block_size / max(length, 1),
     check=_check, options=("block_size", "draft_layers", "mask_token_id", "anchors"),
+    position_weightings=("decay", "dpace"),
     validation_k=lambda cfg: cfg.block_size - 1, trees=True,
     exports={"vllm": to_vllm.FORM, "sglang": to_vllm.SGLANG_FORM, "speculators": to_speculators.FORM}))

@@ -67,14 +67,16 @@ class DFlashObjective(Objective):
     """DFlash: block drafting at random anchors, one term per drafted slot (`slot1`..`slot{B-1}`)."""
 
     def __init__(self, head, parts, *, anchors: int = 32, decay: float = 0.8, prompt_weight: float = 0.0,
-                 kind: str = "ce", lk_eta: float = 3.0):
+                 kind: str = "ce", lk_eta: float = 3.0, position_weighting: str = "decay", dpace_smoothing: float = 0.5):
         super().__init__(head, parts)
         self.anchors, self.decay, self.prompt_weight = anchors, decay, prompt_weight
         self.kind, self.lk_eta = kind, lk_eta
+        self.dpace = position_weighting == "dpace"  # else decay^(i-1) per slot
+        self.dpace_smoothing = dpace_smoothing
         self.block = head.config.block_size
 
     def term_weights(self) -> dict[str, float]:
-        return {f"slot{i}": self.decay ** (i - 1) for i in range(1, self.block)}
+        return {f"slot{i}": 1.0 if self.dpace else self.decay ** (i - 1) for i in range(1, self.block)}
 
     def _weights(self, loss_mask: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         return losses.position_weights(loss_mask, attention_mask, self.prompt_weight)
@@ -102,16 +104,19 @@ class DFlashObjective(Objective):
         anchors, valid = draw_anchors(anchor_candidates(weights), self.anchors, noise_seeds)
         out = self._blocks(input_ids, hidden_states, anchors)  # (B, A, block, h)
         final = hidden_states[FINAL]
-        sums = {}
+        logits, teachers, masks = [], [], []
         for i in range(1, self.block):
             # slot i drafts x_{a+i}: the target's distribution for it is its logits at row a+i-1
             row = (anchors + i - 1).clamp(max=length - 1)
-            teacher = self.parts.logits(final.gather(1, row[..., None].expand(-1, -1, final.shape[-1])))  # (B, A, V)
-            predicted = (anchors + i).clamp(max=length - 1)
-            mask = weights.gather(1, predicted) * valid * (anchors + i < length)
-            sums[f"slot{i}"] = losses.distribution_loss(self.parts.logits(out[:, :, i]), teacher, mask,
-                                                        kind=self.kind, eta=self.lk_eta)
-        return sums
+            teachers.append(self.parts.logits(final.gather(1, row[..., None].expand(-1, -1, final.shape[-1]))))
+            logits.append(self.parts.logits(out[:, :, i]))  # (B, A, V) each
+            masks.append(weights.gather(1, (anchors + i).clamp(max=length - 1)) * valid * (anchors + i < length))
+        if self.dpace:  # an anchor's block is its chain of slots
+            alpha = torch.stack([losses.draft_acceptance(q, p) for q, p in zip(logits, teachers)], dim=-1)
+            chain = losses.dpace_weights(alpha, torch.stack(masks, dim=-1), smoothing=self.dpace_smoothing)
+            masks = [m * chain[..., i] for i, m in enumerate(masks)]
+        return {f"slot{i + 1}": losses.distribution_loss(q, p, m, kind=self.kind, eta=self.lk_eta)
+                for i, (q, p, m) in enumerate(zip(logits, teachers, masks))}
 
     @torch.no_grad()
     def draft_ids(self, batch: FeatureBatch, steps: int) -> list[torch.Tensor]:
@@ -131,4 +136,5 @@ class DFlashObjective(Objective):
 
 def dflash_objective(head, parts, settings: ObjectiveSettings) -> DFlashObjective:
     return DFlashObjective(head, parts, anchors=settings.anchors, decay=settings.decay,
-                           prompt_weight=settings.prompt_weight, kind=settings.kind, lk_eta=settings.lk_eta)
+                           prompt_weight=settings.prompt_weight, kind=settings.kind, lk_eta=settings.lk_eta,
+                           position_weighting=settings.position_weighting, dpace_smoothing=settings.dpace_smoothing)

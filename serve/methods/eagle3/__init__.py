@@ -31,4 +31,5 @@ METHOD = register(Method(
     layers=lambda num_layers: tuple(default_eagle3_layers(num_layers)),  # low, middle, high
     unroll=lambda model, cfg, length: model.ttt_steps,  # training-time test runs the head ttt_steps times per position
     check=_check, llama_layer=True, own_vocab=True, options=("fc_norm", "norm_before_fc", "norm_output"),
+    position_weightings=("decay", "dpace"),
     exports={"vllm": to_vllm.FORM, "sglang": to_sglang.FORM, "speculators": to_speculators.FORM}, trees=True))

@@ -16,13 +16,17 @@ class Eagle3Objective(UnrolledObjective):
     feature's scale (their RMS differs by an order of magnitude between low and high layers)."""
 
     def __init__(self, head, parts, *, ttt_steps: int = 7, decay: float = 0.8, feature_noise: float = 0.0,
-                 prompt_weight: float = 0.0, kind: str = "ce", lk_eta: float = 3.0):
+                 prompt_weight: float = 0.0, kind: str = "ce", lk_eta: float = 3.0, position_weighting: str = "decay",
+                 dpace_smoothing: float = 0.5):
         super().__init__(head, parts, feature_noise=feature_noise, relative_noise=True, prompt_weight=prompt_weight)
         self.steps, self.decay = ttt_steps, decay
         self.kind, self.lk_eta = kind, lk_eta
+        self.dpace = position_weighting == "dpace"  # else decay^j per step
+        self.dpace_smoothing = dpace_smoothing
 
     def term_weights(self) -> dict[str, float]:
-        return {f"ttt{j}": w for j, w in enumerate(losses.step_weights(self.steps, self.decay))}
+        weights = [1.0] * self.steps if self.dpace else losses.step_weights(self.steps, self.decay)
+        return {f"ttt{j}": w for j, w in enumerate(weights)}
 
     def _masks(self, loss_mask: torch.Tensor, attention_mask: torch.Tensor | None,
                top1: torch.Tensor | None) -> list[torch.Tensor]:
@@ -58,12 +62,18 @@ class Eagle3Objective(UnrolledObjective):
         target_logits = self.parts.logits(final, draft_token_ids(self.head.d2t))  # (B, T, Vd)
         lengths = attention_mask.sum(1) if attention_mask is not None else None
         hidden = self._input_hidden(hidden_states, noise_seeds, lengths)
-        return {f"ttt{j}": losses.distribution_loss(self.head.logits(out), losses.shift_left(target_logits, 1 + j),
-                                                    masks[j], kind=self.kind, eta=self.lk_eta)
-                for j, out in self._unroll(input_ids, hidden, self.steps)}
+        logits = [self.head.logits(out) for _, out in self._unroll(input_ids, hidden, self.steps)]  # (B, T, Vd) each
+        teachers = [losses.shift_left(target_logits, 1 + j) for j in range(self.steps)]
+        if self.dpace:  # row t's chain is its steps 0..S-1
+            alpha = torch.stack([losses.draft_acceptance(q, p) for q, p in zip(logits, teachers)], dim=-1)
+            weights = losses.dpace_weights(alpha, torch.stack(masks, dim=-1), smoothing=self.dpace_smoothing)
+            masks = [m * weights[..., j] for j, m in enumerate(masks)]
+        return {f"ttt{j}": losses.distribution_loss(logits[j], teachers[j], masks[j], kind=self.kind, eta=self.lk_eta)
+                for j in range(self.steps)}
 
 
 def eagle3_objective(head, parts, settings: ObjectiveSettings) -> Eagle3Objective:
     return Eagle3Objective(head, parts, ttt_steps=settings.ttt_steps, decay=settings.decay,
                            feature_noise=settings.aux_noise, prompt_weight=settings.prompt_weight, kind=settings.kind,
-                           lk_eta=settings.lk_eta)
+                           lk_eta=settings.lk_eta, position_weighting=settings.position_weighting,
+                           dpace_smoothing=settings.dpace_smoothing)
