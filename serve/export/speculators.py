@@ -12,10 +12,40 @@ from __future__ import annotations
 
 import json
 
-from draftsmith.serve.export.common import TargetFacts
+from draftsmith.serve.export.common import Expect, ExportError, TargetFacts
 
 NAME = "speculators"
 ENGINE = "vLLM"  # the engine that serves the speculators format
+
+
+def speculators_config(algorithm: str, k: int, facts: TargetFacts) -> dict:
+    """config.json's `speculators_config`: one greedy proposal method of k tokens (vLLM's num_speculative_tokens) and
+    the verifier vLLM loads for `vllm serve DIR`."""
+    return {"algorithm": algorithm,
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k, "verifier_accept_k": 1,
+                                  "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": facts.verifier, "architectures": list(facts.architectures)}}
+
+
+def layer_config(config: dict, *, where: str, family: str) -> dict:
+    """The folder's `transformer_layer_config` (the draft layers' `family` config); ExportError when missing."""
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise ExportError(f"{where}: transformer_layer_config is missing; expected the draft layers' {family} config")
+    return layer
+
+
+def speculators_config_fields(algorithm: str, k: int, facts: TargetFacts) -> dict[str, Expect]:
+    """What the validator expects of `speculators_config` (speculators_config above, as vLLM reads it)."""
+    return {
+        "speculators_config.algorithm": Expect(algorithm),
+        "speculators_config.proposal_methods.0.proposal_type": Expect("greedy"),
+        "speculators_config.proposal_methods.0.speculative_tokens": Expect(k, "vLLM's num_speculative_tokens"),
+        "speculators_config.default_proposal_method": Expect("greedy"),
+        "speculators_config.verifier.architectures": Expect(list(facts.architectures), "the target's architectures"),
+        "speculators_config.verifier.name_or_path": Expect(facts.verifier, "the target vLLM loads as verifier"),
+    }
 
 
 def usage(serve_as: str, *, k: int, out: str, facts: TargetFacts, options: dict | None = None) -> str:

@@ -16,6 +16,7 @@ import torch
 
 from draftsmith.serve.drafters.head_config import HeadConfig
 from draftsmith.serve.export.common import Expect, ExportError, FormatSpec, TargetFacts
+from draftsmith.serve.export import speculators as speculators_format
 from draftsmith.serve.export.engines import Support
 from draftsmith.serve.export.layer_ids import aux_layer_ids_for, from_engine_layer_ids
 from draftsmith.serve.export.method_export import FormatExport
@@ -37,13 +38,7 @@ def build(state: dict[str, torch.Tensor], config: HeadConfig, facts: TargetFacts
         "block_size": config.block_size, "mask_token_id": config.mask_token_id,
         "aux_hidden_state_layer_ids": aux_layer_ids_for(config, NAME, facts.num_layers),
         "sample_from_anchor": False, "sliding_window_non_causal": True,
-        "speculators_config": {
-            "algorithm": MODEL_TYPE,
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": config.block_size - 1,
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": facts.verifier, "architectures": list(facts.architectures)},
-        },
+        "speculators_config": speculators_format.speculators_config(MODEL_TYPE, config.block_size - 1, facts),
     }
     return body, tensors
 
@@ -61,25 +56,14 @@ def expected(config: HeadConfig, facts: TargetFacts) -> FormatSpec:
         "aux_hidden_state_layer_ids": Expect(ids, "vLLM convention: id i = input of layer i"),
         "sample_from_anchor": Expect(False, "the block's first token is the last verified one"),
         "sliding_window_non_causal": Expect(True, "vLLM: the block attends both ways"),
-        "speculators_config.algorithm": Expect(MODEL_TYPE),
-        "speculators_config.proposal_methods.0.proposal_type": Expect("greedy"),
-        "speculators_config.proposal_methods.0.speculative_tokens": Expect(config.block_size - 1,
-                                                                          "vLLM's num_speculative_tokens"),
-        "speculators_config.verifier.architectures": Expect(list(facts.architectures), "the target's architectures"),
-        "speculators_config.verifier.name_or_path": Expect(facts.verifier, "the target vLLM loads as verifier"),
+        **speculators_format.speculators_config_fields(MODEL_TYPE, config.block_size - 1, facts),
     })
     return FormatSpec(NAME, "dflash", fields, spec.tensors, engine_layer_ids=ids)
 
 
-def claims(config: dict) -> bool:
-    return config.get("speculators_model_type") == MODEL_TYPE
-
-
 def read(config: dict, tensors: dict, *, num_layers: int, where: str) -> tuple[HeadConfig, dict]:
     """The head vLLM builds from the folder: update_dflash turns it into its own DFlash config."""
-    layer = config.get("transformer_layer_config")
-    if not isinstance(layer, dict):
-        raise ExportError(f"{where}: transformer_layer_config is missing; expected the draft layers' Qwen3 config")
+    layer = speculators_format.layer_config(config, where=where, family="Qwen3")
     if config.get("sample_from_anchor"):
         raise ExportError(f"{where}: sample_from_anchor is true (the anchor drafts too); draftsmith's DFlash "
                           f"drafts from the mask slots alone")
@@ -97,5 +81,6 @@ def read(config: dict, tensors: dict, *, num_layers: int, where: str) -> tuple[H
 FORM = FormatExport(architectures=ARCHITECTURES, serve_as=MODEL_TYPE, check=to_vllm.check,
                     support=lambda config: Support("vLLM", to_vllm.FIRST, why="vLLM reads no DFlash speculators "
                                                    "folder before 0.20", fix="Use vLLM 0.20 or newer."),
-                    build=build, expected=expected, claims=claims, read=read, full_vocab_only=True,
+                    build=build, expected=expected, read=read, full_vocab_only=True,
+                    claims=lambda config: config.get("speculators_model_type") == MODEL_TYPE,
                     check_extra=check_extra)

@@ -47,13 +47,7 @@ def build(state: dict[str, torch.Tensor], config: HeadConfig, facts: TargetFacts
         "norm_before_residual": False,  # vLLM's speculators reader defaults it to TRUE: always written
         **feature_norms(config),
         "eagle_aux_hidden_state_layer_ids": aux_layer_ids_for(config, NAME, facts.num_layers),
-        "speculators_config": {
-            "algorithm": MODEL_TYPE,
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k, "verifier_accept_k": 1,
-                                  "accept_tolerance": 0.0}],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": facts.verifier, "architectures": list(facts.architectures)},
-        },
+        "speculators_config": speculators_format.speculators_config(MODEL_TYPE, k, facts),
     }
     return body, engine_tensors(state, config, layer_prefix="layers.0")
 
@@ -70,13 +64,7 @@ def expected(config: HeadConfig, facts: TargetFacts) -> FormatSpec:
         "norm_before_residual": Expect(False, "vLLM's speculators reader defaults it to true"),
         **feature_norm_fields(config),
         "eagle_aux_hidden_state_layer_ids": Expect(ids, "vLLM convention: id i = input of layer i"),
-        "speculators_config.algorithm": Expect(MODEL_TYPE),
-        "speculators_config.proposal_methods.0.proposal_type": Expect("greedy"),
-        "speculators_config.proposal_methods.0.speculative_tokens": Expect(config.num_speculative_tokens,
-                                                                          "vLLM's num_speculative_tokens"),
-        "speculators_config.default_proposal_method": Expect("greedy"),
-        "speculators_config.verifier.architectures": Expect(list(facts.architectures), "the target's architectures"),
-        "speculators_config.verifier.name_or_path": Expect(facts.verifier, "the target vLLM loads as verifier"),
+        **speculators_format.speculators_config_fields(MODEL_TYPE, config.num_speculative_tokens, facts),
     })
     return FormatSpec(NAME, config.method, fields, expected_tensors(config, text, layer_prefix="layers.0"),
                       engine_layer_ids=ids)
@@ -95,9 +83,7 @@ def claims(config: dict) -> bool:
 
 def read(config: dict, tensors: dict, *, num_layers: int, where: str) -> tuple[HeadConfig, dict]:
     """The head vLLM's speculators reader builds (vllm/transformers_utils/configs/speculators/)."""
-    layer_source = config.get("transformer_layer_config")
-    if not isinstance(layer_source, dict):
-        raise ExportError(f"{where}: transformer_layer_config is missing; expected the draft layer's Llama config")
+    layer_source = speculators_format.layer_config(config, where=where, family="Llama")
     tensors = rename_prefix(tensors, "layers.0.", "midlayer.")
     # algos.py update_eagle3: norm_before_residual defaults to True.
     return read_eagle3(config, tensors, where=where, engine=NAME, num_layers=num_layers,
