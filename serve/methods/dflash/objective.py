@@ -67,7 +67,8 @@ class DFlashObjective(Objective):
     """DFlash: block drafting at random anchors, one term per drafted slot (`slot1`..`slot{B-1}`)."""
 
     def __init__(self, head, parts, *, anchors: int = 32, decay: float = 0.8, prompt_weight: float = 0.0,
-                 kind: str = "ce", lk_eta: float = 3.0, position_weighting: str = "decay", dpace_smoothing: float = 0.5):
+                 kind: str = "ce", lk_eta: float = 3.0, position_weighting: str = "decay",
+                 dpace_smoothing: float = 0.5):
         super().__init__(head, parts)
         self.anchors, self.decay, self.prompt_weight = anchors, decay, prompt_weight
         self.kind, self.lk_eta = kind, lk_eta
