@@ -83,15 +83,22 @@ class EagleDrafter(Drafter):
         self._last_out = out[-1]
         self._last_logits = self._logits_of(out[-1:])[0]
 
-    def _catch_up(self) -> None:
-        """Run the pairs committed since the head last ran, in one forward (after dropping its drafts)."""
-        rollback(self._cache, self.n)
+    def _take_pending(self) -> tuple[torch.Tensor, dict[int, torch.Tensor]] | None:
+        """The pairs committed since the head last ran, as one run of tokens (L,) and features {layer: (L, h)};
+        None when there are none. They are the caller's to run now."""
         if not self._pending:
-            return
+            return None
         tokens = torch.cat([t for t, _ in self._pending])
         hidden = {layer: torch.cat([h[layer] for _, h in self._pending]) for layer in self._pending[0][1]}
         self._pending = []
-        self._consume(tokens, hidden)
+        return tokens, hidden
+
+    def _catch_up(self) -> None:
+        """Run the pairs committed since the head last ran, in one forward (after dropping its drafts)."""
+        rollback(self._cache, self.n)
+        pending = self._take_pending()
+        if pending is not None:
+            self._consume(*pending)
 
     @property
     def cache(self) -> DynamicCache:

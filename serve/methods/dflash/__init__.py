@@ -4,23 +4,18 @@ with a position-decayed loss. Its head (head.py), objective (objective.py), draf
 project asks of it (below). Its default aux layers are EAGLE-3's, so one capture trains both."""
 from __future__ import annotations
 
-import sys
-
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.layers import default_eagle3_layers
 from draftsmith.serve.core.target import Target
 from draftsmith.serve.methods.dflash import to_speculators, to_vllm
 from draftsmith.serve.methods.dflash.drafter import DFlashDrafter
-from draftsmith.serve.methods.dflash.head import DFlashHead, check_block_size, choose_mask_token, dflash_config
+from draftsmith.serve.methods.dflash.head import DFlashHead, check_block_size, dflash_config, recipe_mask_token
 from draftsmith.serve.methods.dflash.objective import dflash_objective
 from draftsmith.serve.methods.registry import Method, register
 
 
 def _config(model, target: Target):
-    mask, source = choose_mask_token(target, model.mask_token_id)
-    if model.mask_token_id < 0:
-        print(f"dflash: a block's drafted slots hold token {mask} ({source}); model.mask_token_id picks another",
-              file=sys.stderr)
+    mask = recipe_mask_token(target, model.mask_token_id, method="dflash", slots="a block's drafted slots")
     return dflash_config(target, aux_layer_ids=model.aux_layer_ids or None, block_size=model.block_size,
                          draft_layers=model.draft_layers, mask_token_id=mask,
                          attn_implementation=model.attn_implementation)

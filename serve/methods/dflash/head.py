@@ -14,6 +14,8 @@ speculators' DFlashDraftModel: `fc`, `hidden_norm`, `layers.{i}.self_attn.{q,k,v
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -159,6 +161,15 @@ def choose_mask_token(target: Target, wanted: int = -1) -> tuple[int, str]:
     raise DraftsmithError("DFlash fills a block's drafted slots with a mask token, and this target's tokenizer has no "
                           "mask, pad, unk or eos token with a non-zero embedding row: set model.mask_token_id to a "
                           "token id the answers never use")
+
+
+def recipe_mask_token(target: Target, wanted: int, *, method: str, slots: str) -> int:
+    """choose_mask_token for a recipe: when the recipe names none (`wanted` < 0), say on stderr which token the
+    drafted `slots` hold and how to pick another."""
+    mask, source = choose_mask_token(target, wanted)
+    if wanted < 0:
+        print(f"{method}: {slots} hold token {mask} ({source}); model.mask_token_id picks another", file=sys.stderr)
+    return mask
 
 
 def check_block_size(block_size: int) -> None:

@@ -4,12 +4,10 @@ Its head (head.py), objective (objective.py), drafter (drafter.py), engine form 
 asks of it (below). It reads EAGLE-3's aux layers, so one capture trains both."""
 from __future__ import annotations
 
-import sys
-
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.layers import check_eagle3_layers, default_eagle3_layers
 from draftsmith.serve.core.target import Target
-from draftsmith.serve.methods.dflash.head import choose_mask_token
+from draftsmith.serve.methods.dflash.head import recipe_mask_token
 from draftsmith.serve.methods.peagle.drafter import PEagleDrafter
 from draftsmith.serve.methods.peagle.head import PEagleHead, peagle_config
 from draftsmith.serve.methods.peagle import to_vllm
@@ -20,11 +18,8 @@ DEPTHS_MAX = 16  # the most tokens one forward may draft (the paper and vLLM use
 
 
 def _config(model, target: Target):
-    if model.mask_token_id < 0:
-        mask, source = choose_mask_token(target, -1)
-        print(f"peagle: the mask slots hold token {mask} ({source}); model.mask_token_id picks another",
-              file=sys.stderr)
-    cfg = peagle_config(target, depths=model.num_speculative_tokens, mask_token_id=model.mask_token_id,
+    mask = recipe_mask_token(target, model.mask_token_id, method="peagle", slots="the mask slots")
+    cfg = peagle_config(target, depths=model.num_speculative_tokens, mask_token_id=mask,
                         draft_vocab_size=model.draft_vocab_size or None, aux_layer_ids=model.aux_layer_ids or None,
                         fc_norm=model.fc_norm, norm_before_fc=model.norm_before_fc,
                         attn_implementation=model.attn_implementation)

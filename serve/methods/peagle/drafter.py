@@ -24,12 +24,10 @@ class PEagleDrafter(EagleDrafter):
         """(depths, Vd) float: depth 0 from the last real pair, depths 1.. from mask slots, in one forward."""
         rollback(self._cache, self.n)
         slots = depths - 1
-        if self._pending:
-            tokens = torch.cat([t for t, _ in self._pending])
-            features = {k: torch.cat([h[k] for _, h in self._pending]).to(self.device, self.dtype)
-                        for k in self.target_layers}
-            self._pending = []
-            real = self.head.input_hidden(features)  # (L, h)
+        pending = self._take_pending()
+        if pending is not None:
+            tokens, features = pending
+            real = self.head.input_hidden({k: v.to(self.device, self.dtype) for k, v in features.items()})  # (L, h)
         else:
             tokens, real = torch.zeros(0, dtype=torch.long), torch.zeros(0, self.config.hidden_size)
         length = int(tokens.numel())
