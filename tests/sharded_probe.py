@@ -16,7 +16,7 @@ def main(target_dir: str, parallel: str, tp_size: int, fsdp_size: int, out_dir: 
     from draftsmith.serve.core.launch_target import load_launch_target
     from draftsmith.serve.core.layers import FINAL
     from draftsmith.serve.core.memory_plan import Workload
-    from draftsmith.serve.core.process_group import start
+    from draftsmith.serve.core.process_group import finish, start
     from draftsmith.serve.core.sharded_target import local_parameter_bytes
     from draftsmith.serve.core.target import load_target
     from draftsmith.serve.core.target_config import TargetConfig
@@ -48,6 +48,7 @@ def main(target_dir: str, parallel: str, tp_size: int, fsdp_size: int, out_dir: 
               "held_after": local_parameter_bytes(target.model), "full": full, "max_diff": max_diff,
               "top1_equal": bool(top1_equal), "forwards": forwards}
     Path(out_dir, f"rank{here.rank}.json").write_text(json.dumps(report))
+    finish()
 
 
 if __name__ == "__main__":

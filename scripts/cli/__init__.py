@@ -66,8 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     from draftsmith.cli.errors import INTERRUPTED, describe_os_error, one_line
     from draftsmith.serve.core.errors import DraftsmithError
 
+    from draftsmith.serve.core.process_group import finish
+
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        finish()
+        return code
     # Every error the user can act on is a DraftsmithError (serve/core/errors.py); a missing path surfacing from a
     # library we call (datasets, safetensors) is one too, as far as the user is concerned.
     except (DraftsmithError, FileNotFoundError) as err:

@@ -74,6 +74,17 @@ def start(*, device_type: str, command: str, backend: str = "auto") -> Launch:
     return here
 
 
+def finish() -> None:
+    """End this process's part of the launch: destroy the process group once the work is done, on every process, so
+    that gloo's worker threads stop while the interpreter is alive (left to the interpreter's exit, they abort the
+    process now and then: "terminate called without an active exception"). Only after success: a process that
+    failed exits without it, since destroying a group others still wait on can hang. Alone it does nothing."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def check_same(values: dict[str, str], *, what: dict[str, str]) -> None:
     """DraftsmithError when the processes of the launch disagree on any of `values` (name -> fingerprint).
     `what[name]` says what to make equal. Call on every process, before any work; alone it does nothing."""
