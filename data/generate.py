@@ -16,7 +16,9 @@ bf16 a row's rounding can differ with its batch, near-ties flip, and the answer 
 
 Self-distillation runs the target's ordinary kernels even where decoding runs batch-invariant ones
 (serve/core/invariant.py `suspended`): invariant linears read every weight once per tile of rows (16-row tiles made
-a 64-row bf16 step on a 2-core CPU cost 4x a one-row step), for answers nobody compares with batch-1 decoding.
+a 64-row bf16 step on a 2-core CPU cost 4x a one-row step), for answers nobody compares with batch-1 decoding; on
+a CPU in bf16 its steps attend with grouped matmuls (serve/core/attention.py `grouped_attention`), which made a
+build of the default target 1.7-1.8x faster on a 2-core AVX512-BF16 EPYC (scripts/bench/distill_attention.py).
 """
 from __future__ import annotations
 

@@ -57,3 +57,60 @@ def test_a_model_without_grouped_heads_is_left_alone(monkeypatch):
     assert not grouped_heads(model.config) and not gqa_wanted(model)
     assert not use_cpu_gqa(model)
     assert not grouped_heads(tiny_config("llama", num_key_value_heads=4))
+
+
+@pytest.mark.parametrize("queries,mask", [(1, "bool"), (1, "additive"), (1, None), (4, "bool"), (4, "additive")])
+def test_grouped_attention_equals_sdpa(monkeypatch, queries, mask):
+    from types import SimpleNamespace
+
+    from draftsmith.serve.core import attention
+
+    g = torch.Generator().manual_seed(0)
+    batch, heads, kv_heads, keys, dim = 5, 6, 2, 37, 16
+    query = torch.randn(batch, heads, queries, dim, generator=g)
+    key, value = (torch.randn(batch, kv_heads, keys, dim, generator=g) for _ in range(2))
+    allowed = torch.rand(batch, 1, queries, keys + 3, generator=g) > 0.4  # built longer than the cache, as may be
+    allowed[..., 0] = True
+    masks = {"bool": allowed, "additive": torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo().min),
+             None: None}
+    module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
+    expected, _ = sdpa_attention.sdpa_attention_forward(module, query, key, value, None if mask is None else
+                                                        masks["bool"][..., :keys], scaling=0.3)
+    monkeypatch.setattr(attention, "CHUNK_BYTES", 2 * kv_heads * keys * dim * 4)  # rows two at a time
+    got, _ = attention.grouped_attention(module, query, key, value, masks[mask], scaling=0.3)
+    assert got.shape == (batch, queries, heads, dim)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_what_grouped_attention_leaves_to_sdpa(monkeypatch):
+    from types import SimpleNamespace
+
+    from draftsmith.serve.core import attention
+
+    calls = []
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward", lambda *a, **k: calls.append(k) or (None, None))
+    module = SimpleNamespace(num_key_value_groups=2)
+    key = torch.zeros(1, 2, 64, 8)
+    for queries, mask, extra in [(attention.FEW_QUERIES + 1, torch.ones(1, 1, 33, 64, dtype=torch.bool), {}),
+                                 (3, None, {}),  # several queries, causal without a mask: a prefill
+                                 (1, None, {"softcap": 30.0})]:
+        attention.grouped_attention(module, torch.zeros(1, 4, queries, 8), key, key, mask, **extra)
+    assert len(calls) == 3
+    bf16 = tiny_model("llama").eval().to(torch.bfloat16)
+    assert attention.grouped_wanted(bf16) and not attention.grouped_wanted(tiny_model("llama").eval())
+
+
+def test_forwards_that_decide_no_token_take_it_in_bf16_and_give_the_attention_back(tiny_target_dir):
+    from draftsmith.serve.core.attention import GROUPED
+    from draftsmith.serve.core.invariant import is_invariant, suspended
+
+    bf16 = load_target(tiny_target_dir, dtype="bfloat16")  # invariant (auto in bf16)
+    fp32 = load_target(tiny_target_dir)
+    with suspended(bf16.model), suspended(fp32.model):
+        assert bf16.model.config._attn_implementation == GROUPED
+        assert fp32.model.config._attn_implementation == "sdpa"  # as fast in float32: left as it is
+    assert is_invariant(bf16.model) and fp32.model.config._attn_implementation == "sdpa"
+    off = load_target(tiny_target_dir, dtype="bfloat16", invariant="off")
+    with suspended(off.model):
+        assert off.model.config._attn_implementation == GROUPED
+    assert off.model.config._attn_implementation == "sdpa"

@@ -132,3 +132,24 @@ def test_greedy_rows_equal_the_former_generate_batches(tiny_target_dir):
     former = former_generate(target, prompts, batch_size=4, max_new_tokens=MAX_NEW)
     assert continuous_generate(target, prompts, slots=4, max_new_tokens=MAX_NEW) == former
     assert continuous_generate(target, prompts, slots=3, max_new_tokens=MAX_NEW) == former
+
+
+def test_grouped_attention_gives_the_answers_of_sdpa(family, tiny_target_factory, monkeypatch):
+    """Self-distillation's steps on grouped matmuls (serve/core/attention.py, taken on a CPU in bf16) forced here in
+    float32, where they must reproduce plain decoding's answers through the slot cache, its masks and windows."""
+    import draftsmith.serve.core.attention as attention
+
+    target = load_target(tiny_target_factory(family))
+    prompts = random_prompts(6, seed=1)
+    expected = [plain(target, p) for p in prompts]
+    calls = []
+    grouped = attention.grouped_attention
+    monkeypatch.setattr(attention, "grouped_wanted", lambda model: True)
+    monkeypatch.setattr(attention, "grouped_attention", lambda *a, **k: calls.append(a[1].shape[2]) or grouped(*a, **k))
+    batcher = ContinuousBatcher(target, slots=4, max_new_tokens=MAX_NEW)
+    for i, prompt in enumerate(prompts):
+        batcher.add(Request(key=i, prompt=prompt))
+    answers = run(batcher)
+    assert [answers[i] for i in range(len(prompts))] == expected
+    assert (1 in calls) == (target.model.config._attn_implementation == "sdpa")  # the one-token steps took it
+    assert target.model.config._attn_implementation != attention.GROUPED  # restored after every step

@@ -288,16 +288,29 @@ def is_invariant(model: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def suspended(model: nn.Module):
-    """Run `model` on its ordinary kernels inside the block: for forwards whose outputs decide no token (the
-    hidden states a drafter trains on), where invariance would only cost time."""
-    if not is_invariant(model):
-        yield model
-        return
-    make_variant(model)
+    """Run `model` on its ordinary kernels inside the block: for forwards whose outputs decide no token (the hidden
+    states a drafter trains on, the answers of self-distillation), where invariance would only cost time. On a CPU
+    in bf16 or fp16 their steps over a cache attend with grouped matmuls (serve/core/attention.py
+    `grouped_attention`, faster there than torch's SDPA kernel)."""
+    from draftsmith.serve.core.attention import GROUPED, grouped_wanted, register_grouped
+
+    invariant = is_invariant(model)
+    before = getattr(model.config, "_attn_implementation", None)
+    ordinary = "sdpa" if invariant else before
+    attention = GROUPED if ordinary == "sdpa" and grouped_wanted(model) else ordinary
+    if attention == GROUPED:
+        register_grouped()
+    if invariant:
+        make_variant(model, attention)
+    elif attention != before:
+        model.set_attn_implementation(attention)
     try:
         yield model
     finally:
-        make_invariant(model)
+        if invariant:
+            make_invariant(model)
+        elif attention != before:
+            model.set_attn_implementation(before)
 
 
 def make_variant(model: nn.Module, attention: str = "sdpa") -> None:
