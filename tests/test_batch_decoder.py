@@ -315,3 +315,20 @@ def test_expected_widest_row():
     assert expected_widest(ratio, [0, 0, 4, 4], 1) == 3.0  # the mean of 1 and 5
     assert expected_widest(ratio, [0, 0, 4, 4], 2) == 1 * 0.25 + 5 * 0.75  # the wider of two draws
     assert expected_widest(ratio, [], 8) == 1.0
+
+
+@pytest.mark.parametrize("spec", ["medusa", "hybrid-medusa"])
+def test_medusa_heads_run_once_per_cycle_for_the_whole_batch(target, tiny_target_factory, spec):
+    """Batched drafting: one forward of the heads per cycle however many rows draft (it was one per row)."""
+    drafter = drafter_for(spec, target, tiny_target_factory)
+    heads = (drafter.head if spec.startswith("hybrid") else drafter).heads
+    calls = []
+    forward = heads.forward
+    heads.forward = lambda x: calls.append(x.shape[0]) or forward(x)
+    prompts = random_prompts(4, seed=6)
+    decoder = BatchDecoder(target, drafter, slots=4, k=3)
+    for i, prompt in enumerate(prompts):
+        decoder.add(Job(i, prompt, max_new_tokens=MAX_NEW, eos_token_ids=()))
+    done = decoder.run()
+    assert [f.result.output_ids for f in done] == plain(target, prompts)
+    assert max(calls) == 4 and len(calls) <= decoder.cycles < decoder.cycle_rows

@@ -62,7 +62,7 @@ def use_cpu_gqa(model) -> bool:
 
 GROUPED = "draftsmith_grouped"  # the attention implementation registered with transformers
 FEW_QUERIES = 32  # at most this many queries per row take the grouped matmuls; longer forwards (prefills) SDPA
-CHUNK_BYTES = 8 << 20  # the float32 copies of keys and values, this many bytes of rows at a time (larger ones fault pages)
+CHUNK_BYTES = 8 << 20  # float32 copies of keys and values made this many bytes of rows at a time (larger: page faults)
 
 
 def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

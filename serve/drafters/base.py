@@ -111,6 +111,15 @@ class Drafter:
             return None
         return list(kept)
 
+    def parts(self) -> tuple["Drafter", ...]:
+        """The drafters that draft for this one (a hybrid: both sides'), for `prepare_batch`."""
+        return (self,)
+
+    @classmethod
+    def prepare_rows(cls, drafters: list["Drafter"]) -> None:
+        """Called with the drafters of this kind of every row of a batch, before each row's `propose`: a drafter that
+        can run the rows' forwards together does it here, once (none by default)."""
+
     def fork(self) -> "Drafter":
         """A drafter for another sequence of a batch: the same weights, target and settings, its own state (its
         length policy starts from what this one has learned). begin() then starts its sequence."""
@@ -127,6 +136,18 @@ class Drafter:
                 if id(policy) not in seen:
                     seen.add(id(policy))
                     yield policy
+
+
+def prepare_batch(drafters: list[Drafter]) -> None:
+    """Before a batch's rows propose: each kind of drafter among the rows (a hybrid's parts counted) prepares its
+    rows together (`Drafter.prepare_rows`), a kind with one row alone left to its own `propose`."""
+    kinds: dict[type, list[Drafter]] = {}
+    for drafter in drafters:
+        for part in drafter.parts():
+            kinds.setdefault(type(part), []).append(part)
+    for kind, rows in kinds.items():
+        if len(rows) > 1:
+            kind.prepare_rows(rows)
 
 
 def _is_policy(value: Any) -> bool:

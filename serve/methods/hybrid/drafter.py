@@ -57,6 +57,9 @@ class HybridDrafter(Drafter):
     def check_target(self, target: Target) -> None:
         self.head.check_target(target)
 
+    def parts(self) -> tuple[Drafter, ...]:
+        return (*self.head.parts(), *self.ngram.parts())
+
     def draft_cap(self, k: int) -> int:
         self._head_k = k
         return self.ngram.draft_cap(k)

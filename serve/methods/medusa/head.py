@@ -131,6 +131,20 @@ class MedusaDrafter(Drafter):
                                                                     dtype=weight.dtype))[:, 0].float()
         return self._last_logits
 
+    @classmethod
+    def prepare_rows(cls, drafters: list["MedusaDrafter"]) -> None:
+        """One forward of the heads for every row whose logits are not computed yet: (n, h) features at once."""
+        rows = [d for d in drafters if d._last_logits is None and d._last_hidden is not None]
+        if len(rows) < 2:
+            return
+        heads = rows[0].heads
+        weight = heads.lm_heads[0].weight
+        features = torch.cat([d._last_hidden for d in rows]).to(device=weight.device, dtype=weight.dtype)  # (n, h)
+        with torch.no_grad():
+            logits = heads(features).float()  # (num_heads, n, Vd)
+        for n, drafter in enumerate(rows):
+            drafter._last_logits = logits[:, n]
+
     def begin(self, prompt_ids, next_tokens, hidden_states) -> None:
         self.last = LastDraft()
         self.policy.new_context()
