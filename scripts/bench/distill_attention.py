@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from draftsmith.bench.generate import continuous_generate, differing
+from draftsmith.bench.generate import build_prompts, continuous_generate, differing
 
 
 @contextlib.contextmanager
@@ -59,20 +59,12 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    from draftsmith.data.build import gather_prompts
-    from draftsmith.data.config import DataBuildConfig
-    from draftsmith.data.masks import render_prompt
-    from draftsmith.data.plan import plan_conversation
     from draftsmith.demo.machine import matmul_gflops, probe_target
     from draftsmith.serve.core.target import load_target
 
     torch.set_num_threads(args.threads)
     target = load_target(args.target, dtype=args.dtype)
-    prompts = []
-    for row in gather_prompts(DataBuildConfig(per_domain_limit=args.per_domain)):
-        conversation = plan_conversation(row, regenerate=True)
-        prompts.append(render_prompt(target.tokenizer, conversation.messages[:conversation.next_slot()], chat=True))
-    prompts.sort(key=len, reverse=True)  # the build's order
+    prompts = build_prompts(target, args.per_domain)
     gflops = matmul_gflops(args.dtype, args.threads)
     flops = linear_flops_per_row(target.model) * args.slots
     figures = {"target": target.name, "dtype": args.dtype, "threads": args.threads, "slots": args.slots,

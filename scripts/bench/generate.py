@@ -61,6 +61,21 @@ def continuous_generate(target: Target, prompts, *, slots: int, max_new_tokens: 
     return [answers[i] for i in range(len(prompts))]
 
 
+def build_prompts(target: Target, per_domain: int | None) -> list[list[int]]:
+    """The built-in prompts (the first `per_domain` of each domain, None: all) rendered as `data build` renders
+    them, longest first (the build's order)."""
+    from draftsmith.data.build import gather_prompts
+    from draftsmith.data.config import DataBuildConfig
+    from draftsmith.data.masks import render_prompt
+    from draftsmith.data.plan import plan_conversation
+
+    prompts = []
+    for row in gather_prompts(DataBuildConfig(per_domain_limit=per_domain)):
+        conversation = plan_conversation(row, regenerate=True)
+        prompts.append(render_prompt(target.tokenizer, conversation.messages[:conversation.next_slot()], chat=True))
+    return sorted(prompts, key=len, reverse=True)
+
+
 def teacher_forced(target: Target, rows, *, batch_tokens: int = 4096) -> float:
     """Seconds for one forward over every row (right-padded batches of about batch_tokens), logits included."""
     import torch
@@ -100,20 +115,11 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    from draftsmith.data.build import gather_prompts
-    from draftsmith.data.config import DataBuildConfig
-    from draftsmith.data.masks import render_prompt
-    from draftsmith.data.plan import plan_conversation
     from draftsmith.serve.core.target import load_target
 
     torch.set_num_threads(args.threads)
     target = load_target(args.target)
-    rows = gather_prompts(DataBuildConfig(per_domain_limit=args.per_domain or None))
-    prompts = []
-    for row in rows:
-        conversation = plan_conversation(row, regenerate=True)
-        prompts.append(render_prompt(target.tokenizer, conversation.messages[:conversation.next_slot()], chat=True))
-    prompts.sort(key=len, reverse=True)  # the build's order
+    prompts = build_prompts(target, args.per_domain or None)
     figures = {"target": target.name, "prompts": len(prompts), "prompt_tokens": sum(map(len, prompts)),
                "max_new_tokens": args.max_new_tokens, "threads": args.threads, "load_before": os.getloadavg()}
 
