@@ -158,7 +158,7 @@ def test_sampled_rows_do_not_depend_on_their_neighbours(target):
         assert run([i], slots=1)[i] == together[i], settings[i]
 
 
-@pytest.mark.parametrize("drafter_kind", ["model-sampled", "tree"])
+@pytest.mark.parametrize("drafter_kind", ["model-sampled", "tree", "eagle3"])
 def test_batched_sampling_matches_target_distribution(drafter_kind):
     from draftsmith.serve.methods.model.drafter import ModelDrafter
     from tests.decoder_fixtures import (PROMPT, SAMPLES, SETTINGS, STEPS, VOCAB, GreedyTreeDrafter, chi_square_p,
@@ -167,8 +167,11 @@ def test_batched_sampling_matches_target_distribution(drafter_kind):
 
     tgt = sampling_target()
     other = tiny_model("llama", vocab_size=VOCAB, seed=11, eos_token_id=None, pad_token_id=None)
-    drafter = ModelDrafter(other, tgt.tokenizer, target_vocab_size=VOCAB) if drafter_kind == "model-sampled" \
-        else GreedyTreeDrafter(other, tree=True)
+    if drafter_kind == "eagle3":  # its rows' chains sampled together, one head forward per position
+        drafter = head_drafter(tgt, "eagle3")
+    else:
+        drafter = ModelDrafter(other, tgt.tokenizer, target_vocab_size=VOCAB) if drafter_kind == "model-sampled" \
+            else GreedyTreeDrafter(other, tree=True)
     settings = SETTINGS[0]
     decoder = BatchDecoder(tgt, drafter, slots=16, k=2, costs=False)
     torch.manual_seed(0)  # unseeded rows: the rejection sampler (seeded rows: tests/test_seeded_sampling.py)
@@ -332,3 +335,35 @@ def test_medusa_heads_run_once_per_cycle_for_the_whole_batch(target, tiny_target
     done = decoder.run()
     assert [f.result.output_ids for f in done] == plain(target, prompts)
     assert max(calls) == 4 and len(calls) <= decoder.cycles < decoder.cycle_rows
+
+
+@pytest.mark.parametrize("method", ["eagle1", "eagle3"])
+def test_eagle_rows_draft_together_what_they_draft_alone(target, method, monkeypatch):
+    """Batched drafting: the rows' catch-ups in one head forward and each draft position in one, with the chains
+    (tokens, lengths, acceptance) each row drafts alone."""
+    from draftsmith.serve.drafters.base import Drafter
+    from draftsmith.serve.drafters.eagle_drafter import EagleDrafter
+
+    prompts = random_prompts(5, seed=7)
+
+    def run(drafter):
+        calls = []
+        forward = drafter.head.forward
+        drafter.head.forward = lambda *a, **k: calls.append(a[0].shape[0]) or forward(*a, **k)
+        decoder = BatchDecoder(target, drafter, slots=4, k=3)
+        for i, prompt in enumerate(prompts):
+            decoder.add(Job(i, prompt, max_new_tokens=MAX_NEW, eos_token_ids=()))
+        done = decoder.run()
+        drafter.head.forward = forward
+        return done, calls, decoder
+
+    together, batched_calls, decoder = run(head_drafter(target, method))
+    monkeypatch.setattr(EagleDrafter, "propose_rows", classmethod(Drafter.propose_rows.__func__))
+    alone, row_calls, _ = run(head_drafter(target, method))
+    assert [f.result.output_ids for f in together] == [f.result.output_ids for f in alone] == plain(target, prompts)
+    for a, b in zip(together, alone):
+        assert a.result.stats.accepted_per_cycle == b.result.stats.accepted_per_cycle
+        assert a.result.stats.drafted_per_cycle == b.result.stats.drafted_per_cycle
+    assert max(batched_calls) == 4 and max(row_calls) == 1  # all rows in one forward, against one row each
+    assert len(batched_calls) <= 3 * decoder.cycles  # a catch-up and two steps a cycle at most
+    assert len(batched_calls) < len(row_calls)

@@ -2,7 +2,8 @@
 settings and stop; requests join at the next cycle and leave when done (continuous batching).
 
 Each cycle drafts for every running row (its own drafter: `Drafter.fork` of the one given; its length policy weighs
-drafts at the batch's verify costs, serve/batch/costs.py), cuts the drafts to the batch's best common width
+drafts at the batch's verify costs, serve/batch/costs.py; EAGLE and Medusa heads run once for all rows per draft
+position, serve/drafters/base.py `propose_batch`), cuts the drafts to the batch's best common width
 (serve/batch/width.py: every row pays for the widest), verifies all rows in one target forward over the slot
 cache (serve/core/slots.py, inputs from serve/batch/masks.py) and keeps, per row, the accepted prefix and the
 target's next token (ragged acceptance: no row is cut back to another's count). Verification is the batch-1 decoder's (serve/decoding.py), row by row, on the row's own logits and
@@ -39,7 +40,7 @@ from draftsmith.serve.core.target_masks import config_masks, for_target
 from draftsmith.serve.core.noise import PositionNoise
 from draftsmith.serve.decoding import (GenerationResult, SpecStats, draft_generator, new_generator, next_token,
                                        stopper_for, tree_on, verdict_of)
-from draftsmith.serve.drafters.base import Draft, Drafter, prepare_batch
+from draftsmith.serve.drafters.base import Draft, Drafter, prepare_batch, propose_batch
 from draftsmith.serve.drafters.settings import resolve_k
 from draftsmith.serve.stopping import StopChecker
 from draftsmith.serve.tree import TreeSpec, node_depths
@@ -254,21 +255,20 @@ class BatchDecoder:
             self.costs.apply(rows=len(rows), drafters=[row.drafter for row in rows])
         gate = self._gate(len(rows))
         drafting = gate.should_draft() if gate is not None else self.template is not None
+        started_drafts = time.perf_counter()
         if drafting and len(rows) > 1:
-            t0 = time.perf_counter()
             prepare_batch([row.drafter for row in rows])  # one head forward for all rows, where the kind can
-            share = (time.perf_counter() - t0) / len(rows)
-            for row in rows:
-                row.stats.draft_seconds += share
+        calls = []
         for row in rows:
-            t0 = time.perf_counter()
             budget = self._budget(row, row.drafter.draft_cap(self.k)) if drafting else 0
-            draft = Draft.empty()
-            if budget > 0:
-                draft = row.drafter.propose(budget, temperature=row.job.temperature,
-                                            generator=draft_generator(row.generator, len(row.output)), tree=self.tree)
+            calls.append(dict(k=budget, temperature=row.job.temperature, tree=self.tree,
+                              generator=draft_generator(row.generator, len(row.output))) if budget > 0 else None)
+        # the rows of one kind of drafter draft together where the kind can (one head forward per position)
+        drafts = propose_batch([row.drafter for row in rows], calls) if drafting else [Draft.empty()] * len(rows)
+        share = (time.perf_counter() - started_drafts) / len(rows)
+        for row, draft in zip(rows, drafts):
             row.draft = draft.leading_chain() if self.recurrent else draft  # a greedy chain's leaves dropped
-            row.stats.draft_seconds += time.perf_counter() - t0
+            row.stats.draft_seconds += share
         if self.costs is not None and self.tree is None and len(rows) > 1:
             self._fit_width(rows)
         drafts = [row.draft for row in rows]

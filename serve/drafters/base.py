@@ -116,6 +116,12 @@ class Drafter:
         return (self,)
 
     @classmethod
+    def propose_rows(cls, drafters: list["Drafter"], calls: list[dict]) -> list[Draft]:
+        """The proposals of a batch's rows whose drafters are all of this kind, drafter i's `propose(**calls[i])`:
+        row by row here; a kind that can draft the rows together overrides it."""
+        return [drafter.propose(**call) for drafter, call in zip(drafters, calls)]
+
+    @classmethod
     def prepare_rows(cls, drafters: list["Drafter"]) -> None:
         """Called with the drafters of this kind of every row of a batch, before each row's `propose`: a drafter that
         can run the rows' forwards together does it here, once (none by default)."""
@@ -148,6 +154,20 @@ def prepare_batch(drafters: list[Drafter]) -> None:
     for kind, rows in kinds.items():
         if len(rows) > 1:
             kind.prepare_rows(rows)
+
+
+def propose_batch(drafters: list[Drafter], calls: list[dict | None]) -> list[Draft]:
+    """The drafts of a batch's rows: drafter i proposes with `calls[i]` (None: an empty draft), the rows of each
+    kind together (`Drafter.propose_rows`)."""
+    drafts = [Draft.empty()] * len(drafters)
+    kinds: dict[type, list[int]] = {}
+    for i, (drafter, call) in enumerate(zip(drafters, calls)):
+        if call is not None:
+            kinds.setdefault(type(drafter), []).append(i)
+    for kind, rows in kinds.items():
+        for i, draft in zip(rows, kind.propose_rows([drafters[i] for i in rows], [calls[i] for i in rows])):
+            drafts[i] = draft
+    return drafts
 
 
 def _is_policy(value: Any) -> bool:

@@ -140,6 +140,29 @@ class EagleDrafter(Drafter):
         assert self._last_logits is not None, "begin() must run before propose()"
         if tree is not None:
             return self._propose_tree(tree)
+        return self._drive(self._chain(k, temperature, generator))
+
+    def _drive(self, steps) -> Draft:
+        """Run a `_chain` alone, one head forward per step."""
+        try:
+            request = next(steps)
+            while True:
+                with Stopwatch(self.policy.record_step):
+                    out = self._step(*request)
+                    logits = self._logits_of(out[None])[0]
+                request = steps.send((out, logits))
+        except StopIteration as done:
+            return done.value
+
+    def _step(self, out: torch.Tensor, target_id: torch.Tensor, position: int) -> torch.Tensor:
+        """One drafted pair through the head: its previous output (h,) and token (1,) at `position` -> out (h,)."""
+        return self._run(out[None], target_id, torch.tensor([position]),
+                         causal_allowed(1, self._cache.get_seq_length()))[0]
+
+    def _chain(self, k: int, temperature: float, generator: torch.Generator | None):
+        """A chain proposal as steps: yields (out (h,), token (1,) in the target's vocabulary, position) for the head
+        to run next and is sent back (out (h,), logits (Vd,)); returns the Draft. One row drives it with `_step`,
+        a batch of rows with one forward per step (serve/drafters/eagle_rows.py)."""
         vocab = self.config.vocab_size
         tokens, qs = [], []
         out, logits = self._last_out, self._last_logits
@@ -161,19 +184,25 @@ class EagleDrafter(Drafter):
                 candidates += runner_ups(logits, i + 1, LEAF_RANKS)
             if not self.policy.wants_more():
                 break
-            with Stopwatch(self.policy.record_step):
-                # the head's own output stands in for the target's feature of the drafted position
-                pos = self.n + i
-                target_id = self._to_target(torch.tensor([token]))
-                out = self._run(out[None], target_id, torch.tensor([pos]),
-                                causal_allowed(1, self._cache.get_seq_length()))[0]
-                logits = self._logits_of(out[None])[0]
+            # the head's own output stands in for the target's feature of the drafted position
+            out, logits = yield out, self._to_target(torch.tensor([token])), self.n + i
         ids = self._to_target(torch.tensor(tokens, dtype=torch.long))
         self.last.tokens = self._to_target(torch.tensor(tokens + declined, dtype=torch.long)).tolist()
         if greedy:
             return hang_leaves(ids, candidates, self.policy, self.last, limit=self.max_leaves,
                                to_target=self._to_target)
         return Draft(tokens=ids, q=torch.stack(qs) if qs else None)
+
+    @classmethod
+    def propose_rows(cls, drafters: list[Drafter], calls: list[dict]) -> list[Draft]:
+        """The chains of a batch's rows, one head forward for all rows' catch-up and one per draft position
+        (serve/drafters/eagle_rows.py); trees, and drafters that propose otherwise (P-EAGLE), row by row."""
+        from draftsmith.serve.drafters.eagle_rows import propose_chains
+
+        if any(call.get("tree") is not None for call in calls) or \
+                any(type(d).propose is not EagleDrafter.propose for d in drafters):
+            return super().propose_rows(drafters, calls)
+        return propose_chains(drafters, calls)
 
     def _propose_tree(self, spec) -> Draft:
         entry: dict[int, int] = {}  # tree node -> its cache index

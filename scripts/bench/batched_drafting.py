@@ -1,0 +1,118 @@
+"""What drafting one cycle costs a batch of rows: the heads' forwards for all rows together, against row by row.
+
+    .venv/bin/python scripts/bench/batched_drafting.py [--target demo] [--dtype float32] [--k 4] [--rows 1,4,16]
+        [--methods eagle3,eagle1,medusa] [--cycles 8] [--threads 1] [--json runs/bench_batched_drafting.json]
+
+Per method, freshly initialised heads on the target (their cost does not depend on training), per batch size: B
+rows forked from one drafter, each begun on its own random 96-token context; then --cycles cycles in which every
+row commits its whole last draft and a bonus token (as if all were accepted: a catch-up of K+1 pairs) and drafts a
+chain of K. The same cycles run with the rows drafting together (serve/drafters/base.py `propose_batch`, the
+batched decoder's path) and row by row (`Drafter.propose_rows` of the base class), alternating, best of 3 each.
+Prints ms per cycle and each against the one-row cycle.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def make_drafter(method: str, target, k: int):
+    from draftsmith.serve.drafters.folder import build_head, make_drafter as drafter_of
+    from draftsmith.serve.methods.eagle1.head import eagle1_config
+    from draftsmith.serve.methods.eagle3.head import eagle3_config
+    from draftsmith.serve.methods.medusa.head import medusa_config
+
+    config = {"eagle3": lambda: eagle3_config(target, num_speculative_tokens=k),
+              "eagle1": lambda: eagle1_config(target, num_speculative_tokens=k),
+              "medusa": lambda: medusa_config(target, num_heads=k)}[method]()
+    head = build_head(config).to(target.model.dtype)
+    return drafter_of(head, target, check=False)
+
+
+def features(drafter, target, length: int, generator) -> dict:
+    import torch
+
+    h = target.model.config.hidden_size
+    return {layer: torch.randn(length, h, generator=generator).to(target.model.dtype)
+            for layer in drafter.target_layers}
+
+
+def cycle_seconds(template, target, rows: int, *, k: int, cycles: int, together: bool) -> float:
+    """Seconds per drafting cycle of `rows` rows (the mean over `cycles`, after one warm-up cycle)."""
+    import torch
+
+    from draftsmith.serve.drafters.base import Drafter, prepare_batch, propose_batch
+
+    generator = torch.Generator().manual_seed(0)
+    drafters = [template.fork() for _ in range(rows)]
+    for d in drafters:
+        prompt = torch.randint(10, 1000, (96,), generator=generator)
+        d.begin(prompt, torch.cat([prompt[1:], prompt[:1]]), features(d, target, 96, generator))
+    calls = [dict(k=k, temperature=0.0, generator=None, tree=None) for _ in drafters]
+
+    def one_cycle() -> None:
+        if together:  # as the batched decoder drafts
+            prepare_batch(drafters)
+            drafts = propose_batch(drafters, calls)
+        else:
+            drafts = Drafter.propose_rows(drafters, calls)
+        for d, draft in zip(drafters, drafts):
+            accepted = draft.tokens[:k].tolist() + [11]
+            d.commit(torch.tensor(accepted), features(d, target, len(accepted), generator))
+
+    one_cycle()
+    start = time.perf_counter()
+    for _ in range(cycles):
+        one_cycle()
+    return (time.perf_counter() - start) / cycles
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="demo")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--rows", default="1,4,16")
+    parser.add_argument("--methods", default="eagle3,eagle1,medusa")
+    parser.add_argument("--cycles", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    import torch
+
+    from draftsmith.serve.core.target import load_target
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    target = load_target(args.target, dtype=args.dtype)
+    figures = {"target": target.name, "dtype": args.dtype, "k": args.k, "threads": args.threads, "methods": {}}
+    for method in args.methods.split(","):
+        template = make_drafter(method, target, args.k)
+        per = {}
+        for rows in [int(r) for r in args.rows.split(",")]:
+            best = {"together": float("inf"), "row_by_row": float("inf")}
+            for _ in range(3):
+                for name in best:
+                    seconds = cycle_seconds(template, target, rows, k=args.k, cycles=args.cycles,
+                                            together=name == "together")
+                    best[name] = min(best[name], seconds)
+            per[rows] = {name: round(s * 1e3, 2) for name, s in best.items()}
+        one = per[min(per)]["row_by_row"]
+        for rows, ms in per.items():
+            ms["together_against_one_row"] = round(ms["together"] / one, 2)
+            ms["row_by_row_against_one_row"] = round(ms["row_by_row"] / one, 2)
+            print(f"{method} {rows} rows: together {ms['together']} ms ({ms['together_against_one_row']}x one row), "
+                  f"row by row {ms['row_by_row']} ms ({ms['row_by_row_against_one_row']}x)", file=sys.stderr,
+                  flush=True)
+        figures["methods"][method] = per
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(figures, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
