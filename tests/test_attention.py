@@ -70,6 +70,8 @@ def test_grouped_attention_equals_sdpa(monkeypatch, queries, mask):
     query = torch.randn(batch, heads, queries, dim, generator=g)
     key, value = (torch.randn(batch, kv_heads, keys, dim, generator=g) for _ in range(2))
     allowed = torch.rand(batch, 1, queries, keys + 3, generator=g) > 0.4  # built longer than the cache, as may be
+    for row, reach in enumerate((9, keys, 3, 20, keys)):  # rows of a slot cache, each seeing its own length
+        allowed[row, ..., reach:] = False
     allowed[..., 0] = True
     masks = {"bool": allowed, "additive": torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo().min),
              None: None}
