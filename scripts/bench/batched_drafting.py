@@ -13,10 +13,8 @@ Prints ms per cycle and each against the one-row cycle.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 
 def make_drafter(method: str, target, k: int):
@@ -109,8 +107,9 @@ def main() -> int:
                   flush=True)
         figures["methods"][method] = per
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(figures, indent=1))
+        from draftsmith.eval.report import write_json
+
+        write_json(figures, args.json)
     return 0
 
 

@@ -20,7 +20,6 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 from draftsmith.bench.generate import build_prompts, continuous_generate, differing
 
@@ -98,8 +97,9 @@ def main() -> int:
           f"per repeat {figures['build_speedup_per_repeat']}); answers differing: {figures['rows_differing']} of "
           f"{len(prompts)}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(figures, indent=1))
+        from draftsmith.eval.report import write_json
+
+        write_json(figures, args.json)
     return 0
 
 

@@ -18,7 +18,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the target's module imports torch
@@ -153,8 +152,9 @@ def main() -> int:
         figures[f"continuous_bf16_slots{args.bf16_slots}"]["differs_from_fp32"] = differing(former, answers)
     print(json.dumps(figures, indent=1))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(figures, indent=1))
+        from draftsmith.eval.report import write_json
+
+        write_json(figures, args.json)
     return 0
 
 
