@@ -15,22 +15,23 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the target's module imports torch
+    from draftsmith.serve.core.target import Target
 
 
-def make_drafter(method: str, target, k: int):
-    from draftsmith.serve.drafters.folder import build_head, make_drafter as drafter_of
-    from draftsmith.serve.methods.eagle1.head import eagle1_config
-    from draftsmith.serve.methods.eagle3.head import eagle3_config
-    from draftsmith.serve.methods.medusa.head import medusa_config
+def make_drafter(method: str, target: Target, k: int):
+    """A freshly initialised drafter of a trained method (serve/methods/ registry) drafting k tokens a cycle."""
+    from draftsmith.serve.methods import registry
+    from draftsmith.train.config import ModelConfig
 
-    config = {"eagle3": lambda: eagle3_config(target, num_speculative_tokens=k),
-              "eagle1": lambda: eagle1_config(target, num_speculative_tokens=k),
-              "medusa": lambda: medusa_config(target, num_heads=k)}[method]()
-    head = build_head(config).to(target.model.dtype)
-    return drafter_of(head, target, check=False)
+    kind = registry.method(method, trained=True)
+    config = kind.config(ModelConfig(method=method, num_speculative_tokens=k), target)
+    return kind.drafter(kind.head(config).to(target.model.dtype), target, check=False)
 
 
-def features(drafter, target, length: int, generator) -> dict:
+def features(drafter, target: Target, length: int, generator) -> dict:
     import torch
 
     h = target.model.config.hidden_size
@@ -38,7 +39,7 @@ def features(drafter, target, length: int, generator) -> dict:
             for layer in drafter.target_layers}
 
 
-def cycle_seconds(template, target, rows: int, *, k: int, cycles: int, together: bool) -> float:
+def cycle_seconds(template, target: Target, rows: int, *, k: int, cycles: int, together: bool) -> float:
     """Seconds per drafting cycle of `rows` rows (the mean over `cycles`, after one warm-up cycle)."""
     import torch
 
