@@ -88,33 +88,24 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     groups = heads // kv_heads
     scale = dim ** -0.5 if scaling is None else scaling
     mask = None if attention_mask is None else attention_mask[..., :keys].expand(batch, 1, queries, keys)
-    # rows by how far their queries see (a slot cache's short rows attend to the longest row's window, masked):
-    # each chunk of rows reads its own rows' columns only
-    reach = torch.full((batch,), keys, dtype=torch.long)
-    if mask is not None:
-        seen = mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] > torch.finfo(mask.dtype).min / 2
-        seen = seen.any(dim=1).cpu()  # (B, L)
-        reach = torch.where(seen.any(-1), keys - seen.flip(-1).int().argmax(-1), 1)  # one past the last seen
-    order = torch.argsort(reach)
     per_row = kv_heads * keys * (key.shape[-1] + value.shape[-1]) * 4
     step = max(1, CHUNK_BYTES // max(1, per_row))
-    out = query.new_empty(batch, kv_heads, groups * queries, value.shape[-1], dtype=torch.float32)
+    parts = []
     for start in range(0, batch, step):
-        rows = order[start: start + step]
-        width = int(reach[rows].max())
-        index = rows.to(query.device)
-        n = len(rows)
-        q = query[index].float().reshape(n, kv_heads, groups * queries, dim)  # (n, KVH, G*Q, D): head = kv*G + g
-        scores = torch.matmul(q, key[index, :, :width].float().transpose(-1, -2)).mul_(scale)  # (n, KVH, G*Q, w)
-        scores = scores.view(n, kv_heads, groups, queries, width)
+        rows = slice(start, start + step)
+        n = query[rows].shape[0]
+        q = query[rows].float().reshape(n, kv_heads, groups * queries, dim)  # (n, KVH, G*Q, D): head = kv*G + g
+        scores = torch.matmul(q, key[rows].float().transpose(-1, -2)).mul_(scale)  # (n, KVH, G*Q, L)
+        scores = scores.view(n, kv_heads, groups, queries, keys)
         if mask is not None:
-            m = mask[index][..., :width][:, :, None]  # (n, 1, 1, Q, w)
+            m = mask[rows][:, :, None]  # (n, 1, 1, Q, L)
             if m.dtype == torch.bool:
                 scores.masked_fill_(~m, torch.finfo(torch.float32).min)
             else:
                 scores.add_(m.float())
-        probs = torch.softmax(scores, dim=-1).view(n, kv_heads, groups * queries, width)
-        out[index] = torch.matmul(probs, value[index, :, :width].float())  # (n, KVH, G*Q, Dv)
+        probs = torch.softmax(scores, dim=-1).view(n, kv_heads, groups * queries, keys)
+        parts.append(torch.matmul(probs, value[rows].float()))  # (n, KVH, G*Q, Dv)
+    out = torch.cat(parts) if len(parts) > 1 else parts[0]
     out = out.view(batch, heads, queries, value.shape[-1]).transpose(1, 2)  # (B, Q, H, Dv)
     return out.to(query.dtype).contiguous(), None
 
