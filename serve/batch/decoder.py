@@ -264,7 +264,7 @@ class BatchDecoder:
             calls.append(dict(k=budget, temperature=row.job.temperature, tree=self.tree,
                               generator=draft_generator(row.generator, len(row.output))) if budget > 0 else None)
         # the rows of one kind of drafter draft together where the kind can (one head forward per position)
-        drafts = propose_batch([row.drafter for row in rows], calls) if drafting else [Draft.empty()] * len(rows)
+        drafts = propose_batch([row.drafter for row in rows], calls)  # a row not drafting: its call is None
         share = (time.perf_counter() - started_drafts) / len(rows)
         for row, draft in zip(rows, drafts):
             row.draft = draft.leading_chain() if self.recurrent else draft  # a greedy chain's leaves dropped

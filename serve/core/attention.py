@@ -120,9 +120,7 @@ def register_grouped() -> None:
 
 def grouped_wanted(model) -> bool:
     """Whether `model`'s forwards that decide no token should attend with `grouped_attention`: bf16 or fp16 weights
-    on a CPU (in float32 torch's SDPA with `enable_gqa` is as fast) and no soft-capping or sinks."""
+    on a CPU (in float32 torch's SDPA with `enable_gqa` is as fast). Soft-capping and sinks are left to SDPA by
+    `grouped_attention` itself, call by call."""
     param = next(model.parameters(), None)
-    config = text_config(model.config)
-    return (param is not None and param.device.type == "cpu" and param.dtype in (torch.bfloat16, torch.float16)
-            and not getattr(config, "attn_logit_softcapping", None)
-            and not any(getattr(m, "sinks", None) is not None for m in model.modules()))
+    return param is not None and param.device.type == "cpu" and param.dtype in (torch.bfloat16, torch.float16)

@@ -20,7 +20,6 @@ import torch
 from transformers import DynamicCache
 
 from draftsmith.serve.drafters.base import Draft
-from draftsmith.serve.drafters.length import Stopwatch
 from draftsmith.serve.drafters.masks import additive
 from draftsmith.serve.core.kv import rollback
 
@@ -109,12 +108,7 @@ def propose_chains(drafters: list, calls: list[dict]) -> list[Draft]:
         else:
             drafts[i] = Draft.empty()
     group = [drafters[i] for i in open_rows]
-    if len(group) == 1:  # opened already: the row's catch-up and chain alone
-        d, call = group[0], calls[open_rows[0]]
-        with Stopwatch(d.policy.record_overhead):
-            d._catch_up()
-        drafts[open_rows[0]] = d._drive(d._chain(call["k"], call.get("temperature", 0.0), call.get("generator")))
-    if len(group) < 2:
+    if not group:
         return drafts
     start = time.perf_counter()
     cache, visible = _catch_up(group)
