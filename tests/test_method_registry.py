@@ -85,17 +85,17 @@ def test_an_unregistered_method_is_one_line_naming_the_registered(job, tmp_path,
     target, dataset, _ = job
     for name in ("eagle9", "ngram"):  # a name nobody registered; a drafter that trains nothing
         with pytest.raises(MethodError, match=rf"model.method '{name}' is not a registered trained method; "
-                                              rf"registered: dflash, eagle1, eagle3, medusa, peagle \("):
+                                              rf"registered: dflash, eagle1, eagle3, medusa, mtp, peagle \("):
             load_config(TrainConfig, overrides=[f"target={target}", f"data.dataset={dataset}", f"model.method={name}"])
         line = cli_error(capsys, "train", f"target={target}", f"data.dataset={dataset}", f"out_dir={tmp_path / 'o'}",
                          f"model.method={name}")
         assert line.startswith(f"error: model.method '{name}' is not a registered trained method; registered: "
-                               f"dflash, eagle1, eagle3, medusa, peagle ("), line
+                               f"dflash, eagle1, eagle3, medusa, mtp, peagle ("), line
         assert not (tmp_path / "o").exists()
     from draftsmith.serve.drafters import parse_drafter_spec
 
-    with pytest.raises(DraftsmithError, match=r"unknown drafter 'eagle9': use hybrid:DIR, model:PATH, ngram, "
-                                              r"ngram:max_n=3, oracle, or a trained drafter folder"):
+    with pytest.raises(DraftsmithError, match=r"unknown drafter 'eagle9': use hybrid:DIR, model:PATH, mtp, mtp:k=2, "
+                                              r"ngram, ngram:max_n=3, oracle, or a trained drafter folder"):
         parse_drafter_spec("eagle9")
 
 
@@ -103,8 +103,8 @@ def test_two_methods_of_one_name_are_refused(toy):
     twin = Method(name="eagle3", title="Another EAGLE-3", config=toy.config, head=toy.head, drafter=toy.drafter,
                   objective=toy.objective, layers=toy.layers)
     with pytest.raises(MethodError, match=r"two drafting methods register the name 'eagle3' \(EAGLE-3 and Another "
-                                          r"EAGLE-3\); registered: dflash, eagle1, eagle3, hybrid, medusa, model, ngram, "
-                                          r"oracle, peagle, toy"):
+                                          r"EAGLE-3\); registered: dflash, eagle1, eagle3, hybrid, medusa, model, mtp, "
+                                          r"ngram, oracle, peagle, toy"):
         register(twin)
     from draftsmith.serve.methods import method
 
@@ -119,10 +119,11 @@ def test_a_drafter_folder_of_a_method_not_installed_is_refused(toy, job, tmp_pat
     from draftsmith.serve.drafters import build_drafter
 
     with pytest.raises(DraftsmithError, match="drafter method .toy. is not a registered trained method; registered: "
-                                              "dflash, eagle1, eagle3, medusa, peagle"):
+                                              "dflash, eagle1, eagle3, medusa, mtp, peagle"):
         build_drafter(str(folder), load_target(target_dir))
     line = cli_error(capsys, "export", "--drafter", folder, "--format", "vllm", "--out", tmp_path / "x")
-    assert "drafter method 'toy' is not a registered trained method; registered: dflash, eagle1, eagle3, medusa, peagle" in line, line
+    assert ("drafter method 'toy' is not a registered trained method; registered: dflash, eagle1, eagle3, medusa, mtp, "
+            "peagle") in line, line
 
 
 def test_a_method_of_another_package_registers_through_its_entry_point(monkeypatch):

@@ -42,7 +42,7 @@ def _config(target, dataset, out_dir, method: str, *extra: str) -> TrainConfig:
         "checkpoint.every=0", *extra])
 
 
-@pytest.mark.parametrize("method", ["eagle3", "eagle1", "medusa", "dflash", "peagle"])
+@pytest.mark.parametrize("method", ["eagle3", "eagle1", "medusa", "dflash", "peagle", "mtp"])
 def test_method_trains_and_drafts_losslessly(tiny_jobs, method):
     _trains_and_drafts(tiny_jobs, method, method)
 

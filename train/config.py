@@ -22,7 +22,7 @@ class ModelConfig:
                                         "ttt_steps": ">= 1", "medusa_num_layers": ">= 1", "aux_layer_ids": ">= 0",
                                         "draft_layers": ">= 1", "mask_token_id": ">= -1", "anchors": ">= 1",
                                         "block_size": ">= 2"}
-    method: str = "eagle3"                 # a registered method (serve/methods/): eagle1|eagle3|medusa|dflash|peagle
+    method: str = "eagle3"                 # a registered method (serve/methods/), e.g. eagle3|dflash|mtp
     num_speculative_tokens: int = 5        # K trained for; Medusa: number of heads; P-EAGLE: depths a forward
     draft_vocab_size: int = 0              # 0 = the target's whole vocabulary (EAGLE-1 always uses it)
     aux_layer_ids: list[int] = field(default_factory=list)  # EAGLE-3; empty = serve.core.layers.default_eagle3_layers

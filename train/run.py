@@ -38,7 +38,8 @@ from draftsmith.serve.core.target import Target
 
 def init_head(cfg: HeadConfig, target: Target, rows, train_idx: list[int], *, vocab_rows: int, seed: int):
     """A fresh head; one with a reduced vocabulary gets d2t/t2d from the training rows' loss-masked token counts; a
-    head that starts from the target's lm_head (`init_from_target`: Medusa's) is given it."""
+    head that starts from the target's lm_head (`init_from_target`: Medusa's) is given it, and one that starts from
+    a layer the target ships (`start_from_target`: MTP's) is given that."""
     torch.manual_seed(seed)
     head = build_head(cfg)
     coverage = 1.0
@@ -53,6 +54,8 @@ def init_head(cfg: HeadConfig, target: Target, rows, train_idx: list[int], *, vo
         from draftsmith.serve.core.sharded_target import full_tensor
 
         head.init_from_target(full_tensor(target.model.get_output_embeddings().weight).float().cpu())
+    if hasattr(head, "start_from_target") and head.start_from_target(target):  # the target's own MTP layer
+        print(f"train: model.method={cfg.method} starts from the layer {target.name} ships", file=sys.stderr)
     return head, coverage
 
 

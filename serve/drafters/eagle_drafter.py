@@ -39,6 +39,8 @@ class EagleDrafter(Drafter):
             self.check_target(target)
         self.embed = shared_embedding(target)  # what the engines share with the draft (Gemma: unscaled)
         self.lm_head = target.model.get_output_embeddings() if getattr(head, "reads_target_lm_head", False) else None
+        # what the target's lm_head reads of an output (an MTP layer's shared-head norm), the output itself else
+        self._lm_head_input = getattr(head, "lm_head_input", None) or (lambda out: out)
         param = next(head.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.d2t = getattr(head, "d2t", None)
@@ -59,7 +61,7 @@ class EagleDrafter(Drafter):
     def _logits_of(self, out: torch.Tensor) -> torch.Tensor:
         """(L, h) -> (L, Vd) float."""
         if self.lm_head is not None:
-            return self.lm_head(out.to(self.lm_head.weight.dtype)).float()
+            return self.lm_head(self._lm_head_input(out).to(self.lm_head.weight.dtype)).float()
         return self.head.logits(out).float()
 
     @torch.no_grad()

@@ -51,8 +51,9 @@ class DrafterSpec:
 
     @property
     def drafts_from_a_model(self) -> bool:
-        """A trained drafter folder or a draft model (what a hybrid pairs with its n-gram side)."""
-        return self.kind == FOLDER or has(self.kind, "assistant")
+        """A trained drafter folder, a draft model, or a head the target ships (MTP): what a hybrid pairs with its
+        n-gram side."""
+        return self.kind == FOLDER or has(self.kind, "assistant") or has(self.kind, "trained")
 
     @property
     def named(self) -> "DrafterSpec":
@@ -119,7 +120,7 @@ def parse_drafter_spec(text: str) -> DrafterSpec:
     if "/" in base or base.startswith((".", "~")):
         raise DrafterSpecError(f"no such drafter folder: {base} (from the drafter spec {text!r}); check the path, or "
                                f"train one with `draftsmith train`")
-    usages = [find(name).usage for name in names(trained=False) if find(name).usage]
+    usages = [find(name).usage for name in names() if find(name).usage]
     raise DrafterSpecError(f"unknown drafter {text!r}: use {', '.join(usages)}, or a trained drafter folder")
 
 

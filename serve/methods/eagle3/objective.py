@@ -51,18 +51,26 @@ class Eagle3Objective(UnrolledObjective):
         top1 = self._top1_if_needed(batch.target_top1, batch.hidden_states[FINAL])
         return {f"ttt{j}": m.sum() for j, m in enumerate(self._masks(batch.loss_mask, batch.attention_mask, top1))}
 
+    def _logits(self, out: torch.Tensor) -> torch.Tensor:
+        """(B, T, h) head output -> (B, T, Vd) draft logits."""
+        return self.head.logits(out)
+
+    def _teacher_logits(self, final: torch.Tensor) -> torch.Tensor:
+        """(B, T, h) the target's final state -> (B, T, Vd) its logits over the draft vocabulary."""
+        return self.parts.logits(final, draft_token_ids(self.head.d2t))
+
     def _draft_top1(self, out: torch.Tensor) -> torch.Tensor:
-        draft = self.head.logits(out).argmax(-1)
+        draft = self._logits(out).argmax(-1)
         return draft + self.head.d2t[draft]
 
     def forward(self, input_ids, loss_mask, hidden_states: dict[int, torch.Tensor], attention_mask=None,
                 noise_seeds=None, target_top1=None):
         final = hidden_states[FINAL]
         masks = self._masks(loss_mask, attention_mask, self._top1_if_needed(target_top1, final))
-        target_logits = self.parts.logits(final, draft_token_ids(self.head.d2t))  # (B, T, Vd)
+        target_logits = self._teacher_logits(final)  # (B, T, Vd)
         lengths = attention_mask.sum(1) if attention_mask is not None else None
         hidden = self._input_hidden(hidden_states, noise_seeds, lengths)
-        logits = [self.head.logits(out) for _, out in self._unroll(input_ids, hidden, self.steps)]  # (B, T, Vd) each
+        logits = [self._logits(out) for _, out in self._unroll(input_ids, hidden, self.steps)]  # (B, T, Vd) each
         teachers = [losses.shift_left(target_logits, 1 + j) for j in range(self.steps)]
         if self.dpace:  # row t's chain is its steps 0..S-1
             alpha = torch.stack([losses.draft_acceptance(q, p) for q, p in zip(logits, teachers)], dim=-1)

@@ -13,8 +13,8 @@ from draftsmith.serve.core.target import Target
 def _parse(rest: str, common: dict) -> DrafterSpec:
     head = parse_drafter_spec(rest) if rest else None
     if head is None or not head.drafts_from_a_model:
-        raise DrafterSpecError(f"the hybrid drafter needs a trained drafter: hybrid:DIR (or hybrid:model:PATH), "
-                               f"got {common['text']!r}")
+        raise DrafterSpecError(f"the hybrid drafter needs a trained drafter: hybrid:DIR (or hybrid:model:PATH, "
+                               f"hybrid:mtp), got {common['text']!r}")
     return DrafterSpec(kind="hybrid", path=head.path, head=head, **common)
 
 

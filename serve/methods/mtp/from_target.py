@@ -1,0 +1,59 @@
+"""A target's own MTP layer as a head: read from its checkpoint for drafting (`--drafter mtp`) or as where a
+fine-tune starts (`train model.method=mtp`)."""
+from __future__ import annotations
+
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.target import Target
+from draftsmith.serve.methods.mtp.head import MtpHead, layer_config, mtp_config
+from draftsmith.serve.methods.mtp.shipped import form_of, head_state_from_checkpoint, read_prefixed, shipped_count
+
+DEFAULT_K = 3  # chains of the `mtp` spec unless told otherwise (vLLM's MTP examples draft 1-3)
+
+
+def shipped_head(target: Target, *, num_speculative_tokens: int = DEFAULT_K) -> MtpHead:
+    """The MTP layer `target` ships, read from its checkpoint (in the target's dtype, on its device);
+    DraftsmithError when it ships none or its tensors do not fit."""
+    from draftsmith.serve.core.target import text_config
+
+    text = text_config(target.config)
+    form = form_of(text)
+    if not shipped_count(text):
+        raise DraftsmithError(f"the target {target.name} ({text.model_type}) ships no MTP layer "
+                              f"(its config names none{'' if form else ', and its family has no MTP form'}): "
+                              f"train one with `draftsmith train model.method=mtp`, then --drafter DIR")
+    if not target.path:
+        raise DraftsmithError(f"the target {target.name} has no checkpoint folder to read its MTP layer from")
+    prefix = form.prefix(text)
+    tensors = read_prefixed(target.path, prefix)
+    if not tensors:
+        raise DraftsmithError(f"the target {target.name}'s config says it ships {shipped_count(text)} MTP layer(s), "
+                              f"but its checkpoint {target.path} holds no tensor under {prefix!r} ({form.title}); "
+                              f"transformers drops them when it saves a model: use the original checkpoint")
+    cfg = mtp_config(target, num_speculative_tokens=num_speculative_tokens, ttt_steps=num_speculative_tokens,
+                     norm_output=form.norm_output, overrides=dict(form.overrides))
+    head = MtpHead(cfg)
+    state = head_state_from_checkpoint(tensors, form, layer_config(cfg.layer_config))
+    _load(head, state, f"{target.path} ({form.title})")
+    param = next(target.model.parameters())
+    return head.to(device=param.device, dtype=param.dtype)
+
+
+def _load(head: MtpHead, state: dict, source: str) -> None:
+    own = head.state_dict()
+    wrong = sorted(k for k, v in state.items() if k in own and tuple(v.shape) != tuple(own[k].shape))
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if wrong or missing or unexpected:
+        raise DraftsmithError(f"the MTP layer of {source} does not match this target's config: missing "
+                              f"{missing[:4]}, unexpected {unexpected[:4]}, of another shape {wrong[:4]}")
+    head.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+
+
+def start_from_shipped(head: MtpHead, target: Target) -> bool:
+    """A fresh head of `target` given the layer it ships, when it ships one; whether it did."""
+    from draftsmith.serve.core.target import text_config
+
+    if not shipped_count(text_config(target.config)):
+        return False
+    shipped = shipped_head(target, num_speculative_tokens=head.config.num_speculative_tokens)
+    _load(head, shipped.state_dict(), f"{target.path}")
+    return True

@@ -1,0 +1,149 @@
+"""MTP head: the target's own multi-token-prediction layer (DeepSeek-V3 §2.2; Qwen3-Next, Qwen3.5, GLM-4.5), as the
+target ships it or fresh, drafting K tokens by running its one layer K times (as vLLM's `*_mtp` drafters do).
+
+    x = eh_proj(cat([enorm(embed(token t+1)), hnorm(feature t)]))   (h, 2h), no bias
+    y = mtp_block(x)                                                 one decoder layer of the target's own family
+    logits = target.lm_head(post_norm(y))                            the target's frozen lm_head, not stored
+    the next step reads post_norm(y) (norm_output: Qwen3-Next, Qwen3.5) or y (DeepSeek-V3, GLM-4.5)
+
+Features are the target's final normed hidden states (layer id FINAL = -1), what the engines hand their MTP layers.
+The layer is transformers' `MtpLayer` (modeling_layers.py) around the family's decoder layer class, so its tensors
+carry transformers' names: layers.0.{enorm,hnorm,eh_proj,post_norm}.weight and layers.0.mtp_block.* (experts fused as
+transformers holds them; shipped.py converts to and from a checkpoint's names).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from draftsmith.serve.core.errors import DraftsmithError
+from draftsmith.serve.core.kv import cache_argument
+from draftsmith.serve.core.layers import FINAL
+from draftsmith.serve.core.target import Target
+from draftsmith.serve.drafters.head_config import HeadConfig
+
+# what a layer config drops from the target's text config: it describes one decoder layer, not the whole model
+_WHOLE_MODEL = ("architectures", "transformers_version", "auto_map", "_name_or_path", "dtype", "torch_dtype")
+
+
+def layer_config_dict(text: Any, *, overrides: dict | None = None) -> dict:
+    """The config of one MTP layer of a target whose text config is `text` (a transformers config), as a dict: the
+    target's own, one layer deep, its attention full (an MTP layer attends to its whole cache), `overrides` applied
+    (a form's, e.g. DeepSeek's experts from the first layer on)."""
+    cfg = {k: v for k, v in text.to_dict().items() if k not in _WHOLE_MODEL}
+    cfg["num_hidden_layers"] = 1
+    if cfg.get("layer_types"):
+        cfg["layer_types"] = ["full_attention"]
+    cfg.update(overrides or {})
+    return cfg
+
+
+def layer_config(config: dict) -> Any:
+    """The transformers config a stored layer config rebuilds (SDPA attention)."""
+    from transformers import AutoConfig
+
+    cfg = dict(config)
+    model_type = cfg.pop("model_type", "")
+    attn = cfg.pop("_attn_implementation", "sdpa")
+    try:
+        built = AutoConfig.for_model(model_type, **cfg)
+    except (KeyError, ValueError, AttributeError) as err:
+        raise DraftsmithError(f"draftsmith cannot build an MTP layer of {model_type!r} from its config ({err})") \
+            from None
+    built._attn_implementation = attn
+    return built
+
+
+def family_parts(config: Any) -> tuple[type, type, Any, Any]:
+    """(decoder layer class, RMSNorm class, rotary embedding class or None, the family's weight initializer: module ->
+    None) of the family `config` describes, read from its transformers model built on the meta device (nothing
+    allocated), as transformers' MtpModel reads them."""
+    from transformers import AutoModel
+
+    try:
+        with torch.device("meta"):
+            base = AutoModel.from_config(config)
+    except ValueError as err:  # a family without SDPA attention (gpt-oss): its eager attention
+        if config._attn_implementation == "eager":
+            raise DraftsmithError(f"draftsmith cannot build an MTP layer of {config.model_type!r}: {err}") from None
+        config._attn_implementation = "eager"
+        with torch.device("meta"):
+            base = AutoModel.from_config(config)
+    base = base.get_decoder() if hasattr(base, "get_decoder") else base
+    layers = getattr(base, "layers", None)
+    if layers is None or not len(layers):
+        raise DraftsmithError(f"a {config.model_type!r} model has no decoder layers draftsmith can build an MTP "
+                              f"layer from")
+    norm = getattr(base, "norm", None)
+    norm_cls = type(norm) if isinstance(norm, nn.Module) else next(
+        type(m) for name, m in layers[-1].named_modules() if "norm" in name)
+    rope = getattr(base, "rotary_emb", None)
+    return type(layers[-1]), norm_cls, type(rope) if rope is not None else None, base._init_weights
+
+
+class MtpHead(nn.Module):
+    """Stored tensors: layers.0.enorm.weight, layers.0.hnorm.weight, layers.0.eh_proj.weight (h, 2h),
+    layers.0.mtp_block.* (the family's decoder layer), layers.0.post_norm.weight."""
+
+    reads_target_lm_head = True  # its logits are the target's lm_head over lm_head_input(out) (EagleDrafter)
+
+    def __init__(self, config: HeadConfig):
+        super().__init__()
+        from transformers.modeling_layers import MtpLayer
+
+        self.config = config
+        built = layer_config(config.layer_config)
+        layer_cls, norm_cls, rope_cls, initialize = family_parts(built)
+        try:
+            self.layers = nn.ModuleList([MtpLayer(built, layer_cls, norm_cls, 0, use_post_norm=True)])
+        except (AttributeError, TypeError, ValueError) as err:
+            raise DraftsmithError(f"draftsmith cannot build an MTP layer of {built.model_type!r}: {err}") from None
+        with torch.no_grad():  # as the family initializes its own layers (experts are created uninitialized)
+            for module in self.layers.modules():
+                initialize(module)
+        self.rope = rope_cls(config=built) if rope_cls is not None else None
+        self.hidden_first = bool(getattr(built, "mtp_hidden_states_first", False))
+
+    def input_hidden(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The target features the layer starts from: the final normed state."""
+        return hidden_states[FINAL]
+
+    def forward(self, hidden_states: torch.Tensor, inputs_embeds: torch.Tensor, *, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor, cache: Any = None) -> torch.Tensor:
+        """hidden_states, inputs_embeds: (B, T, h); position_ids: (B, T); attention_mask: (B|1, 1, T, S) additive.
+
+        Returns what the next step reads (B, T, h)."""
+        layer = self.layers[0]
+        parts = [layer.enorm(inputs_embeds), layer.hnorm(hidden_states)]
+        x = layer.eh_proj(torch.cat(parts[::-1] if self.hidden_first else parts, dim=-1))  # (B, T, h)
+        position_embeddings = self.rope(x, position_ids) if self.rope is not None else None
+        out = layer.mtp_block(x, attention_mask=attention_mask, position_ids=position_ids,
+                              position_embeddings=position_embeddings, **cache_argument(layer.mtp_block, cache))
+        out = out[0] if isinstance(out, tuple) else out
+        return layer.post_norm(out) if self.config.norm_output else out
+
+    def start_from_target(self, target: Target) -> bool:
+        """A fresh head given the MTP layer `target` ships (training starts from it); whether it ships one."""
+        from draftsmith.serve.methods.mtp.from_target import start_from_shipped
+
+        return start_from_shipped(self, target)
+
+    def lm_head_input(self, out: torch.Tensor) -> torch.Tensor:
+        """(…, h) what forward returned -> the state the target's lm_head reads."""
+        return out if self.config.norm_output else self.layers[0].post_norm(out)
+
+
+def mtp_config(target: Target, *, num_speculative_tokens: int = 3, ttt_steps: int = 3, norm_output: bool = False,
+               overrides: dict | None = None) -> HeadConfig:
+    from draftsmith.serve.core.target import text_config
+
+    text = text_config(target.config)
+    layer = layer_config_dict(text, overrides=overrides)
+    return HeadConfig(method="mtp", model_type=text.model_type, hidden_size=text.hidden_size,
+                      vocab_size=text.vocab_size, draft_vocab_size=text.vocab_size,
+                      num_speculative_tokens=num_speculative_tokens, aux_layer_ids=[FINAL], norm_output=norm_output,
+                      ttt_steps=ttt_steps, layer_config=layer, target_model_type=text.model_type,
+                      target_name=target.name, target_config_hash=target.config_hash,
+                      target_tokenizer_hash=target.tokenizer_hash)

@@ -1,0 +1,181 @@
+"""The MTP layers a target ships: where its checkpoint keeps them (one form per family, read from the engines'
+loaders: vLLM `qwen3_next_mtp.py` / `qwen3_5_mtp.py` (`mtp.*`), `deepseek_mtp.py` / `glm4_moe_mtp.py`
+(`model.layers.{num_hidden_layers}.*`)), and the conversions between that form and the head's tensors.
+
+The decoder layer inside is converted by transformers itself: a one-layer model of the target's family is loaded
+from the layer's checkpoint tensors (its weight conversions fuse the experts as transformers holds them) and reverted
+on the way back (`revert_weight_conversion`, as `save_pretrained` writes), so a family's quirks live in transformers.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from draftsmith.serve.core.errors import DraftsmithError
+
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class ShippedForm:
+    """How one family's checkpoint holds MTP layer 0."""
+    title: str                                   # as messages name the form
+    counts: tuple[str, ...]                      # text-config keys that say how many MTP layers it ships
+    prefix: Callable[[Any], str]                 # text config -> the checkpoint prefix of MTP layer 0
+    parts: Mapping[str, str]                     # checkpoint name after the prefix -> the head's name after layers.0.
+    block: str                                   # the decoder layer's names after the prefix start with this
+    shared: tuple[str, ...] = ()                 # copies of the target's embeddings / head kept there (not read)
+    norm_output: bool = False                    # the next draft step reads the normed output
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # layer-config keys that differ from the target's
+
+
+QWEN = ShippedForm(
+    title="Qwen3-Next / Qwen3.5 (mtp.*)", counts=("mtp_num_hidden_layers",), prefix=lambda text: "mtp.",
+    parts={"fc.weight": "eh_proj.weight", "pre_fc_norm_embedding.weight": "enorm.weight",
+           "pre_fc_norm_hidden.weight": "hnorm.weight", "norm.weight": "post_norm.weight"},
+    block="layers.0.", norm_output=True)
+DEEPSEEK = ShippedForm(
+    title="DeepSeek-V3 / GLM-4.5 (model.layers.{num_hidden_layers}.*)",
+    counts=("num_nextn_predict_layers", "num_mtp_layers"),
+    prefix=lambda text: f"model.layers.{text.num_hidden_layers}.",
+    parts={"enorm.weight": "enorm.weight", "hnorm.weight": "hnorm.weight", "eh_proj.weight": "eh_proj.weight",
+           "shared_head.norm.weight": "post_norm.weight"},
+    block="", shared=("embed_tokens.weight", "shared_head.head.weight"), norm_output=False,
+    overrides={"first_k_dense_replace": 0})  # the MTP layer holds experts like the target's last layers
+
+FORMS: dict[str, ShippedForm] = {
+    "qwen3_next": QWEN, "qwen3_5_text": QWEN, "qwen3_5_moe_text": QWEN,
+    "deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK,
+}
+
+
+def form_of(text: Any) -> ShippedForm | None:
+    return FORMS.get(getattr(text, "model_type", ""))
+
+
+def shipped_count(text: Any) -> int:
+    """How many MTP layers the target's config says its checkpoint ships (0: none, or a family without a form)."""
+    form = form_of(text)
+    if form is None:
+        return 0
+    return max(int(getattr(text, key, 0) or 0) for key in form.counts)
+
+
+def checkpoint_files(folder: str | Path) -> list[Path]:
+    """The safetensors files of a checkpoint folder (its index's, when sharded)."""
+    folder = Path(folder)
+    if (folder / INDEX).is_file():
+        names = sorted(set(json.loads((folder / INDEX).read_text())["weight_map"].values()))
+        return [folder / name for name in names]
+    if (folder / SINGLE).is_file():
+        return [folder / SINGLE]
+    raise DraftsmithError(f"{folder} holds no safetensors checkpoint ({SINGLE} or {INDEX}): draftsmith reads a "
+                          f"target's MTP layers from its safetensors files")
+
+
+def read_prefixed(folder: str | Path, prefix: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint whose name starts with `prefix`, by the name after it."""
+    from safetensors import safe_open
+
+    found: dict[str, torch.Tensor] = {}
+    for path in checkpoint_files(folder):
+        with safe_open(str(path), framework="pt") as handle:
+            for key in handle.keys():
+                if key.startswith(prefix):
+                    found[key[len(prefix):]] = handle.get_tensor(key)
+    return found
+
+
+def _one_layer_config(layer_config: Any) -> Any:
+    """The config of a causal LM of the family one layer deep with a one-row vocabulary (its embeddings cost
+    nothing): what the conversions below load and revert."""
+    cfg = layer_config.__class__.from_dict({**layer_config.to_dict(), "vocab_size": 1, "pad_token_id": None,
+                                            "bos_token_id": None, "eos_token_id": None,
+                                            "tie_word_embeddings": False})
+    cfg._attn_implementation = layer_config._attn_implementation
+    return cfg
+
+
+class _Quiet:
+    """transformers' loading report (the embeddings, norm and head a one-layer load leaves fresh) kept off stderr."""
+
+    def __enter__(self):
+        self.logger = logging.getLogger("transformers")
+        self.level = self.logger.level
+        self.logger.setLevel(logging.ERROR)
+
+    def __exit__(self, *exc):
+        self.logger.setLevel(self.level)
+
+
+def block_from_checkpoint(tensors: dict[str, torch.Tensor], layer_config: Any) -> dict[str, torch.Tensor]:
+    """A decoder layer's tensors under their checkpoint names -> the family's decoder layer state (transformers'
+    names); DraftsmithError naming what did not fit."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    cfg = _one_layer_config(layer_config)
+    with tempfile.TemporaryDirectory(prefix="draftsmith-mtp-") as tmp:
+        cfg.save_pretrained(tmp)
+        save_file({f"model.layers.0.{k}": v.contiguous() for k, v in tensors.items()}, str(Path(tmp) / SINGLE),
+                  metadata={"format": "pt"})
+        with _Quiet():
+            try:
+                model, info = AutoModelForCausalLM.from_pretrained(tmp, output_loading_info=True,
+                                                                  dtype=next(iter(tensors.values())).dtype)
+            except (RuntimeError, ValueError) as err:
+                raise DraftsmithError(f"the MTP layer's tensors do not fit a {cfg.model_type!r} layer of this "
+                                      f"target's config: {err}") from None
+    missing = [k for k in info.get("missing_keys", ()) if ".layers.0." in k]
+    unexpected = [k for k in info.get("unexpected_keys", ()) if ".layers.0." in k]
+    mismatched = [k for k, *_ in info.get("mismatched_keys", ()) if ".layers.0." in k]
+    if missing or unexpected or mismatched:
+        raise DraftsmithError(f"the MTP layer's tensors do not fit a {cfg.model_type!r} layer of this target's config: "
+                              f"missing {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}, of another shape "
+                              f"{sorted(mismatched)[:4]}")
+    return {k: v.detach().clone() for k, v in model.model.layers[0].state_dict().items()}
+
+
+def block_to_checkpoint(block_state: dict[str, torch.Tensor], layer_config: Any) -> dict[str, torch.Tensor]:
+    """The family's decoder layer state -> its tensors under the checkpoint's names (as save_pretrained writes)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.core_model_loading import revert_weight_conversion
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(_one_layer_config(layer_config))
+    model.model.layers[0].load_state_dict(block_state, assign=True)
+    prefix = "model.layers.0."
+    state = {f"{prefix}{k}": v for k, v in block_state.items()}
+    reverted = revert_weight_conversion(model, state)
+    return {k[len(prefix):]: v for k, v in reverted.items() if k.startswith(prefix)}
+
+
+def head_state_from_checkpoint(tensors: dict[str, torch.Tensor], form: ShippedForm,
+                               layer_config: Any) -> dict[str, torch.Tensor]:
+    """The checkpoint's MTP layer 0 (names after the form's prefix) -> the head's state dict."""
+    missing = sorted(set(form.parts) - set(tensors))
+    if missing:
+        raise DraftsmithError(f"the checkpoint's MTP layer lacks {missing} ({form.title})")
+    state = {f"layers.0.{ours}": tensors[theirs] for theirs, ours in form.parts.items()}
+    block = {k[len(form.block):]: v for k, v in tensors.items()
+             if k.startswith(form.block) and k not in form.parts and k not in form.shared}
+    state.update({f"layers.0.mtp_block.{k}": v for k, v in block_from_checkpoint(block, layer_config).items()})
+    return state
+
+
+def head_state_to_checkpoint(state: dict[str, torch.Tensor], form: ShippedForm,
+                             layer_config: Any) -> dict[str, torch.Tensor]:
+    """The head's state dict -> its tensors under the checkpoint's names (the form's prefix not included)."""
+    ours_to_theirs = {ours: theirs for theirs, ours in form.parts.items()}
+    out = {ours_to_theirs[k[len("layers.0."):]]: v for k, v in state.items()
+           if k[len("layers.0."):] in ours_to_theirs}
+    block = {k[len("layers.0.mtp_block."):]: v for k, v in state.items() if k.startswith("layers.0.mtp_block.")}
+    out.update({f"{form.block}{k}": v for k, v in block_to_checkpoint(block, layer_config).items()})
+    return out

@@ -1,0 +1,167 @@
+"""MTP: a target's own multi-token-prediction layer as a drafter. A tiny target of each family with an MTP form ships
+a layer in its checkpoint under the family's names; `--drafter mtp` reads it back (equal to what was written) and
+decodes with output identical to plain greedy decoding at batch 1 and 4, and samples exactly in distribution;
+`train model.method=mtp` starts from the shipped layer (a fresh layer of the target's own family where it ships none);
+a target without one, or a layer that does not fit, is refused in one line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from draftsmith.serve.batch.decoder import BatchDecoder, Job
+from draftsmith.serve.core.target import Target, load_target
+from draftsmith.serve.decoding import plain_generate, speculative_generate
+from draftsmith.serve.drafters import DrafterSpecError, build_drafter
+from tests.decoder_fixtures import PROMPT, VOCAB, chi_square_p, exact_joint
+from tests.mtp_fixtures import MTP_COUNT, save_mtp_target
+from tests.tiny_models import save_tiny_target, tiny_model, tiny_tokenizer
+
+FAMILIES = sorted(MTP_COUNT)
+
+
+@pytest.fixture(scope="module")
+def mtp_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mtp")
+    return {family: save_mtp_target(root / family, family) for family in FAMILIES}
+
+
+def _prompts(count: int, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (n,), generator=gen).repeat(2).tolist() for n in (5, 7, 4, 6, 8)[:count]]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_shipped_layer_reads_back_as_written_under_the_familys_names(mtp_dirs, family):
+    from safetensors import safe_open
+
+    from draftsmith.serve.methods.mtp.from_target import shipped_head
+    from draftsmith.serve.methods.mtp.shipped import checkpoint_files
+
+    folder = mtp_dirs[family]
+    target = load_target(folder)
+    with safe_open(str(checkpoint_files(folder)[0]), "pt") as handle:
+        keys = set(handle.keys())
+        full = next(i for i, kind in enumerate(target.config.get_text_config().layer_types) if kind == "full_attention")
+        own = {k.split(f"layers.{full}.", 1)[1] for k in keys if f"layers.{full}." in k and not k.startswith("mtp.")}
+        shipped = {k[len("mtp.layers.0."):] for k in keys if k.startswith("mtp.layers.0.")}
+        assert shipped == own  # the target's own full-attention layer's names (experts one tensor each)
+        assert {"mtp.fc.weight", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight",
+                "mtp.pre_fc_norm_hidden.weight"} <= keys
+        written = {k: handle.get_tensor(k) for k in keys if k.startswith("mtp.")}
+    head = shipped_head(target)
+    state = head.state_dict()
+    assert torch.equal(state["layers.0.eh_proj.weight"], written["mtp.fc.weight"])
+    assert torch.equal(state["layers.0.post_norm.weight"], written["mtp.norm.weight"])
+    # and back: the head's tensors written under the checkpoint's names are the checkpoint's
+    from draftsmith.serve.methods.mtp.head import layer_config
+    from draftsmith.serve.methods.mtp.shipped import QWEN, head_state_to_checkpoint
+
+    again = head_state_to_checkpoint(state, QWEN, layer_config(head.config.layer_config))
+    assert set(again) == {k[len("mtp."):] for k in written}
+    assert all(torch.equal(again[k[len("mtp."):]], v) for k, v in written.items())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_shipped_layer_drafts_exactly_at_batch_1_and_4(mtp_dirs, family):
+    target = load_target(mtp_dirs[family])
+    drafter = build_drafter("mtp:length=fixed", target)
+    prompts = _prompts(5)
+    plain = [plain_generate(target, torch.tensor([p]), max_new_tokens=20).output_ids for p in prompts]
+    hybrid = build_drafter("hybrid:mtp:length=fixed", target)  # the n-gram drafter beside it
+    drafted = 0
+    for prompt, expected in zip(prompts[:2], plain):
+        for one in (drafter, hybrid):
+            spec = speculative_generate(target, one, torch.tensor([prompt]), max_new_tokens=20, k=3)
+            assert spec.output_ids == expected
+            drafted += sum(spec.stats.drafted_per_cycle)
+    assert drafted > 0
+    decoder = BatchDecoder(target, build_drafter("mtp:length=fixed,k=2", target), slots=4, k=2)
+    for i, prompt in enumerate(prompts):
+        decoder.add(Job(i, prompt, max_new_tokens=20))
+    done = decoder.run()
+    assert [f.result.output_ids for f in done] == plain
+    assert sum(sum(f.result.stats.drafted_per_cycle) for f in done) > 0
+
+
+def test_sampling_with_an_mtp_layer_matches_the_targets_distribution():
+    """A vocab-8 Qwen3-Next target and a random MTP layer of its family (q a real distribution, differing from p):
+    the first three tokens' joint equals the target's enumerated one (chi-square)."""
+    from draftsmith.serve.drafters.folder import make_drafter
+    from draftsmith.serve.methods.mtp.head import MtpHead, mtp_config
+
+    model = tiny_model("qwen3_next", vocab_size=VOCAB, seed=3, eos_token_id=None, pad_token_id=None)
+    target = Target(model=model, tokenizer=tiny_tokenizer(), name="tiny-qwen3_next-v8", path="")
+    torch.manual_seed(4)
+    drafter = make_drafter(MtpHead(mtp_config(target, norm_output=True)).eval(), target, check=False,
+                           length="fixed")
+    settings, samples = dict(temperature=1.0, top_k=0, top_p=1.0), 600
+    counts: dict[tuple, int] = {}
+    accepted = 0
+    for seed in range(samples):
+        torch.manual_seed(seed)
+        res = speculative_generate(target, drafter, PROMPT, max_new_tokens=3, k=2, eos_token_ids=(), **settings)
+        counts[tuple(res.output_ids)] = counts.get(tuple(res.output_ids), 0) + 1
+        accepted += sum(res.stats.accepted_per_cycle)
+    assert accepted > samples * 0.1
+    assert chi_square_p(counts, exact_joint(target, settings), samples) > 1e-3
+
+
+def test_training_starts_from_the_shipped_layer(mtp_dirs, tmp_path):
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.serve.methods.mtp.from_target import shipped_head
+    from draftsmith.train.config import TrainConfig
+    from draftsmith.train.heads import head_config
+    from draftsmith.train.run import init_head
+
+    target = load_target(mtp_dirs["qwen3_next"], dtype="float32")
+    config = load_config(TrainConfig, overrides=[f"target={mtp_dirs['qwen3_next']}", "model.method=mtp",
+                                                 "model.num_speculative_tokens=2", f"out_dir={tmp_path}"])
+    cfg = head_config(config, target)
+    assert cfg.norm_output and cfg.ttt_steps == 2  # Qwen3-Next's next step reads the normed output
+    head, _ = init_head(cfg, target, [], [], vocab_rows=0, seed=0)
+    shipped = shipped_head(target).state_dict()
+    assert all(torch.equal(v, shipped[k]) for k, v in head.state_dict().items())
+
+
+def test_a_target_without_mtp_layers_is_refused_in_one_line(tmp_path):
+    target = load_target(save_tiny_target(tmp_path / "llama", "llama"))
+    with pytest.raises(DrafterSpecError) as refused:
+        build_drafter("mtp", target)
+    assert "ships no MTP layer" in str(refused.value) and "model.method=mtp" in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_config_naming_mtp_layers_the_checkpoint_lacks_is_refused(tmp_path):
+    folder = save_tiny_target(tmp_path / "bare", "qwen3_5", mtp_num_hidden_layers=1)  # save_pretrained drops them
+    with pytest.raises(DrafterSpecError) as refused:
+        build_drafter("mtp", load_target(folder))
+    assert "holds no tensor under 'mtp.'" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_mtp_weights_of_another_shape_are_refused(tmp_path):
+    """An MTP layer written for a target twice as wide: refused naming the tensors, nothing loaded."""
+    folder = save_tiny_target(tmp_path / "narrow", "qwen3_5", mtp_num_hidden_layers=1)
+    wide = save_mtp_target(tmp_path / "wide", "qwen3_5")
+    config = json.loads((wide / "config.json").read_text())
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(folder / "model.safetensors"))
+    theirs = load_file(str(wide / "model.safetensors"))
+    weights.update({k: torch.cat([v, v], dim=-1) if v.ndim == 2 else v for k, v in theirs.items()
+                    if k.startswith("mtp.")})
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    assert config["mtp_num_hidden_layers"] == 1
+    with pytest.raises(DrafterSpecError) as refused:
+        build_drafter("mtp", load_target(folder))
+    assert "do not fit" in str(refused.value) or "does not match" in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_bad_mtp_options_are_one_line(mtp_dirs):
+    target = load_target(mtp_dirs["qwen3_5"])
+    for spec, words in (("mtp:depth=3", "unknown mtp option"), ("mtp:k=two", "bad mtp option")):
+        with pytest.raises(DrafterSpecError) as refused:
+            build_drafter(spec, target)
+        assert words in str(refused.value) and "\n" not in str(refused.value)
