@@ -27,6 +27,7 @@ from draftsmith.serve.export.validate import validate_export
 from draftsmith.serve.export.destination import check_destination
 from draftsmith.serve.export.write import README_NAME, REPORT_NAME, check_export, write_export, write_files
 from draftsmith.serve.core.target import Target
+from draftsmith.serve.methods.registry import method
 
 __all__ = ["FORMATS", "ExportError", "ExportReport", "check_export", "export_drafter", "validate_export",
            "write_export"]
@@ -37,8 +38,12 @@ def export_drafter(native_dir: str | Path, fmt: str, out_dir: str | Path, *, tar
                    max_new_tokens: int = 32, overwrite: bool = False) -> ExportReport:
     """Write, validate and document one export, whole or not at all; returns the report (also written to
     OUT/export_report.json)."""
-    module = export_format(fmt)
     config = read_native_config(native_dir)
+    merged = method(config.method, what="drafter method", trained=True).merge_export
+    if merged is not None:  # exported into the target's checkpoint (MTP)
+        return merged(native_dir, fmt, out_dir, target=target, prompts=prompts, k=k, max_new_tokens=max_new_tokens,
+                      overwrite=overwrite)
+    module = export_format(fmt)
     facts = target_facts(target, verifier=verifier)
     check_export(native_dir, fmt, target=target, engine_version=engine_version)
     replaced = check_destination(out_dir, overwrite=overwrite)

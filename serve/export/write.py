@@ -22,6 +22,7 @@ from draftsmith.serve.export.hosts import check_hosted
 from draftsmith.serve.export.layer_ids import aux_layer_ids_for
 from draftsmith.serve.export.provenance import provenance
 from draftsmith.serve.core.target import Target
+from draftsmith.serve.methods.registry import method
 
 __all__ = ["README_NAME", "REPORT_NAME", "check_export", "write_export", "write_files"]
 
@@ -33,6 +34,10 @@ def check_export(native_dir: str | Path, fmt: str, *, target: Target | None=None
     config = read_native_config(native_dir)
     if target is not None:
         check_target_identity(config, target)
+    merged = method(config.method, what="drafter method", trained=True).merge_check
+    if merged is not None:  # exported into the target's checkpoint (MTP)
+        merged(config, fmt)
+        return
     module.check_exportable(config)
     check_hosted(module.form(config).hosted_as, config.target_model_type, fmt, engine_version)
     refuse_unless_supported(module.support(config), engine_version, what=f"a {config.method} drafter in --format {fmt}")

@@ -104,15 +104,24 @@ def _one_layer_config(layer_config: Any) -> Any:
 
 
 class _Quiet:
-    """transformers' loading report (the embeddings, norm and head a one-layer load leaves fresh) kept off stderr."""
+    """transformers' loading report and progress bar (the embeddings, norm and head a one-layer load leaves fresh)
+    kept off stderr."""
 
     def __enter__(self):
+        from transformers.utils import logging as hf_logging
+
         self.logger = logging.getLogger("transformers")
         self.level = self.logger.level
         self.logger.setLevel(logging.ERROR)
+        self.bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
 
     def __exit__(self, *exc):
+        from transformers.utils import logging as hf_logging
+
         self.logger.setLevel(self.level)
+        if self.bars:
+            hf_logging.enable_progress_bar()
 
 
 def block_from_checkpoint(tensors: dict[str, torch.Tensor], layer_config: Any) -> dict[str, torch.Tensor]:
