@@ -65,7 +65,8 @@ def test_a_family_is_a_row():
         if row.tiny:
             config = tiny_config(row.tiny)
             assert text_family(config.model_type) == row.model_type, row
-            assert arch_of(config).qk_norm == row.qk_norm
+            if row.planned:  # arch_of refuses the others in one line (tests/test_hybrid_targets.py)
+                assert arch_of(config).qk_norm == row.qk_norm
         assert (row.model_type in SUPPORTED_MODEL_TYPES) == row.loads
         assert all(family_of(alias) is row for alias in row.aliases)
     assert text_family("gemma3") == "gemma3_text" and family_of("mamba") is None

@@ -33,7 +33,24 @@ FAMILIES = {
     "gpt_oss": dict(model_type="gpt_oss", head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=64,
                     rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
                                          beta_slow=1.0, truncate=False, original_max_position_embeddings=16)),
+    # targets whose checkpoints ship multi-token-prediction layers (MTP_FAMILIES): the config's count of them is 1,
+    # as in theirs (the base model ignores it; MiMo's config has none). DeepSeek-V3: multi-head latent attention
+    # (low-rank q and kv, a decoupled RoPE key; transformers caches the latent and the RoPE key), a dense first
+    # layer, then routed and shared experts
+    "deepseek_v3": dict(model_type="deepseek_v3", num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, n_routed_experts=4,
+                        num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=16, n_group=1, topk_group=1,
+                        first_k_dense_replace=1, num_nextn_predict_layers=1),
+    "glm4_moe": dict(model_type="glm4_moe", use_qk_norm=True, n_routed_experts=4, num_experts_per_tok=2,
+                     n_shared_experts=1, moe_intermediate_size=16, first_k_dense_replace=1,
+                     num_nextn_predict_layers=1),
+    "ernie4_5_moe": dict(model_type="ernie4_5_moe", moe_num_experts=4, moe_k=2, moe_num_shared_experts=1,
+                         moe_intermediate_size=16, moe_layer_start_index=1, num_nextn_predict_layers=1),
+    # sliding layers with twice the key/value heads and attention sinks, values narrower than keys, partial RoPE
+    "mimo_v2_flash": dict(model_type="mimo_v2_flash", head_dim=12, v_head_dim=8, sliding_window=16,
+                          n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
 }
+MTP_FAMILIES = ("deepseek_v3", "glm4_moe", "ernie4_5_moe", "mimo_v2_flash")  # their real checkpoints ship MTP layers
 
 # Hybrid targets: linear-attention (Gated DeltaNet), Mamba-2 or short-convolution layers beside attention, whose cache
 # holds a recurrent state (serve/core/kv.py), and Gemma 4. Four layers, so that EAGLE-3 has three aux layers and the

@@ -53,6 +53,22 @@ FAMILIES: tuple[Family, ...] = (
     Family("gemma3_text", "Gemma3ForCausalLM", aliases=("gemma3",), qk_norm=True, tiny="gemma",
            hosts={"vLLM": {"EAGLE-3": f"{_NO_AUX}; SGLang's does"}, "SGLang": _BOTH}),
     Family("gpt_oss", "GptOssForCausalLM", tiny="gpt_oss", hosts=_EVERYWHERE),
+    # targets that ship multi-token-prediction layers, whose latent attention (DeepSeek-V3), values narrower than keys
+    # (MiMo), shared experts and dense first layers the memory plan does not model (`--plan` refuses them); hosting
+    # read from the vLLM 0.33.0 and 0.34.0 wheels (deepseek_v2.py, glm4_moe.py, ernie45_moe.py, mimo_v2.py) and the
+    # SGLang 0.5.23 wheel (deepseek_v2.py, glm4_moe.py, ernie4.py, mimo_v2.py). SGLang's DeepseekV2ForCausalLM adds 1
+    # to the EAGLE-3 layer ids only when the first is 1 (draftsmith's default set), and takes any other set as is
+    Family("deepseek_v3", "DeepseekV3ForCausalLM", tiny="deepseek_v3", planned=False,
+           hosts=_EVERYWHERE),
+    Family("glm4_moe", "Glm4MoeForCausalLM", tiny="glm4_moe", planned=False,
+           hosts={"vLLM": {"EAGLE-3": f"{_NO_AUX}; SGLang's does"}, "SGLang": _BOTH}),
+    Family("ernie4_5_moe", "Ernie4_5_MoeForCausalLM", tiny="ernie4_5_moe", planned=False,
+           hosts={"vLLM": {"EAGLE-3": _NO_AUX},
+                  "SGLang": {"EAGLE-3": "has no set_eagle3_layers_to_capture (no aux hidden-state capture)",
+                             "EAGLE-1": HOSTED}}),
+    Family("mimo_v2_flash", "MiMoV2FlashForCausalLM", tiny="mimo_v2_flash", planned=False,
+           hosts={"vLLM": {"EAGLE-3": HOSTED},
+                  "SGLang": {"EAGLE-3": f"has no set_eagle3_layers_to_capture{_VLLM_DOES}", "EAGLE-1": HOSTED}}),
     Family("gemma", "GemmaForCausalLM"),
     Family("gemma2", "Gemma2ForCausalLM",
            hosts=_NO_HOOKS),

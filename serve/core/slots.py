@@ -42,8 +42,14 @@ def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
     for layer in layers:
         heads = layer.num_attention_heads
         kv_heads = getattr(layer, "num_key_value_heads", None) or heads
-        width = max(width, kv_heads * (getattr(layer, "head_dim", None) or layer.hidden_size // heads))
-    return 2 * config.num_hidden_layers * width * torch.finfo(dtype).bits // 8
+        head_dim = getattr(layer, "head_dim", None) or layer.hidden_size // heads
+        if getattr(layer, "kv_lora_rank", None):  # DeepSeek's latent attention caches one latent and one RoPE key
+            width = max(width, layer.kv_lora_rank + layer.qk_rope_head_dim)
+            continue
+        if getattr(layer, "model_type", None) == "mimo_v2_flash":
+            kv_heads *= 2  # its sliding layers hold twice the key/value heads (transformers' MiMoV2FlashAttention)
+        width = max(width, kv_heads * (head_dim + (getattr(layer, "v_head_dim", None) or head_dim)))
+    return config.num_hidden_layers * width * torch.finfo(dtype).bits // 8
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -84,9 +90,10 @@ def reserve_zeros(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
 
 
 class SlotCache:
-    """The KV buffers: (slots, kv_heads, capacity, head_dim) per layer, allocated on first use (reserved: on the
-    CPU only the columns written take memory). `recurrent`: the target also has layers with a recurrent state (a
-    hybrid target), kept per row by serve/core/recurrent_slots.py; its newcomers are prefilled one at a time."""
+    """The KV buffers: (slots, kv_heads, capacity, head_dim) per layer (values' head_dim may differ: MLA, MiMo),
+    allocated on first use (reserved: on the CPU only the columns written take memory). `recurrent`: the target also
+    has layers with a recurrent state (a hybrid target), kept per row by serve/core/recurrent_slots.py; its newcomers
+    are prefilled one at a time."""
 
     def __init__(self, slots: int, capacity: int, *, recurrent: bool = False):
         self.slots = slots
@@ -150,10 +157,10 @@ class SlotCache:
                 buffer[row, :, start: start + len(offsets)] = buffer[row].index_select(1, index)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        if layer_idx not in self.keys:
-            shape = (self.slots, key_states.shape[1], self.capacity, key_states.shape[3])
-            self.keys[layer_idx] = reserve_zeros(shape, key_states)
-            self.values[layer_idx] = reserve_zeros(shape, value_states)
+        if layer_idx not in self.keys:  # values may be narrower than keys (MiMo; DeepSeek's latent and RoPE key)
+            shape = (self.slots, key_states.shape[1], self.capacity)
+            self.keys[layer_idx] = reserve_zeros((*shape, key_states.shape[3]), key_states)
+            self.values[layer_idx] = reserve_zeros((*shape, value_states.shape[3]), value_states)
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         if self._plan[0] == "prefill":
             _, rows, lengths = self._plan

@@ -83,8 +83,9 @@ def arch_of(config: Any) -> TargetArch:
     family = family_of(model_type)  # serve/core/families.py: what its decoder has beyond Llama's
     if family is not None and not family.planned:
         raise TargetError(f"the memory plan does not model a {model_type!r} target's decoder yet (recurrent layers, "
-                          f"per-layer embeddings or head sizes), and splitting one over processes is untested: run "
-                          f"without --plan, with target.parallel=none (each process holds the whole target)")
+                          f"per-layer embeddings, latent attention, shared experts or head sizes), and splitting one "
+                          f"over processes is untested: run without --plan, with target.parallel=none (each process "
+                          f"holds the whole target)")
     missing = [f for f in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads") if f not in data]
     if missing:
         raise TargetError(f"the target's config lacks {', '.join(missing)}: a memory plan needs a decoder config")
