@@ -19,6 +19,7 @@ from tests.mtp_fixtures import MTP_COUNT, save_mtp_target
 from tests.tiny_models import save_tiny_target, tiny_model, tiny_tokenizer
 
 FAMILIES = sorted(MTP_COUNT)
+QWEN_FORM = [f for f in FAMILIES if MTP_COUNT[f] == "mtp_num_hidden_layers"]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def _prompts(count: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(0, 256, (n,), generator=gen).repeat(2).tolist() for n in (5, 7, 4, 6, 8)[:count]]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", QWEN_FORM)
 def test_the_shipped_layer_reads_back_as_written_under_the_familys_names(mtp_dirs, family):
     from safetensors import safe_open
 
@@ -165,3 +166,34 @@ def test_bad_mtp_options_are_one_line(mtp_dirs):
         with pytest.raises(DrafterSpecError) as refused:
             build_drafter(spec, target)
         assert words in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe"])
+def test_deepseek_forms_ship_the_layer_after_the_last_one(mtp_dirs, family):
+    """DeepSeek-V3 and GLM-4.5 keep MTP layer 0 as model.layers.{num_hidden_layers}: its own norms and projection,
+    the shared head's norm, and a decoder layer with experts (as the real checkpoints' layer 61 and 92)."""
+    from safetensors import safe_open
+
+    from draftsmith.serve.methods.mtp.from_target import shipped_head
+    from draftsmith.serve.methods.mtp.shipped import checkpoint_files
+
+    folder = mtp_dirs[family]
+    target = load_target(folder)
+    prefix = f"model.layers.{target.config.num_hidden_layers}."
+    with safe_open(str(checkpoint_files(folder)[0]), "pt") as handle:
+        names = {k[len(prefix):]: handle.get_tensor(k) for k in handle.keys() if k.startswith(prefix)}
+    assert {"enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight",
+            "mlp.experts.0.gate_proj.weight", "input_layernorm.weight"} <= set(names)
+    state = shipped_head(target).state_dict()
+    assert torch.equal(state["layers.0.eh_proj.weight"], names["eh_proj.weight"])
+    assert torch.equal(state["layers.0.post_norm.weight"], names["shared_head.norm.weight"])
+    assert not shipped_head(target).config.norm_output  # the next step reads the layer's unnormed output
+
+
+@pytest.mark.parametrize("family", ["ernie4_5_moe", "mimo_v2_flash"])
+def test_a_family_whose_mtp_form_is_not_read_yet_says_so(tmp_path, family):
+    target = load_target(save_tiny_target(tmp_path / family, family, num_mtp_layers=1))
+    with pytest.raises(DrafterSpecError) as refused:
+        build_drafter("mtp", target)
+    assert "does not read" in str(refused.value) and "model.method=mtp" in str(refused.value)
+    assert "\n" not in str(refused.value)

@@ -25,14 +25,16 @@ from draftsmith.serve.core.kv import rollback
 
 
 def _stacked_past(caches: list[DynamicCache], lengths: list[int], like: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The rows' head caches (layer 0: the head has one) -> keys, values (B, kv_heads, P, head_dim), zero-padded."""
+    """The rows' head caches (layer 0: the head has one) -> keys, values (B, kv_heads, P, head_dim), zero-padded
+    (values as wide as their own head_dim: an MTP layer's latent attention keeps them narrower than the keys)."""
     held = [c.layers[0] for c in caches if c.layers and c.layers[0].is_initialized]
     if not held:
         return ()
     _, kv_heads, _, dim = held[0].keys.shape
     width = max(lengths)
     keys = like.new_zeros(len(caches), kv_heads, width, dim, dtype=held[0].keys.dtype)
-    values = torch.zeros_like(keys)
+    values = like.new_zeros(len(caches), held[0].values.shape[1], width, held[0].values.shape[-1],
+                            dtype=held[0].values.dtype)
     for r, (cache, n) in enumerate(zip(caches, lengths)):
         if n:
             keys[r, :, :n] = cache.layers[0].keys[0, :, :n]

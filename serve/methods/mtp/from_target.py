@@ -5,7 +5,8 @@ from __future__ import annotations
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.target import Target
 from draftsmith.serve.methods.mtp.head import MtpHead, layer_config, mtp_config
-from draftsmith.serve.methods.mtp.shipped import form_of, head_state_from_checkpoint, read_prefixed, shipped_count
+from draftsmith.serve.methods.mtp.shipped import (FORMS, form_of, head_state_from_checkpoint, holds_prefixed,
+                                                  named_count, read_prefixed, shipped_count)
 
 DEFAULT_K = 3  # chains of the `mtp` spec unless told otherwise (vLLM's MTP examples draft 1-3)
 
@@ -17,10 +18,14 @@ def shipped_head(target: Target, *, num_speculative_tokens: int = DEFAULT_K) -> 
 
     text = text_config(target.config)
     form = form_of(text)
+    if form is None and named_count(text):
+        raise DraftsmithError(f"the target {target.name}'s config names {named_count(text)} MTP layer(s), but "
+                              f"draftsmith does not read {text.model_type}'s MTP checkpoint form yet (it reads "
+                              f"{', '.join(sorted({f.title for f in FORMS.values()}))}): train one with "
+                              f"`draftsmith train model.method=mtp`, then --drafter DIR")
     if not shipped_count(text):
-        raise DraftsmithError(f"the target {target.name} ({text.model_type}) ships no MTP layer "
-                              f"(its config names none{'' if form else ', and its family has no MTP form'}): "
-                              f"train one with `draftsmith train model.method=mtp`, then --drafter DIR")
+        raise DraftsmithError(f"the target {target.name} ({text.model_type}) ships no MTP layer (its config names "
+                              f"none): train one with `draftsmith train model.method=mtp`, then --drafter DIR")
     if not target.path:
         raise DraftsmithError(f"the target {target.name} has no checkpoint folder to read its MTP layer from")
     prefix = form.prefix(text)
@@ -49,10 +54,19 @@ def _load(head: MtpHead, state: dict, source: str) -> None:
 
 
 def start_from_shipped(head: MtpHead, target: Target) -> bool:
-    """A fresh head of `target` given the layer it ships, when it ships one; whether it did."""
+    """A fresh head of `target` given the layer it ships, when it ships one; whether it did. A config that names
+    a layer its checkpoint lacks (a fine-tune saved by transformers, which drops them) starts fresh, saying so."""
+    import sys
+
     from draftsmith.serve.core.target import text_config
 
-    if not shipped_count(text_config(target.config)):
+    text = text_config(target.config)
+    if not shipped_count(text):
+        return False
+    if not target.path or not holds_prefixed(target.path, form_of(text).prefix(text)):
+        print(f"train: {target.name}'s config names an MTP layer its checkpoint does not hold (transformers drops "
+              f"them when it saves a model); a fresh layer starts. To start from the shipped one, copy the "
+              f"original checkpoint's {form_of(text).prefix(text)}* tensors into it", file=sys.stderr)
         return False
     shipped = shipped_head(target, num_speculative_tokens=head.config.num_speculative_tokens)
     _load(head, shipped.state_dict(), f"{target.path}")

@@ -56,16 +56,22 @@ FORMS: dict[str, ShippedForm] = {
 }
 
 
+# every config key a family names its MTP layers with (ERNIE-4.5 and MiMo-V2 too, whose forms are not read yet)
+COUNT_KEYS = ("mtp_num_hidden_layers", "num_nextn_predict_layers", "num_mtp_layers")
+
+
 def form_of(text: Any) -> ShippedForm | None:
     return FORMS.get(getattr(text, "model_type", ""))
 
 
+def named_count(text: Any) -> int:
+    """How many MTP layers the target's config names, whether or not draftsmith reads its family's form."""
+    return max(int(getattr(text, key, 0) or 0) for key in COUNT_KEYS)
+
+
 def shipped_count(text: Any) -> int:
-    """How many MTP layers the target's config says its checkpoint ships (0: none, or a family without a form)."""
-    form = form_of(text)
-    if form is None:
-        return 0
-    return max(int(getattr(text, key, 0) or 0) for key in form.counts)
+    """How many MTP layers the target's config says its checkpoint ships in a form draftsmith reads (0: none)."""
+    return named_count(text) if form_of(text) is not None else 0
 
 
 def checkpoint_files(folder: str | Path) -> list[Path]:
@@ -78,6 +84,17 @@ def checkpoint_files(folder: str | Path) -> list[Path]:
         return [folder / SINGLE]
     raise DraftsmithError(f"{folder} holds no safetensors checkpoint ({SINGLE} or {INDEX}): draftsmith reads a "
                           f"target's MTP layers from its safetensors files")
+
+
+def holds_prefixed(folder: str | Path, prefix: str) -> bool:
+    """Whether the checkpoint holds a tensor whose name starts with `prefix` (names read, no tensor)."""
+    from safetensors import safe_open
+
+    for path in checkpoint_files(folder):
+        with safe_open(str(path), framework="pt") as handle:
+            if any(key.startswith(prefix) for key in handle.keys()):
+                return True
+    return False
 
 
 def read_prefixed(folder: str | Path, prefix: str) -> dict[str, torch.Tensor]:
