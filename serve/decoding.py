@@ -221,6 +221,8 @@ def speculative_generate(target: Target, drafter: Drafter, input_ids: torch.Tens
     want_hidden = bool(layers)
     device = model.device
     cache = new_cache(model)
+    for part in drafter.parts():  # a hybrid's sides too
+        part.watch_cache(cache)
     chains_only = not rolls_back_trees(cache)  # recurrent layers keep one state per position: no tree paths
     tree = tree_on(model, tree, recurrent=chains_only)
     probs = dict(temperature=temperature, top_k=top_k, top_p=top_p)

@@ -94,8 +94,9 @@ def test_an_unregistered_method_is_one_line_naming_the_registered(job, tmp_path,
         assert not (tmp_path / "o").exists()
     from draftsmith.serve.drafters import parse_drafter_spec
 
-    with pytest.raises(DraftsmithError, match=r"unknown drafter 'eagle9': use hybrid:DIR, model:PATH, mtp, mtp:k=2, "
-                                              r"ngram, ngram:max_n=3, oracle, or a trained drafter folder"):
+    with pytest.raises(DraftsmithError, match=r"unknown drafter 'eagle9': use gemma4_assistant:DIR, hybrid:DIR, "
+                                              r"model:PATH, mtp, mtp:k=2, ngram, ngram:max_n=3, oracle, or a "
+                                              r"trained drafter folder"):
         parse_drafter_spec("eagle9")
 
 
@@ -103,8 +104,8 @@ def test_two_methods_of_one_name_are_refused(toy):
     twin = Method(name="eagle3", title="Another EAGLE-3", config=toy.config, head=toy.head, drafter=toy.drafter,
                   objective=toy.objective, layers=toy.layers)
     with pytest.raises(MethodError, match=r"two drafting methods register the name 'eagle3' \(EAGLE-3 and Another "
-                                          r"EAGLE-3\); registered: dflash, eagle1, eagle3, hybrid, medusa, model, mtp, "
-                                          r"ngram, oracle, peagle, toy"):
+                                          r"EAGLE-3\); registered: dflash, eagle1, eagle3, gemma4_assistant, hybrid, "
+                                          r"medusa, model, mtp, ngram, oracle, peagle, toy"):
         register(twin)
     from draftsmith.serve.methods import method
 

@@ -100,6 +100,9 @@ class BatchDecoder:
         if slots < 1:
             raise DraftsmithError(f"the batch needs at least one slot, got {slots}")
         self.target, self.model = target, target.model
+        if drafter is not None and any(part.reads_target_cache for part in drafter.parts()):
+            raise DraftsmithError(f"the {drafter.kind} drafter attends to the target's own keys and values, which the "
+                                  f"batched decoder's slot cache does not hand to drafters: use it at batch 1")
         self.template = drafter
         self.k = resolve_k([drafter], k) if drafter is not None else 0
         # a hybrid target's recurrent layers: rows prefilled alone, drafts verified as chains (serve/core/kv.py)

@@ -16,7 +16,8 @@ from typing import Any, Callable, Mapping, Optional
 from draftsmith.serve.core.errors import DraftsmithError
 
 # the folders of serve/methods/, imported on the registry's first read
-BUILTIN = ("eagle1", "eagle3", "medusa", "dflash", "peagle", "mtp", "ngram", "hybrid", "oracle", "model")
+BUILTIN = ("eagle1", "eagle3", "medusa", "dflash", "peagle", "mtp", "ngram", "hybrid", "oracle", "model",
+           "gemma4_assistant")
 ENTRY_POINTS = "draftsmith.methods"  # the group another distribution's methods register under
 
 
