@@ -81,3 +81,43 @@ def test_an_export_into_a_folder_that_holds_a_checkpoint_is_refused(shipped, tmp
         export_drafter(drafter, "vllm", tmp_path / "busy", target=load_target(folder))
     assert "not a draftsmith export" in str(refused.value)
     assert (tmp_path / "busy" / "model.safetensors").read_bytes() == b"theirs"
+
+
+def test_the_readmes_mtp_commands_run_as_written(tmp_path):
+    """The README's MTP section on a tiny Qwen3.5 target that ships a layer: eval of the shipped layer, its
+    fine-tune (starting from it), both side by side, the merged export (the engines' servers skipped)."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.test_readme_quickstarts import ROOT, SKIPPED
+
+    section = (ROOT / "README.md").read_text().split("## Your target's own drafter: MTP layers")[1].split("\n## ")[0]
+    block = re.findall(r"```bash\n(.*?)```", section, flags=re.S)[0]
+    commands = [line.split(" #")[0].strip() for line in re.sub(r"\\\n\s*", "", block).splitlines()
+                if line.strip() and not line.startswith("#")]
+    target = save_mtp_target(tmp_path / "target", "qwen3_5")
+    rows = [{"prompt": f"Say {i} in words, then count to {i % 7 + 3}.", "domain": ("math", "chat")[i % 2]}
+            for i in range(20)]
+    (tmp_path / "my_traffic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:16]))
+    (tmp_path / "my_eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[16:]))
+    env = {**os.environ, "T": str(target), "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    # quick start 1's data, smaller; the training recipe's defaults, shorter
+    setup = "draftsmith data build --target $T --prompts my_traffic.jsonl --out runs/data/mine data.max_new_tokens=24"
+    ran = []
+    for command in [setup, *commands]:
+        if command.startswith(SKIPPED):
+            continue
+        if command.startswith("draftsmith train"):
+            command += " optim.max_steps=4 optim.batch_size=4 data.eval_rows=4 tracking=none"
+        if command.startswith("draftsmith eval"):
+            command += " --limit 2 --max-new-tokens 16 --no-peers --no-cost-model --quiet"
+        proc = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, f"{command}\n{proc.stderr[-2000:]}"
+        ran.append(command.split()[1])
+    assert ran == ["data", "eval", "train", "eval", "export"]
+    assert (tmp_path / "runs" / "mine" / "mtp-checkpoint" / "model-mtp.safetensors").is_file()

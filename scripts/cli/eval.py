@@ -14,7 +14,8 @@ from draftsmith.serve.core.threads import THREADS_HELP
 def add_arguments(parser) -> None:
     parser.add_argument("--target", default=None, help="HF folder, .gguf file, hub id, or `demo` (default); = target.spec")
     parser.add_argument("--drafter", action="append", default=[], metavar="[NAME=]SPEC",
-                        help="ngram | ngram:max_n=8 | model:PATH | oracle | a drafter folder | hybrid:DIR (n-gram "
+                        help="ngram | ngram:max_n=8 | model:PATH | oracle | mtp (the target's own MTP layer) | a drafter "
+                             "folder | hybrid:DIR or hybrid:mtp (n-gram "
                              "where the context holds a match, the folder's head elsewhere); each drafts a length "
                              "chosen per step unless SPEC:length=fixed; a folder with @tree (or "
                              "@tree:depth=5,top_k=4,total_tokens=24) drafts EAGLE-2 dynamic trees; NAME= labels it; "

@@ -42,8 +42,9 @@ class GenerateConfig:
 def add_arguments(parser) -> None:
     # Flags left unset keep the value from --config / key=value overrides (section `generate`).
     parser.add_argument("--target", default=None, help="HF folder, .gguf file, hub id, or `demo` (default)")
-    parser.add_argument("--drafter", default=None, help="ngram | ngram:max_n=8 | oracle | model:PATH | drafter "
-                        "folder (DIR, DIR:min_confidence=0.3, DIR@tree) | hybrid:DIR; the draft length is chosen "
+    parser.add_argument("--drafter", default=None, help="ngram | ngram:max_n=8 | oracle | model:PATH | mtp (the "
+                        "target's own MTP layer) | drafter folder (DIR, DIR:min_confidence=0.3, DIR@tree) | "
+                        "hybrid:DIR; the draft length is chosen "
                         "per step unless SPEC:length=fixed; default ngram")
     parser.add_argument("--prompt", default=None)
     parser.add_argument("--chat", action="store_true", default=None,

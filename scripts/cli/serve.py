@@ -11,7 +11,8 @@ def add_arguments(parser) -> None:
     # Flags left unset keep the value from --config / key=value overrides (section `serve`).
     parser.add_argument("--target", default=None, help="HF folder, .gguf file, hub id or `demo` (default: demo)")
     parser.add_argument("--drafter", default=None,
-                        help="ngram[:max_n=8], model:PATH, oracle, a trained drafter folder, or hybrid:DIR; the draft "
+                        help="ngram[:max_n=8], model:PATH, oracle, mtp (the target's own MTP layer), a trained "
+                             "drafter folder, or hybrid:DIR; the draft "
                              "length is chosen per step unless SPEC:length=fixed (default: ngram)")
     parser.add_argument("--k", type=int, default=None,
                         help="draft tokens per cycle (default: the K the drafter folder records, else 5; at most, "
