@@ -2,24 +2,29 @@
 run before changing an export, like a benchmark; never in CI, never a dependency of the project)
 
     .venv/bin/python scripts/check_engines.py [--engines vllm==0.33.0,vllm==0.32.0,speculators==0.9.0,sglang==0.5.23]
-                                              [--families llama,qwen2,...] [--exporter-repo DIR] [--work DIR]
-                                              [--json FILE]
+                                              [--families llama,qwen2,...] [--methods eagle3,mtp,...]
+                                              [--exporter-repo DIR] [--work DIR] [--json FILE]
 
 1. Installs each engine's released wheel with `--no-deps` into its own virtual environment OUTSIDE the
    repository, ~/.cache/draftsmith/engines/<name>-<version> (wheels cached in .../engines/wheels; a few small
    pure-Python modules the engine imports are added the same way, see EXTRAS), which sees the project's
    environment (torch, transformers) through a .pth file: never the reverse.
 2. For every target family (`--families`, default all of tests/tiny_models.py) builds a tiny 4-layer target and
-   seeded random-weight drafters for every method and vocabulary (EAGLE-1 full; EAGLE-3 and Medusa full and
-   reduced; Medusa for Llama only, see FAMILY_FREE), and exports each in every format with draftsmith's
+   seeded random-weight drafters for every method and vocabulary (`--methods`, default all: EAGLE-1 full; EAGLE-3
+   and Medusa full and reduced; Medusa for Llama only, see FAMILY_FREE; MTP, on a target that ships a random MTP
+   layer where the family's real checkpoints ship one), and exports each in every format with draftsmith's
    exporter (`--exporter-repo` picks another checkout's exporter, e.g. an older commit, for a before/after). A
    combination the exporter refuses (an engine whose target class cannot host the draft) is reported as such.
 3. Runs scripts/engine_worker.py inside each engine environment: the engine's config readers, draft-model
    classes and `load_weights` load the folder, the engine's own class for the family's target computes the aux
    hidden states, and one teacher-forced draft step runs (stand-ins only for what needs a GPU: see
-   engine_worker.py, which says in the verdict when the target's states came from transformers instead). Where
-   SGLang's modules cannot be imported, its installed source is read instead, per family: the config keys its draft
-   module reads, and whether its class for the target has the hooks its EAGLE worker calls.
+   engine_worker.py, which says in the verdict when the target's states came from transformers instead). An MTP
+   export (a copy of the target's checkpoint with the drafter's layer merged in) is served as the target itself:
+   vLLM `method: mtp` with no draft model, the architecture its SpeculativeConfig maps the checkpoint to, loaded
+   by its DefaultModelLoader (which checks that every parameter was filled); the verdict names that mapping and
+   the class's file. Where SGLang's modules cannot be imported, its installed source is read instead, per family:
+   the config keys its draft module reads, and whether its class for the target has the hooks its EAGLE worker
+   calls (NEXTN: the draft class its ModelConfig maps the target's architecture to).
 4. Compares that step with our head's: logits over the target vocabulary, the token ids after d2t, and the
    state fed back; prints family x format x method x vocabulary x engine -> loads / drafts identically / fails
    (error), and with `--json FILE` writes those rows.
@@ -44,7 +49,8 @@ DEFAULT_ENGINES = "vllm==0.34.0,vllm==0.32.0,speculators==0.9.0,sglang==0.5.23"
 EXTRAS = {
     "vllm": ["pyzmq", "cbor2", "aiohttp", "multidict", "attrs", "yarl", "propcache", "aiohappyeyeballs",
              "aiosignal", "frozenlist", "openai-harmony", "pybase64", "cachetools", "msgspec", "cloudpickle",
-             "uvloop", "xgrammar", "apache-tvm-ffi", "llguidance", "partial-json-parser"],
+             "uvloop", "xgrammar", "apache-tvm-ffi", "llguidance", "partial-json-parser",
+             "compressed-tensors", "loguru"],  # the last two: vLLM >= 0.34's quantization imports (Qwen3.5's GDN)
     "speculators": ["hs-connectors==0.9.0", "loguru", "pydantic-settings", "python-dotenv"],
     "sglang": ["orjson", "pyzmq", "aiohttp", "multidict", "attrs", "yarl", "propcache", "aiohappyeyeballs",
                "aiosignal", "frozenlist", "msgspec", "pybase64"],
@@ -57,12 +63,26 @@ FAMILIES = tiny_families()
 FAMILY_FREE = ("llama",)
 
 
-def cases() -> list[tuple[str, str]]:
-    """(method, full | reduced vocabulary) of every registered method with an engine form."""
+def cases(only: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(method, full | reduced vocabulary) of every registered method with an engine form (`only`: of those)."""
     from draftsmith.serve.methods.registry import method, names
 
-    return [(name, vocab) for name in names(trained=True) if method(name).exports
+    return [(name, vocab) for name in names(trained=True) if formats(method(name)) and (not only or name in only)
             for vocab in (("full", "reduced") if method(name).own_vocab else ("full",))]
+
+
+def formats(method) -> tuple[str, ...]:
+    """The formats a method's drafters are exported in here: its forms, or, for a method merged into the target's
+    own checkpoint (MTP), every format (those it cannot carry are refused by the exporter, and said so)."""
+    from draftsmith.serve.export.formats import FORMATS
+
+    return tuple(method.exports) or (tuple(FORMATS) if method.merge_export else ())
+
+
+def family_bound(method) -> bool:
+    """Whether what the engine loads depends on the target's family: a Llama decoder layer configured from it, or a
+    layer of the family merged into its checkpoint (Medusa's heads share nothing with it)."""
+    return method.llama_layer or method.merge_export is not None
 
 
 REDUCED = 150  # draft vocabulary of the reduced drafters (the tiny target has 259 tokens)
@@ -79,40 +99,49 @@ def ensure_env(name: str, version: str) -> Path:
     """~/.cache/draftsmith/engines/NAME-VERSION: a venv holding the engine's wheel (--no-deps) and EXTRAS."""
     env = CACHE / f"{name}-{version}"
     python = env / "bin" / "python"
+    site = env / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    ready = f"{name}=={version}\n{' '.join(EXTRAS[name])}\n"
     if (env / ".ready").is_file():
+        if (env / ".ready").read_text() != ready:  # EXTRAS grew since this environment was made
+            _pip("install", "--no-deps", "--upgrade", "--target", str(site), *EXTRAS[name])
+            (env / ".ready").write_text(ready)
         return python
     wheels = CACHE / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     if not list(wheels.glob(f"{name}-{version}-*.whl")):
         _pip("download", "--no-deps", "-d", str(wheels), f"{name}=={version}")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
-    site = env / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     # the project's packages (torch, transformers, ...) are visible after the engine's own
     (site / "zz_draftsmith_env.pth").write_text(
         f"import site; site.addsitedir({str(Path(sys.prefix) / site.relative_to(env))!r})\n")
     wheel = next(wheels.glob(f"{name}-{version}-*.whl"))
     _pip("install", "--no-deps", "--target", str(site), str(wheel), *EXTRAS[name])
-    (env / ".ready").write_text(f"{name}=={version}\n")
+    (env / ".ready").write_text(ready)
     return python
 
 
 # ------------------------------------------------------------------------------------ drafters, exports
 
-def make_drafters(work: Path, family: str, head_options: dict | None = None) -> tuple[Path, dict]:
+def make_drafters(work: Path, family: str, head_options: dict | None = None,
+                  methods: tuple[str, ...] = ()) -> tuple[Path, dict]:
     """The family's tiny target and one seeded native drafter per (method, vocabulary); `head_options` (model.*
-    keys, e.g. norm_output=True) are set on the drafters of the methods that have them."""
+    keys, e.g. norm_output=True) are set on the drafters of the methods that have them. A family whose real
+    checkpoints ship an MTP layer (tests/mtp_fixtures.py) gets a target that ships a random one, as theirs do: an
+    MTP drafter's export replaces it (and the engines must read the drafter's layer, not the shipped one)."""
     sys.path.insert(0, str(ROOT))
     from draftsmith.serve.core.target import load_target
     from tests.export_fixtures import make_native
+    from tests.mtp_fixtures import MTP_COUNT, save_mtp_target
     from tests.tiny_models import save_tiny_target
 
-    target_dir = save_tiny_target(work / "target", family, num_hidden_layers=4)
+    target_dir = (save_mtp_target(work / "target", family) if family in MTP_COUNT
+                  else save_tiny_target(work / "target", family, num_hidden_layers=4))
     target = load_target(str(target_dir))
     natives = {}
     from draftsmith.serve.methods.registry import method as method_of
 
-    for method, vocab in cases():
-        if not method_of(method).llama_layer and family not in FAMILY_FREE:
+    for method, vocab in cases(methods):
+        if not family_bound(method_of(method)) and family not in FAMILY_FREE:
             continue
         options = {"draft_vocab_size": None if vocab == "full" else REDUCED} if method_of(method).own_vocab else {}
         options.update({k: v for k, v in (head_options or {}).items() if k in method_of(method).options})
@@ -155,7 +184,7 @@ def export_all(natives: dict, target_dir: Path, work: Path, exporter_repo: Path)
 
     jobs = {(fmt, method, vocab): (str(native), fmt, str(work / "exports" / f"{fmt}-{method}-{vocab}"))
             for (method, vocab), native in natives.items()
-            for fmt in method_of(method).exports}
+            for fmt in formats(method_of(method))}
     namespaced = (exporter_repo / "scripts" / "__main__.py").is_file()
     code = CHECKOUT_PACKAGE + EXPORT_FAMILY if namespaced else EXPORT_FAMILY.replace("from draftsmith.", "from ")
     proc = subprocess.run([sys.executable, "-c", code, str(target_dir), json.dumps(list(jobs.values())),
@@ -210,7 +239,7 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
                 out = head(embeds, torch.arange(length, length + block)[None], context_kv, mask)[0, 1:]
                 fed_back = out
                 logits = target.model.get_output_embeddings()(out)
-            elif not method_of(config.method).llama_layer:  # independent heads on the final state (Medusa)
+            elif not family_bound(method_of(config.method)):  # independent heads on the final state (Medusa)
                 logits = head(features[FINAL])  # (heads, T, Vd)
                 fed_back = torch.stack([block(features[FINAL]) for block in head.blocks])
             else:
@@ -223,8 +252,9 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
                 mask = additive(causal_allowed(length, 0), torch.float32)[None]
                 out = head(hidden[None], embeds, position_ids=torch.arange(length)[None], attention_mask=mask)
                 fed_back = out[0]
-                logits = (target.model.get_output_embeddings()(out) if getattr(head, "reads_target_lm_head", False)
-                          else head.logits(out))[0]
+                lm_head_input = getattr(head, "lm_head_input", None) or (lambda x: x)  # as EagleDrafter (MTP: norm)
+                logits = (target.model.get_output_embeddings()(lm_head_input(out))
+                          if getattr(head, "reads_target_lm_head", False) else head.logits(out))[0]
             ids = draft_token_ids(head.d2t) if hasattr(head, "d2t") else torch.arange(vocab)
             full = logits.new_full((*logits.shape[:-1], vocab), float("-inf"))
             full[..., ids] = logits
@@ -235,6 +265,15 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
 
 def source_verdict(got: dict) -> str:
     """What SGLang's installed source says of one export (engine_worker.run_sglang): refusals first."""
+    if "nextn" in got:  # a merged checkpoint under NEXTN
+        nextn = got["nextn"]
+        if not nextn["draft"]:
+            return (f"REFUSED: ModelConfig._config_draft_model maps no draft class for {nextn['arch']} (it maps "
+                    f"{len(nextn['mapped'])} architectures)")
+        if not nextn["file"]:
+            return f"REFUSED: {nextn['arch']} maps to {nextn['draft']}, no class of sglang/srt/models"
+        return (f"NEXTN drafts {nextn['arch']} with {nextn['draft']} ({nextn['file']}, ModelConfig."
+                f"_config_draft_model); its load_weights and step not run")
     target = got["target"]
     if target["missing"]:
         where = f" ({target['file']})" if target["file"] else " (no such class in sglang/srt/models)"
@@ -275,10 +314,18 @@ def compare(ref: dict, got: dict) -> str:
     if hidden.shape != ref["hidden"].shape or not torch.allclose(hidden, ref["hidden"], atol=1e-4, rtol=1e-4):
         problems.append("state fed back differs")
     verdict = "loads, drafts differently: " + "; ".join(problems) if problems else "loads, drafts identically"
+    if not problems:  # how close: the tolerance above is 1e-4
+        finite = torch.isfinite(logits)
+        verdict += f" (max |logit diff| {float((theirs[finite] - logits[finite]).abs().max()):.2g})"
     if got.get("target_states"):  # the engine's target class could not run here: say whose states the draft read
         verdict += f" (draft checked with HF target states: {got['target_states']})"
     if "serve_dir" in got:  # speculators format in vLLM: the `vllm serve OUT` form too
         verdict += f"; `vllm serve OUT` {got['serve_dir']}"
+    if "reads" in got:  # a merged checkpoint: what the engine mapped it to
+        reads = got["reads"]
+        verdict += (f"; method mtp maps {reads['served_arch']} to {reads['arch']} ({reads['model_type']}; registry "
+                    f"{reads['entry']}, built here from {reads['file']}); DefaultModelLoader filled all "
+                    f"{reads['parameters']} parameters")
     return verdict
 
 
@@ -308,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                          f"{','.join(FAMILIES)})")
     parser.add_argument("--exporter-repo", default=str(ROOT), help="the draftsmith checkout whose exporter writes "
                                                                     "the folders (default: this one)")
+    parser.add_argument("--methods", default="", help="comma-separated methods to check (default: every method "
+                                                      "with an engine form)")
     parser.add_argument("--work", default="", help="work folder (default: a temporary one)")
     parser.add_argument("--json", default="", help="also write the table as JSON here")
     parser.add_argument("--head-options", default="", help="comma-separated model.* options set on the drafters "
@@ -324,19 +373,24 @@ def main(argv: list[str] | None = None) -> int:
     engines = [tuple(spec.split("==")) for spec in args.engines.split(",") if spec]
     families = [f for f in args.families.split(",") if f]
     sys.path.insert(0, str(ROOT))
+    from draftsmith.serve.methods.registry import method as method_of
     from tests.tiny_models import HYBRID_FAMILIES  # asked for by name: hybrid targets and Gemma 4
 
     known = [*FAMILIES, *HYBRID_FAMILIES]
     unknown = sorted(set(families) - set(known))
     if unknown:
         parser.error(f"unknown families {unknown}; choose from {', '.join(known)}")
+    methods = tuple(m for m in args.methods.split(",") if m)
+    exported = {m for m, _ in cases()}
+    if set(methods) - exported:
+        parser.error(f"--methods {sorted(set(methods) - exported)}: choose from {', '.join(sorted(exported))}")
     pythons = {spec: ensure_env(*spec) for spec in engines}
     input_ids = torch.arange(3, 15)
     inputs = work / "inputs.pt"
     torch.save({"input_ids": input_ids}, inputs)
     targets, exports, refs = {}, {}, {}
     for family in families:
-        targets[family], natives = make_drafters(work / family, family, head_options)
+        targets[family], natives = make_drafters(work / family, family, head_options, methods)
         for key, folder in export_all(natives, targets[family], work / family,
                                       Path(args.exporter_repo).resolve()).items():
             exports[(family, *key)] = folder
@@ -345,11 +399,12 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for name, version in engines:
-        cases = [{"name": f"{family}-{fmt}-{m}-{v}", "family": family, "target": str(targets[family]),
-                  "format": fmt, "method": m, "folder": str(folder)}
+        jobs = [{"name": f"{family}-{fmt}-{m}-{v}", "family": family, "target": str(targets[family]),
+                  "format": fmt, "method": m, "folder": str(folder),
+                  "merged": method_of(m).merge_export is not None}
                  for (family, fmt, m, v), folder in exports.items()
                  if fmt in FORMATS_OF[name] and isinstance(folder, Path)]
-        results = run_engine(pythons[name, version], name, cases, inputs, work) if cases else {}
+        results = run_engine(pythons[name, version], name, jobs, inputs, work) if jobs else {}
         for (family, fmt, method, vocab), folder in exports.items():
             if fmt not in FORMATS_OF[name]:
                 continue

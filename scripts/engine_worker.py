@@ -4,10 +4,13 @@ engine's own config readers, draft-model classes and `load_weights`, and runs on
     ENGINE_PYTHON scripts/engine_worker.py JOB.json
 
 JOB.json: {"engine": "vllm"|"sglang"|"speculators", "inputs": FILE.pt, "out": FILE.pt,
-"cases": [{"name", "family", "target": DIR, "format", "method", "folder"}]}. FILE.pt (inputs) holds `input_ids`
+"cases": [{"name", "family", "target": DIR, "format", "method", "folder", "merged"}]}; "merged": the folder is a
+copy of the target's checkpoint with the draft layer in it (MTP: the engine serves that folder as the target and
+drafts with the layer it finds there, vLLM `method: mtp`, SGLang NEXTN). FILE.pt (inputs) holds `input_ids`
 (T,) of a prompt. The result FILE.pt maps each case name to {"status": "loaded", "logits" (T, V) over the target
 vocabulary, "token_ids" (T,) target ids, "hidden" (T, h) the state the engine feeds back, and "target_states"
-when the target's hidden states came from transformers rather than the engine's target class} or
+when the target's hidden states came from transformers rather than the engine's target class, "reads": what the
+engine mapped the folder to, for a merged one} or
 {"status": "failed", "error": one line}. Nothing here imports draftsmith: the engine's code is the only reader.
 
 Stand-ins, only for what cannot run on a CPU: vLLM's paged `Attention` (a CUDA/paged-KV kernel) is replaced, in
@@ -15,11 +18,13 @@ every vLLM model module the target and draft classes use, by plain causal attent
 (`CausalAttention`, with gpt-oss's sinks and sliding windows); the distributed groups are vLLM's own,
 initialized for one process on gloo; the target's embeddings / lm_head are shared with the draft by vLLM's own
 proposer helpers (`maybe_share_target_embed`, `share_target_lm_head`; by hand as they do where a release lacks
-them); custom ops run their `forward_native` (no CUDA kernels); fused-MoE layers (Qwen3-MoE, gpt-oss) keep vLLM's
-router (the one it builds on a CPU), weights and weight loaders, and only the routed experts' grouped GEMM runs in
-torch (`NativeExperts`). Where the engine's target class still cannot be built or run on a CPU, the aux hidden
-states come from the transformers target and the verdict says so; the engine's draft class and `load_weights`
-still load and run the export. SGLang: see `run_sglang` (its modules
+them); custom ops run their `forward_native` (no CUDA kernels); fused-MoE layers (Qwen3-MoE, gpt-oss, the MTP
+layers of Qwen3-Next and Qwen3.5-MoE) keep vLLM's router (the one it builds on a CPU), weights, weight loaders and
+shared experts, and only the routed experts' grouped GEMM runs in torch (`NativeExperts`); torchvision, which
+vLLM's Qwen3.5 module imports for its vision processors and a text model never calls, is an importable stand-in
+where the project's torch has no build of it (`ABSENT_TORCHVISION`). Where the engine's target class still cannot
+be built or run on a CPU, the hidden states come from the transformers target and the verdict says so; the
+engine's draft class and `load_weights` still load and run the export. SGLang: see `run_sglang` (its modules
 cannot be imported on this CPU: the fallback reads its installed source).
 """
 from __future__ import annotations
@@ -28,6 +33,7 @@ import glob
 import json
 import os
 import sys
+import textwrap
 import traceback
 
 import torch
@@ -131,7 +137,79 @@ class TorchOps:
 
 # ------------------------------------------------------------------------------------------------- vLLM
 
+# torchvision stands in where the project's torch has none built for it (a PyPI torchvision needs the CUDA torch it
+# was built with): vLLM's Qwen3.5 module imports Qwen-VL's image and video processors, which import it, and a text
+# model never calls them. A package on PYTHONPATH, so that vLLM's registry subprocess (which inspects a model class
+# by importing its module) sees it too; any name in it imports and fails when used.
+ABSENT_TORCHVISION = textwrap.dedent('''
+    """A stand-in written by draftsmith's scripts/engine_worker.py: importable, never usable."""
+    import importlib.abc, importlib.machinery, sys, types
+
+    __version__ = "0.0"
+
+
+    class Absent:
+        def __init__(self, name):
+            self._name = name
+
+        def __getattr__(self, attr):
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            return Absent(f"{self._name}.{attr}")
+
+        def __call__(self, *args, **kwargs):
+            raise RuntimeError(f"{self._name}: torchvision is a stand-in in this environment")
+
+        def __mro_entries__(self, bases):
+            return (object,)
+
+
+    def _attribute(name):
+        def get(attr):
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            return Absent(f"{name}.{attr}")
+        return get
+
+
+    __getattr__ = _attribute(__name__)
+
+
+    class _Submodules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path=None, target=None):
+            if name.startswith(__name__ + "."):
+                return importlib.machinery.ModuleSpec(name, self, is_package=True)
+
+        def create_module(self, spec):
+            module = types.ModuleType(spec.name)
+            module.__path__ = []
+            module.__getattr__ = _attribute(spec.name)
+            return module
+
+        def exec_module(self, module):
+            pass
+
+
+    sys.meta_path.append(_Submodules())
+''')
+
+
+def _absent_torchvision() -> None:
+    import importlib.util
+    import tempfile
+
+    if importlib.util.find_spec("torchvision") is not None:
+        return
+    folder = tempfile.mkdtemp(prefix="draftsmith-absent-")
+    os.makedirs(os.path.join(folder, "torchvision"))
+    with open(os.path.join(folder, "torchvision", "__init__.py"), "w") as handle:
+        handle.write(ABSENT_TORCHVISION)
+    sys.path.insert(0, folder)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))
+
+
 def _vllm_setup():
+    _absent_torchvision()
     from vllm.distributed import destroy_model_parallel, init_distributed_environment, initialize_model_parallel
 
     _stand_in_moe()
@@ -171,8 +249,12 @@ class NativeExperts:
         from vllm.model_executor.layers.activation import SiluAndMul, SwigluOAIAndMul
         from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 
-        if shared_experts is not None or layer.apply_router_weight_on_input:
-            raise NotImplementedError("the native experts stand-in covers routed experts only")
+        if layer.apply_router_weight_on_input:
+            raise NotImplementedError("the native experts stand-in covers routed experts weighted after the MLP only")
+        if shared_experts is not None:  # as a modular kernel's finalize: runs them only where the runner did not
+            from vllm.model_executor.layers.fused_moe.runner.shared_experts import SharedExpertsOrder
+
+            shared_experts(shared_experts_input, SharedExpertsOrder.MK_INTERNAL_OVERLAPPED)
         # SILU: w13 holds [gate; up]; SWIGLUOAI (gpt-oss): interleaved, with the defaults of the fused kernel
         # `swigluoai_and_mul(out, in)`, which takes no alpha / limit
         act = {MoEActivation.SILU: SiluAndMul, MoEActivation.SWIGLUOAI: SwigluOAIAndMul}[layer.activation]()
@@ -218,30 +300,43 @@ def _stand_in_moe() -> None:
     router_factory.current_platform = _CpuRouting(router_factory.current_platform)
 
 
-def _vllm_config(target: str, case: dict, k: int = 3):
+def _vllm_config(served: str, case: dict, k: int = 3):
+    """`served` is the model `vllm serve` is given: the target, or the merged folder itself, whose draft is then
+    vLLM's default for the method (no `model` in --speculative-config: MTPSpeculatorConfig.default_model, the
+    served checkpoint)."""
     from vllm.config import (CompilationConfig, DeviceConfig, ModelConfig, ParallelConfig, SpeculativeConfig,
                              VllmConfig)
 
-    model_config = ModelConfig(model=target, tokenizer=target, dtype="float32", max_model_len=64, enforce_eager=True,
+    model_config = ModelConfig(model=served, tokenizer=served, dtype="float32", max_model_len=64, enforce_eager=True,
                                skip_tokenizer_init=True)
     parallel = ParallelConfig()
     method = {"eagle1": "eagle", "eagle3": "eagle3", "medusa": "medusa", "peagle": "eagle3",
-              "dflash": "dflash"}[case["method"]]
+              "dflash": "dflash", "mtp": "mtp"}[case["method"]]
     parallel_drafting = {"parallel_drafting": True} if case["method"] == "peagle" else {}  # P-EAGLE (vLLM <= 0.33)
-    speculative = SpeculativeConfig(model=case["folder"], method=method, num_speculative_tokens=k,
+    speculative = SpeculativeConfig(model=None if case.get("merged") else case["folder"], method=method,
+                                    num_speculative_tokens=k,
                                     target_model_config=model_config, target_parallel_config=parallel,
                                     **parallel_drafting)
     return VllmConfig(model_config=model_config, speculative_config=speculative, parallel_config=parallel,
                       device_config=DeviceConfig(device="cpu"), compilation_config=CompilationConfig(mode=0, custom_ops=["none"]))  # forward_native
 
 
-def _vllm_model(vllm_config, model_config, folder: str | None):
+def _vllm_model(vllm_config, model_config, folder: str | None, *, checkpoint: bool = False):
+    """The engine's class for `model_config`, its weights loaded by its `load_weights`. `checkpoint`: from a whole
+    checkpoint as vLLM's DefaultModelLoader reads one (the files its index names, and its check that every
+    parameter was loaded), as a merged MTP draft is; else from every safetensors file of `folder`."""
     from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
     from vllm.model_executor.models.registry import ModelRegistry
 
     cls, _ = ModelRegistry.resolve_model_cls(model_config.architectures, model_config=model_config)
     _stand_in_attention()
     model = cls(vllm_config=vllm_config, prefix="").eval()
+    if checkpoint:
+        from vllm.config import LoadConfig
+        from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+        DefaultModelLoader(LoadConfig()).load_weights(model, model_config)
+        return model
     files = sorted(glob.glob(os.path.join(folder or model_config.model, "*.safetensors")))
     model.load_weights(safetensors_weights_iterator(files, use_tqdm_on_load=False))
     if hasattr(model, "process_weights_after_loading") and hasattr(model, "precompute_and_store_context_kv"):
@@ -258,7 +353,8 @@ def run_vllm(job: dict) -> dict:
     results, initialized = {}, False
     for case in job["cases"]:
         try:
-            vllm_config = _vllm_config(case["target"], case)
+            served = case["folder"] if case.get("merged") else case["target"]
+            vllm_config = _vllm_config(served, case)
             with set_current_vllm_config(vllm_config):
                 if not initialized:
                     init_env(world_size=1, rank=0, local_rank=0, backend="gloo",
@@ -266,11 +362,14 @@ def run_vllm(job: dict) -> dict:
                     initialized = True
                 init_parallel()
                 draft_config = vllm_config.speculative_config.draft_model_config
-                target, states, fallback = _vllm_target_states(vllm_config, case["target"], ids)
-                draft = _vllm_model(vllm_config, draft_config, case["folder"])
-                results[case["name"]] = _vllm_step(case["method"], target, draft, ids, states,
-                                                   draft_config.hf_config,
-                                                   vllm_config.speculative_config.num_speculative_tokens)
+                target, states, fallback = _vllm_target_states(vllm_config, served, ids)
+                draft = _vllm_model(vllm_config, draft_config, case["folder"], checkpoint=case.get("merged", False))
+                with _draft_context(vllm_config, ids.numel(), merged=case.get("merged", False)):
+                    results[case["name"]] = _vllm_step(case["method"], target, draft, ids, states,
+                                                       draft_config.hf_config,
+                                                       vllm_config.speculative_config.num_speculative_tokens)
+                if case.get("merged"):
+                    results[case["name"]]["reads"] = _vllm_reads(vllm_config, draft)
                 if fallback:
                     results[case["name"]]["target_states"] = fallback
                 if case["format"] == "speculators":
@@ -279,6 +378,39 @@ def run_vllm(job: dict) -> dict:
             results[case["name"]] = {"status": "failed", "error": one_line(err),
                                      "trace": traceback.format_exc(limit=-3)}
     return results
+
+
+def _draft_context(vllm_config, num_tokens: int, *, merged: bool):
+    """A merged draft is a layer of the target's own family, its fused-MoE layers included: they look up the forward
+    context as the target's do."""
+    import contextlib
+
+    if not merged:
+        return contextlib.nullcontext()
+    from vllm.forward_context import set_forward_context
+
+    return set_forward_context(None, vllm_config, num_tokens=num_tokens)
+
+
+def _vllm_reads(vllm_config, draft) -> dict:
+    """What vLLM made of a merged folder: the architecture its SpeculativeConfig mapped the served model to
+    (`hf_config_override`, vllm/config/speculative.py), the registry's entry for it and the file of the class built
+    here (the entry may resolve per platform: a CUDA build can pick another file), and how many parameters its
+    DefaultModelLoader filled (all of them, or it raised)."""
+    import inspect
+
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    draft_config = vllm_config.speculative_config.draft_model_config
+    arch = draft_config.architectures[0]
+    entry = ModelRegistry.models.get(arch)
+    cls = type(draft)
+    return {"served_arch": vllm_config.model_config.architectures[0], "arch": arch,
+            "model_type": draft_config.hf_config.model_type,
+            "entry": f"{getattr(entry, 'module_name', '?')}.{getattr(entry, 'class_name', '?')}",
+            "file": os.path.relpath(inspect.getsourcefile(cls), os.path.dirname(os.path.dirname(
+                inspect.getsourcefile(__import__("vllm"))))),
+            "parameters": sum(1 for _ in draft.named_parameters())}
 
 
 def _aux_layer_ids(hf_config) -> tuple[int, ...] | None:
@@ -373,7 +505,8 @@ def _vllm_step(method, target, draft, ids, states, draft_hf_config=None, k: int 
         logits = torch.stack(draft.compute_logits(blocks))  # (heads, T, V)
         return {"status": "loaded", "logits": logits.float(), "token_ids": logits.argmax(-1),
                 "hidden": torch.stack(blocks).float()}
-    features = hidden if method == "eagle1" else draft.combine_hidden_states(torch.cat(aux, dim=-1))
+    # the final state (EAGLE-1, MTP), or the aux layers' states combined by the draft (EAGLE-3, P-EAGLE, DFlash)
+    features = hidden if aux is None else draft.combine_hidden_states(torch.cat(aux, dim=-1))
     if method == "dflash":
         return _vllm_dflash_block(draft, ids, features, draft_hf_config, k)
     if method == "peagle":  # the proposer's parallel drafting: mask slots read the token and combine(mask_hidden)
@@ -538,6 +671,9 @@ def run_sglang(job: dict) -> dict:
     errors = {}  # module -> why it cannot be imported (None: it can)
     results = {}
     for case in job["cases"]:
+        if case.get("merged"):
+            results[case["name"]] = _sglang_nextn(case, classes, errors)
+            continue
         module = SGLANG_MODULES[case["method"]]
         failed = [e for e in errors.values() if e]
         if module not in errors and failed:  # the package failed to import once: a retry sees it half-imported
@@ -561,6 +697,60 @@ def run_sglang(job: dict) -> dict:
                                  "draft_class": None if draft_file == _sglang_source(module) else draft_arch,
                                  "target": _target_hooks(classes, target_arch, SGLANG_TARGET_HOOKS[case["method"]])}
     return results
+
+
+def _sglang_nextn(case: dict, classes: dict, errors: dict) -> dict:
+    """A merged folder under NEXTN, from SGLang's installed source: the draft architecture ModelConfig gives the
+    served checkpoint's (`_config_draft_model` rewrites `architectures[0]` for a draft model: the MTP class of the
+    family), that class's file, and whether its module imports here (SGLang then builds it from the same
+    checkpoint, the draft path defaulting to the model's)."""
+    import importlib
+
+    arch = json.loads(open(os.path.join(case["folder"], "config.json")).read())["architectures"][0]
+    mapping = _sglang_draft_archs()
+    draft = mapping.get(arch)
+    file = classes.get(draft, {}).get("file") if draft else None
+    if file:
+        module = "sglang.srt.models." + os.path.basename(file)[:-3]
+        failed = [e for e in errors.values() if e]
+        if module not in errors and failed:  # as run_sglang: a retry would see the package half-imported
+            errors[module] = failed[0]
+        if module not in errors:
+            try:
+                importlib.import_module(module)
+                errors[module] = None
+            except Exception as err:  # noqa: BLE001 (the reason it cannot be built here is the result)
+                errors[module] = one_line(err)
+    error = (errors.get(module) if file else None) or "imported (not run)"
+    return {"status": "source", "error": error, "nextn": {"arch": arch, "draft": draft,
+                                                         "file": os.path.basename(file) if file else None,
+                                                         "mapped": sorted(mapping)}}
+
+
+def _sglang_draft_archs() -> dict[str, str]:
+    """target architecture -> draft architecture, as ModelConfig._config_draft_model (sglang/srt/configs/
+    model_config.py) rewrites a draft model's `architectures[0]`: every `if is_draft_model and
+    ...architectures[0] == X` (or `in [X, ...]`) whose body assigns `...architectures[0] = Y`."""
+    import ast
+
+    path = _sglang_source("sglang.srt.configs.model_config")
+    tree = ast.parse(open(path).read())
+    found = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If) or "is_draft_model" not in ast.unparse(node.test):
+            continue
+        sources = []
+        for test in ast.walk(node.test):
+            if isinstance(test, ast.Compare) and "architectures" in ast.unparse(test.left):
+                for right in test.comparators:
+                    items = right.elts if isinstance(right, (ast.List, ast.Tuple, ast.Set)) else [right]
+                    sources += [i.value for i in items if isinstance(i, ast.Constant)]
+        targets = [stmt.value.value for stmt in node.body if isinstance(stmt, ast.Assign)
+                   and isinstance(stmt.value, ast.Constant) and "architectures" in ast.unparse(stmt.targets[0])]
+        for source in sources:
+            if targets:
+                found.setdefault(source, targets[-1])
+    return found
 
 
 def _sglang_source(module: str) -> str:

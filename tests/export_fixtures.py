@@ -39,6 +39,14 @@ def make_native(target, method: str, folder: str | Path, *, seed: int = 0, **opt
 
         config = peagle_config(target, **{"depths": 4, "aux_layer_ids": [2, 0, 1], "draft_vocab_size": 120,
                                           **options})
+    elif method == "mtp":  # a layer of the target's family, in the form its checkpoints keep (output norm, overrides)
+        from draftsmith.serve.core.target import text_config
+        from draftsmith.serve.methods.mtp.head import mtp_config
+        from draftsmith.serve.methods.mtp.shipped import form_of
+
+        form = form_of(text_config(target.config))
+        config = mtp_config(target, **{"norm_output": bool(form and form.norm_output),
+                                       "overrides": dict(form.overrides) if form else None, **options})
     else:
         config = medusa_config(target, **{"num_heads": 3, "draft_vocab_size": 150, **options})
     head = build_head(config)
