@@ -13,7 +13,7 @@ from tests.tiny_models import save_tiny_target
 # the count key each family's config names its MTP layers with
 MTP_COUNT = {"qwen3_next": "mtp_num_hidden_layers", "qwen3_5": "mtp_num_hidden_layers",
              "qwen3_5_moe": "mtp_num_hidden_layers", "deepseek_v3": "num_nextn_predict_layers",
-             "glm4_moe": "num_nextn_predict_layers"}
+             "glm4_moe": "num_nextn_predict_layers", "ernie4_5_moe": "num_nextn_predict_layers"}
 
 
 def add_mtp_layer(folder: str | Path, *, seed: int = 1, state: dict | None = None) -> Path:

@@ -190,8 +190,28 @@ def test_deepseek_forms_ship_the_layer_after_the_last_one(mtp_dirs, family):
     assert not shipped_head(target).config.norm_output  # the next step reads the layer's unnormed output
 
 
-@pytest.mark.parametrize("family", ["ernie4_5_moe", "mimo_v2_flash"])
-def test_a_family_whose_mtp_form_is_not_read_yet_says_so(tmp_path, family):
+def test_ernies_layer_shares_the_targets_final_norm(mtp_dirs, tmp_path):
+    """ERNIE-4.5 keeps model.mtp_{emb_norm,hidden_norm,linear_proj,block}.0 and no norm of its own: the target's final
+    norm is the layer's post-norm, read from there, frozen in training and never written by an export."""
+    from safetensors import safe_open
+
+    from draftsmith.serve.methods.mtp.from_target import shipped_head
+    from draftsmith.serve.methods.mtp.shipped import checkpoint_files
+
+    folder = mtp_dirs["ernie4_5_moe"]
+    with safe_open(str(checkpoint_files(folder)[0]), "pt") as handle:
+        names = [k for k in handle.keys() if k.startswith("model.mtp_")]
+        final_norm = handle.get_tensor("model.norm.weight")
+    assert {"model.mtp_emb_norm.0.weight", "model.mtp_linear_proj.0.weight",
+            "model.mtp_block.0.input_layernorm.weight"} <= set(names)
+    assert not any("post_norm" in k or "norm.0" in k and "emb" not in k and "hidden" not in k for k in names)
+    head = shipped_head(load_target(folder))
+    assert torch.equal(head.state_dict()["layers.0.post_norm.weight"], final_norm)
+    assert not head.layers[0].post_norm.weight.requires_grad
+
+
+def test_a_family_whose_mtp_form_is_not_read_yet_says_so(tmp_path):
+    family = "mimo_v2_flash"
     target = load_target(save_tiny_target(tmp_path / family, family, num_mtp_layers=1))
     with pytest.raises(DrafterSpecError) as refused:
         build_drafter("mtp", target)

@@ -18,6 +18,7 @@ from draftsmith.serve.methods.mtp.objective import mtp_objective
 from draftsmith.serve.methods.mtp.shipped import form_of, shipped_count
 from draftsmith.serve.methods.registry import Method, register
 
+
 def _config(model, target: Target):
     from draftsmith.serve.core.target import text_config
 

@@ -2,18 +2,20 @@
 fine-tune starts (`train model.method=mtp`)."""
 from __future__ import annotations
 
+import torch
+
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.target import Target
 from draftsmith.serve.methods.mtp.head import MtpHead, layer_config, mtp_config
 from draftsmith.serve.methods.mtp.shipped import (FORMS, form_of, head_state_from_checkpoint, holds_prefixed,
-                                                  named_count, read_prefixed, shipped_count)
+                                                  named_count, read_layer, read_prefixed, shipped_count)
 
 DEFAULT_K = 3  # chains of the `mtp` spec unless told otherwise (vLLM's MTP examples draft 1-3)
 
 
-def shipped_head(target: Target, *, num_speculative_tokens: int = DEFAULT_K) -> MtpHead:
-    """The MTP layer `target` ships, read from its checkpoint (in the target's dtype, on its device);
-    DraftsmithError when it ships none or its tensors do not fit."""
+def shipped_head(target: Target, *, num_speculative_tokens: int = DEFAULT_K, cast: bool = True) -> MtpHead:
+    """The MTP layer `target` ships, read from its checkpoint (cast: in the target's dtype, on its device; else in
+    float32, on the CPU, as training starts from it); DraftsmithError when it ships none or its tensors do not fit."""
     from draftsmith.serve.core.target import text_config
 
     text = text_config(target.config)
@@ -29,7 +31,7 @@ def shipped_head(target: Target, *, num_speculative_tokens: int = DEFAULT_K) -> 
     if not target.path:
         raise DraftsmithError(f"the target {target.name} has no checkpoint folder to read its MTP layer from")
     prefix = form.prefix(text)
-    tensors = read_prefixed(target.path, prefix)
+    tensors = read_layer(target.path, form, text)
     if not tensors:
         raise DraftsmithError(f"the target {target.name}'s config says it ships {shipped_count(text)} MTP layer(s), "
                               f"but its checkpoint {target.path} holds no tensor under {prefix!r} ({form.title}); "
@@ -39,6 +41,8 @@ def shipped_head(target: Target, *, num_speculative_tokens: int = DEFAULT_K) -> 
     head = MtpHead(cfg)
     state = head_state_from_checkpoint(tensors, form, layer_config(cfg.layer_config))
     _load(head, state, f"{target.path} ({form.title})")
+    if not cast:
+        return head
     param = next(target.model.parameters())
     return head.to(device=param.device, dtype=param.dtype)
 
@@ -61,6 +65,10 @@ def start_from_shipped(head: MtpHead, target: Target) -> bool:
     from draftsmith.serve.core.target import text_config
 
     text = text_config(target.config)
+    form = form_of(text)
+    if form is not None and form.shared_post_norm and target.path:  # a fresh layer's post-norm is the target's too
+        with torch.no_grad():
+            head.layers[0].post_norm.weight.copy_(read_prefixed(target.path, form.shared_post_norm)[""])
     if not shipped_count(text):
         return False
     if not target.path or not holds_prefixed(target.path, form_of(text).prefix(text)):
@@ -68,6 +76,6 @@ def start_from_shipped(head: MtpHead, target: Target) -> bool:
               f"them when it saves a model); a fresh layer starts. To start from the shipped one, copy the "
               f"original checkpoint's {form_of(text).prefix(text)}* tensors into it", file=sys.stderr)
         return False
-    shipped = shipped_head(target, num_speculative_tokens=head.config.num_speculative_tokens)
+    shipped = shipped_head(target, num_speculative_tokens=head.config.num_speculative_tokens, cast=False)
     _load(head, shipped.state_dict(), f"{target.path}")
     return True

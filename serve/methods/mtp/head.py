@@ -103,6 +103,11 @@ class MtpHead(nn.Module):
         with torch.no_grad():  # as the family initializes its own layers (experts are created uninitialized)
             for module in self.layers.modules():
                 initialize(module)
+        from draftsmith.serve.methods.mtp.shipped import FORMS
+
+        form = FORMS.get(config.target_model_type)
+        if form is not None and form.shared_post_norm:  # the target's own final norm (ERNIE-4.5): never trained
+            self.layers[0].post_norm.requires_grad_(False)
         self.rope = rope_cls(config=built) if rope_cls is not None else None
         self.hidden_first = bool(getattr(built, "mtp_hidden_states_first", False))
 

@@ -1,6 +1,7 @@
 """The MTP layers a target ships: where its checkpoint keeps them (one form per family, read from the engines'
 loaders: vLLM `qwen3_next_mtp.py` / `qwen3_5_mtp.py` (`mtp.*`), `deepseek_mtp.py` / `glm4_moe_mtp.py`
-(`model.layers.{num_hidden_layers}.*`)), and the conversions between that form and the head's tensors.
+(`model.layers.{num_hidden_layers}.*`), `ernie_mtp.py` (`model.mtp_*.0.*`), and transformers' `MtpModel` conversions),
+and the conversions between that form and the head's tensors.
 
 The decoder layer inside is converted by transformers itself: a one-layer model of the target's family is loaded
 from the layer's checkpoint tensors (its weight conversions fuse the experts as transformers holds them) and reverted
@@ -21,6 +22,7 @@ from draftsmith.serve.core.errors import DraftsmithError
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+SHARED = "\0shared_post_norm"  # where read_layer puts a form's shared post-norm among the layer's tensors
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,8 @@ class ShippedForm:
     shared: tuple[str, ...] = ()                 # copies of the target's embeddings / head kept there (not read)
     norm_output: bool = False                    # the next draft step reads the normed output
     overrides: Mapping[str, Any] = field(default_factory=dict)  # layer-config keys that differ from the target's
+    # the target's own tensor the layer's post-norm is (ERNIE-4.5: the final norm): read, never trained or written
+    shared_post_norm: str = ""
 
 
 QWEN = ShippedForm(
@@ -50,9 +54,19 @@ DEEPSEEK = ShippedForm(
     block="", shared=("embed_tokens.weight", "shared_head.head.weight"), norm_output=False,
     overrides={"first_k_dense_replace": 0})  # the MTP layer holds experts like the target's last layers
 
+# transformers' MtpModel: "the base model's final `norm` is the post-norm of the MTP layer" (conversion_mapping.py);
+# its decoder layer is the family's first (dense below moe_layer_start_index, as vLLM's ernie_mtp.py builds it)
+ERNIE = ShippedForm(
+    title="ERNIE-4.5 (model.mtp_*.0.*)", counts=("num_nextn_predict_layers", "num_mtp_layers"),
+    prefix=lambda text: "model.mtp_",
+    parts={"emb_norm.0.weight": "enorm.weight", "hidden_norm.0.weight": "hnorm.weight",
+           "linear_proj.0.weight": "eh_proj.weight"},
+    block="block.0.", norm_output=False, shared_post_norm="model.norm.weight")
+
 FORMS: dict[str, ShippedForm] = {
     "qwen3_next": QWEN, "qwen3_5_text": QWEN, "qwen3_5_moe_text": QWEN,
     "deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK,
+    "ernie4_5_moe": ERNIE,
 }
 
 
@@ -95,6 +109,18 @@ def holds_prefixed(folder: str | Path, prefix: str) -> bool:
             if any(key.startswith(prefix) for key in handle.keys()):
                 return True
     return False
+
+
+def read_layer(folder: str | Path, form: ShippedForm, text: Any) -> dict[str, torch.Tensor]:
+    """MTP layer 0's tensors (names after the form's prefix), with the target's tensor a shared post-norm is."""
+    tensors = read_prefixed(folder, form.prefix(text))
+    if tensors and form.shared_post_norm:
+        shared = read_prefixed(folder, form.shared_post_norm)
+        if "" not in shared:
+            raise DraftsmithError(f"the checkpoint {folder} lacks {form.shared_post_norm}, the MTP layer's post-norm "
+                                  f"({form.title})")
+        tensors[SHARED] = shared[""]
+    return tensors
 
 
 def read_prefixed(folder: str | Path, prefix: str) -> dict[str, torch.Tensor]:
@@ -190,15 +216,18 @@ def head_state_from_checkpoint(tensors: dict[str, torch.Tensor], form: ShippedFo
     if missing:
         raise DraftsmithError(f"the checkpoint's MTP layer lacks {missing} ({form.title})")
     state = {f"layers.0.{ours}": tensors[theirs] for theirs, ours in form.parts.items()}
+    if form.shared_post_norm:  # the caller adds it from the target's own tensor
+        state["layers.0.post_norm.weight"] = tensors[SHARED]
     block = {k[len(form.block):]: v for k, v in tensors.items()
-             if k.startswith(form.block) and k not in form.parts and k not in form.shared}
+             if k.startswith(form.block) and k not in form.parts and k not in form.shared and k != SHARED}
     state.update({f"layers.0.mtp_block.{k}": v for k, v in block_from_checkpoint(block, layer_config).items()})
     return state
 
 
 def head_state_to_checkpoint(state: dict[str, torch.Tensor], form: ShippedForm,
                              layer_config: Any) -> dict[str, torch.Tensor]:
-    """The head's state dict -> its tensors under the checkpoint's names (the form's prefix not included)."""
+    """The head's state dict -> its tensors under the checkpoint's names (the form's prefix not included); a shared
+    post-norm is the target's and not written."""
     ours_to_theirs = {ours: theirs for theirs, ours in form.parts.items()}
     out = {ours_to_theirs[k[len("layers.0."):]]: v for k, v in state.items()
            if k[len("layers.0."):] in ours_to_theirs}
