@@ -21,10 +21,11 @@ run before changing an export, like a benchmark; never in CI, never a dependency
    engine_worker.py, which says in the verdict when the target's states came from transformers instead). An MTP
    export (a copy of the target's checkpoint with the drafter's layer merged in) is served as the target itself:
    vLLM `method: mtp` with no draft model, the architecture its SpeculativeConfig maps the checkpoint to, loaded
-   by its DefaultModelLoader (which checks that every parameter was filled); the verdict names that mapping and
-   the class's file. Where SGLang's modules cannot be imported, its installed source is read instead, per family:
-   the config keys its draft module reads, and whether its class for the target has the hooks its EAGLE worker
-   calls (NEXTN: the draft class its ModelConfig maps the target's architecture to).
+   by its DefaultModelLoader; the verdict names that mapping, the class's file and the parameters the class's
+   load_weights left unfilled (the loader's own check passes an unquantized model's linear and embedding layers).
+   Where SGLang's modules cannot be imported, its installed source is read instead, per family: the config keys its
+   draft module reads, and whether its class for the target has the hooks its EAGLE worker calls (NEXTN: the draft
+   class its ModelConfig maps the target's architecture to).
 4. Compares that step with our head's: logits over the target vocabulary, the token ids after d2t, and the
    state fed back; prints family x format x method x vocabulary x engine -> loads / drafts identically / fails
    (error), and with `--json FILE` writes those rows.
@@ -255,11 +256,14 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
                 lm_head_input = getattr(head, "lm_head_input", None) or (lambda x: x)  # as EagleDrafter (MTP: norm)
                 logits = (target.model.get_output_embeddings()(lm_head_input(out))
                           if getattr(head, "reads_target_lm_head", False) else head.logits(out))[0]
+                head_input = lm_head_input(out)[0]  # MTP: what the lm_head reads (an engine may feed it back)
             ids = draft_token_ids(head.d2t) if hasattr(head, "d2t") else torch.arange(vocab)
             full = logits.new_full((*logits.shape[:-1], vocab), float("-inf"))
             full[..., ids] = logits
             refs[key] = {"logits": full, "draft_logits": logits, "token_ids": ids[logits.argmax(-1)],
                          "hidden": fed_back}
+            if getattr(head, "reads_target_lm_head", False) and hasattr(head, "lm_head_input"):
+                refs[key]["head_input"] = head_input
     return refs
 
 
@@ -289,6 +293,12 @@ def source_verdict(got: dict) -> str:
     return "; ".join(parts)
 
 
+def _close(a, b) -> bool:
+    import torch
+
+    return a.shape == b.shape and torch.allclose(a.to(b.dtype), b, atol=1e-4, rtol=1e-4)
+
+
 def compare(ref: dict, got: dict) -> str:
     import torch
 
@@ -311,21 +321,33 @@ def compare(ref: dict, got: dict) -> str:
         problems.append(f"token ids differ at {int((got['token_ids'].long() != ref['token_ids'].long()).sum())} of "
                         f"{ref['token_ids'].numel()} positions")
     hidden = got["hidden"].to(ref["hidden"].dtype)
-    if hidden.shape != ref["hidden"].shape or not torch.allclose(hidden, ref["hidden"], atol=1e-4, rtol=1e-4):
-        problems.append("state fed back differs")
+    if not _close(hidden, ref["hidden"]):
+        problems.append("state fed back differs" + (
+            " (the engine feeds back the normed output its lm_head reads; our head, norm_output false, the layer's)"
+            if "head_input" in ref and _close(hidden, ref["head_input"]) else ""))
     verdict = "loads, drafts differently: " + "; ".join(problems) if problems else "loads, drafts identically"
-    if not problems:  # how close: the tolerance above is 1e-4
+    if theirs.shape == logits.shape and not any(p.startswith("logits") for p in problems):  # the tolerance is 1e-4
         finite = torch.isfinite(logits)
         verdict += f" (max |logit diff| {float((theirs[finite] - logits[finite]).abs().max()):.2g})"
+    if "from_position_0" in got:  # the compared step ran from position 1: the engine's layer zeroes position 0
+        early = got["from_position_0"]
+        diff = (early["logits"].to(logits.dtype) - ref["logits"]).abs()[torch.isfinite(ref["logits"])]
+        verdict += (f"; compared at positions 1..T: from position 0 the engine's layer ({early['file']}) zeroes "
+                    f"that token's embedding and our head does not (max |logit diff| {float(diff.max()):.2g} there)")
     if got.get("target_states"):  # the engine's target class could not run here: say whose states the draft read
         verdict += f" (draft checked with HF target states: {got['target_states']})"
     if "serve_dir" in got:  # speculators format in vLLM: the `vllm serve OUT` form too
         verdict += f"; `vllm serve OUT` {got['serve_dir']}"
     if "reads" in got:  # a merged checkpoint: what the engine mapped it to
         reads = got["reads"]
+        unfilled = reads.get("unfilled", [])
+        shared = all(name.endswith("shared_head.head.weight") for name in unfilled)  # the proposer's to fill
+        filled = (f"its load_weights filled all {reads['parameters']} parameters" if not unfilled else
+                  f"its load_weights left {len(unfilled)} of {reads['parameters']} parameters unfilled "
+                  f"({', '.join(unfilled[:4])}; DefaultModelLoader's check exempts an unquantized model's linear "
+                  f"and embedding layers" + ("; vLLM's proposer puts the target's lm_head there)" if shared else ")"))
         verdict += (f"; method mtp maps {reads['served_arch']} to {reads['arch']} ({reads['model_type']}; registry "
-                    f"{reads['entry']}, built here from {reads['file']}); DefaultModelLoader filled all "
-                    f"{reads['parameters']} parameters")
+                    f"{reads['entry']}, built here from {reads['file']}); {filled}")
     return verdict
 
 

@@ -19,19 +19,26 @@ every vLLM model module the target and draft classes use, by plain causal attent
 initialized for one process on gloo; the target's embeddings / lm_head are shared with the draft by vLLM's own
 proposer helpers (`maybe_share_target_embed`, `share_target_lm_head`; by hand as they do where a release lacks
 them); custom ops run their `forward_native` (no CUDA kernels); fused-MoE layers (Qwen3-MoE, gpt-oss, the MTP
-layers of Qwen3-Next and Qwen3.5-MoE) keep vLLM's router (the one it builds on a CPU), weights, weight loaders and
-shared experts, and only the routed experts' grouped GEMM runs in torch (`NativeExperts`); torchvision, which
-vLLM's Qwen3.5 module imports for its vision processors and a text model never calls, is an importable stand-in
-where the project's torch has no build of it (`ABSENT_TORCHVISION`). Where the engine's target class still cannot
-be built or run on a CPU, the hidden states come from the transformers target and the verdict says so; the
-engine's draft class and `load_weights` still load and run the export. SGLang: see `run_sglang` (its modules
-cannot be imported on this CPU: the fallback reads its installed source).
+layers of Qwen3-Next, Qwen3.5-MoE, DeepSeek-V3 and GLM-4.5) keep vLLM's router (the one it builds on a CPU),
+weights, weight loaders and shared experts, and only the routed experts' grouped GEMM runs in torch
+(`NativeExperts`); vLLM's latent attention (DeepSeek's MLA, whose backends need a GPU) keeps vLLM's projections,
+norms and RoPE, and only the attention over the latent runs in torch (`LatentAttention`); the target's lm_head is
+also put in each MTP layer's `shared_head.head`, as vLLM's proposer does; torchvision, which vLLM's Qwen3.5 module
+imports for its vision processors and a text model never calls, is an importable stand-in where the project's torch
+has no build of it (`ABSENT_TORCHVISION`). Where the engine's target class still cannot be built or run on a CPU,
+the hidden states come from the transformers target and the verdict says so; the engine's draft class and
+`load_weights` still load and run the export. An MTP layer that zeroes the token embedding at position 0 (vLLM's
+DeepSeek and GLM ones; our head does not) is compared at positions 1..T, its step from 0 reported beside it
+(`_zeroes_position_zero`). SGLang: see `run_sglang` (its modules cannot be imported on this CPU: the fallback reads
+its installed source).
 """
 from __future__ import annotations
 
 import glob
+import inspect
 import json
 import os
+import re
 import sys
 import textwrap
 import traceback
@@ -81,6 +88,34 @@ class CausalAttention(torch.nn.Module):
             probs = scores.softmax(-1)
         out = probs.to(v.dtype) @ v  # (H, T, D)
         return out.transpose(0, 1).reshape(T, self.num_heads * self.head_size)
+
+
+class LatentAttention(torch.nn.Module):
+    """Stands in for vLLM's MLAAttention (DeepSeek-V2/V3 multi-head latent attention: its backends, FlashMLA and
+    the like, need a GPU and a paged latent cache). It receives what vLLM's MultiHeadLatentAttentionWrapper computed
+    in vLLM's own code: the queries (T, H, nope + rope) with RoPE applied to their last `rope` dims, the normed latent
+    kv_c (T, kv_lora_rank) and the shared RoPE key k_pe (T, 1, rope), roped; and it computes the attention
+    transformers' DeepseekV3Attention does: keys and values expanded from the latent by the layer's own kv_b_proj
+    ((T, H, nope + v)), each head's key [k_nope, k_pe], causal softmax at vLLM's scale, (T, H * v) out."""
+
+    def __init__(self, num_heads, scale, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, q_lora_rank, kv_lora_rank,
+                 kv_b_proj, *args, **kwargs):
+        super().__init__()
+        self.num_heads, self.scale = num_heads, scale
+        self.nope, self.rope, self.v_head_dim = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
+        self._kv_b_proj = (kv_b_proj,)  # a tuple: the attention module owns (and loads) it, not this stand-in
+        self.layer_name = kwargs.get("prefix", "")
+
+    def forward(self, q, kv_c_normed, k_pe, *args, output_shape=None, **kwargs):
+        T, H = q.shape[0], self.num_heads
+        kv = self._kv_b_proj[0](kv_c_normed)[0].view(T, H, self.nope + self.v_head_dim)
+        k_nope, v = kv.split([self.nope, self.v_head_dim], dim=-1)
+        k = torch.cat([k_nope, k_pe.view(T, 1, self.rope).expand(T, H, self.rope)], dim=-1)  # (T, H, nope + rope)
+        scores = (q.view(T, H, -1).transpose(0, 1) @ k.permute(1, 2, 0)).float() * self.scale  # (H, T, T)
+        allowed = torch.ones(T, T, dtype=torch.bool).tril()
+        probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+        out = probs.to(v.dtype) @ v.transpose(0, 1)  # (H, T, v)
+        return out.transpose(0, 1).reshape(T, H * self.v_head_dim)
 
 
 class ContextAttention(CausalAttention):
@@ -226,13 +261,17 @@ def _stand_in_attention() -> None:
     """Paged attention needs a GPU and a block table. Every imported vLLM model module that builds `Attention`
     (the family's own, and llama.py whose layers Mistral, Phi-3 and the drafts reuse) gets CausalAttention;
     called after the registry imported the target's module."""
-    from vllm.model_executor.layers.attention import Attention
+    from vllm.model_executor.layers.attention import Attention, MLAAttention
 
     for name, module in list(sys.modules.items()):
         if name.startswith("vllm.model_executor.models.") and getattr(module, "Attention", None) is Attention:
             module.Attention = ContextAttention if name.endswith(".qwen3_dflash") else CausalAttention
             if name.endswith(".qwen3_dflash"):
                 module.ops = TorchOps
+        # DeepSeek's latent attention: vLLM's MultiHeadLatentAttentionWrapper (layers/mla.py) builds MLAAttention
+        if (name.startswith("vllm.model_executor.models.") or name == "vllm.model_executor.layers.mla") and \
+                getattr(module, "MLAAttention", None) is MLAAttention:
+            module.MLAAttention = LatentAttention
 
 
 class NativeExperts:
@@ -335,7 +374,19 @@ def _vllm_model(vllm_config, model_config, folder: str | None, *, checkpoint: bo
         from vllm.config import LoadConfig
         from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
+        load_weights = model.load_weights
+
+        def recorded(weights):  # what the class's load_weights says it filled (the loader's check adds to the set
+            loaded = load_weights(weights)  # it gets every parameter of the modules it exempts)
+            model.draftsmith_loaded = set(loaded or ())
+            return loaded
+
+        model.load_weights = recorded
         DefaultModelLoader(LoadConfig()).load_weights(model, model_config)
+        del model.load_weights
+        names = [name for name, _ in model.named_parameters()]
+        model.draftsmith_parameters = len(names)
+        model.draftsmith_unfilled = sorted(set(names) - model.draftsmith_loaded)
         return model
     files = sorted(glob.glob(os.path.join(folder or model_config.model, "*.safetensors")))
     model.load_weights(safetensors_weights_iterator(files, use_tqdm_on_load=False))
@@ -395,10 +446,9 @@ def _draft_context(vllm_config, num_tokens: int, *, merged: bool):
 def _vllm_reads(vllm_config, draft) -> dict:
     """What vLLM made of a merged folder: the architecture its SpeculativeConfig mapped the served model to
     (`hf_config_override`, vllm/config/speculative.py), the registry's entry for it and the file of the class built
-    here (the entry may resolve per platform: a CUDA build can pick another file), and how many parameters its
-    DefaultModelLoader filled (all of them, or it raised)."""
-    import inspect
-
+    here (the entry may resolve per platform: a CUDA build can pick another file), how many parameters it has and
+    which of them its load_weights did not fill (its own account: DefaultModelLoader's strict check passes an
+    unquantized model's linear, embedding and lm-head layers whether filled or not)."""
     from vllm.model_executor.models.registry import ModelRegistry
 
     draft_config = vllm_config.speculative_config.draft_model_config
@@ -410,7 +460,7 @@ def _vllm_reads(vllm_config, draft) -> dict:
             "entry": f"{getattr(entry, 'module_name', '?')}.{getattr(entry, 'class_name', '?')}",
             "file": os.path.relpath(inspect.getsourcefile(cls), os.path.dirname(os.path.dirname(
                 inspect.getsourcefile(__import__("vllm"))))),
-            "parameters": sum(1 for _ in draft.named_parameters())}
+            "parameters": draft.draftsmith_parameters, "unfilled": draft.draftsmith_unfilled}
 
 
 def _aux_layer_ids(hf_config) -> tuple[int, ...] | None:
@@ -516,10 +566,33 @@ def _vllm_step(method, target, draft, ids, states, draft_hf_config=None, k: int 
         slot = draft.combine_hidden_states(draft.mask_hidden.view(-1))
         features = torch.cat([features, slot.expand(PARALLEL_SLOTS, -1)])
     positions = torch.arange(next_ids.numel())
+    shift = int(method == "mtp" and _zeroes_position_zero(draft))
+    logits, fed_back = _draft_once(draft, next_ids, positions + shift, features)
+    result = {"status": "loaded", "logits": logits, "token_ids": logits.argmax(-1), "hidden": fed_back.float()}
+    if shift:  # the step as vLLM runs a prompt from its first token too: the compared step is the one above
+        result["from_position_0"] = {"logits": _draft_once(draft, next_ids, positions, features)[0],
+                                     "file": os.path.basename(inspect.getsourcefile(type(draft)))}
+    return result
+
+
+def _draft_once(draft, next_ids, positions, features):
+    """(logits (T, V), the state fed back) of one draft forward: vLLM's drafts return what compute_logits reads
+    and what the next step reads (the same tensor, or one of them, where a release returns one)."""
     draft_out = draft(next_ids, positions, features)
-    normed, fed_back = draft_out if isinstance(draft_out, tuple) else (draft_out, draft_out)
-    logits = draft.compute_logits(normed).float()  # (T, V): draft ids already mapped to target ids by vLLM
-    return {"status": "loaded", "logits": logits, "token_ids": logits.argmax(-1), "hidden": fed_back.float()}
+    head_input, fed_back = draft_out if isinstance(draft_out, tuple) else (draft_out, draft_out)
+    return draft.compute_logits(head_input).float(), fed_back  # (T, V): draft ids mapped to target ids by vLLM
+
+
+def _zeroes_position_zero(draft) -> bool:
+    """Whether the draft's MTP layer zeroes the token embedding at position 0 (vLLM's DeepSeek and GLM MTP layers:
+    `torch.where(positions.unsqueeze(-1) == 0, 0, inputs_embeds)`, "not needed by MTP"), read from its forward's
+    source. Our MtpHead does not: the teacher-forced step then runs at positions 1..T (RoPE sees the same relative
+    offsets), and the step from position 0 is reported beside it."""
+    for module in draft.modules():
+        if hasattr(module, "enorm") and hasattr(module, "eh_proj"):
+            source = inspect.getsource(type(module).forward)
+            return re.search(r"positions\.unsqueeze\(-1\)\s*==\s*0", source) is not None
+    return False
 
 
 def _vllm_dflash_block(draft, ids, context, hf_config, k: int) -> dict:
@@ -548,6 +621,7 @@ def _share_with_draft(target, draft) -> None:
             draft.model.embed_tokens = getattr(target.model, "embed_tokens", None) or target.model.embedding
         if not getattr(draft, "has_own_lm_head", False):
             draft.lm_head = target.lm_head
+            _share_mtp_heads(draft, target.lm_head)
         return
     utils.maybe_share_target_embed(draft, draft.model, target.model)
     head = utils.get_target_lm_head(target, target)
@@ -557,6 +631,18 @@ def _share_with_draft(target, draft) -> None:
         if hasattr(draft, "lm_head"):
             del draft.lm_head
         draft.lm_head = head
+        _share_mtp_heads(draft, head)
+
+
+def _share_mtp_heads(draft, head) -> None:
+    """load_eagle_model's next step (0.32 to 0.34; llm_base_proposer's `_maybe_share_lm_head` before): MTP layers
+    compute logits through each layer's `shared_head.head`, not the model's lm_head, and get the target's too."""
+    layers = getattr(getattr(draft, "model", None), "layers", None)
+    for layer in (layers.values() if isinstance(layers, torch.nn.ModuleDict) else layers or ()):
+        shared = getattr(layer, "shared_head", None)
+        if shared is not None and hasattr(shared, "head"):
+            del shared.head
+            shared.head = head
 
 
 def _serve_dir(folder: str) -> str:

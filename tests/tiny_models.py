@@ -36,12 +36,15 @@ FAMILIES = {
     # targets whose checkpoints ship multi-token-prediction layers (MTP_FAMILIES): the config's count of them is 1,
     # as in theirs (the base model ignores it; MiMo's config has none). DeepSeek-V3: multi-head latent attention
     # (low-rank q and kv, a decoupled RoPE key; transformers caches the latent and the RoPE key), a dense first
-    # layer, then routed and shared experts
+    # layer, then routed and shared experts, routed by sigmoid scores with a bias (transformers' only routing; vLLM
+    # reads it from the config's topk_method and scoring_func, as DeepSeek-V3's config.json writes them)
     "deepseek_v3": dict(model_type="deepseek_v3", num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
                         qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, n_routed_experts=4,
                         num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=16, n_group=1, topk_group=1,
-                        first_k_dense_replace=1, num_nextn_predict_layers=1),
-    "glm4_moe": dict(model_type="glm4_moe", use_qk_norm=True, n_routed_experts=4, num_experts_per_tok=2,
+                        first_k_dense_replace=1, num_nextn_predict_layers=1,
+                        topk_method="noaux_tc", scoring_func="sigmoid"),  # as its config.json names its routing
+    # GLM-4.5: its real configs name head_dim (128: 96 heads of a 4096/5120 hidden), which vLLM's Glm4MoE layers read
+    "glm4_moe": dict(model_type="glm4_moe", head_dim=8, use_qk_norm=True, n_routed_experts=4, num_experts_per_tok=2,
                      n_shared_experts=1, moe_intermediate_size=16, first_k_dense_replace=1,
                      num_nextn_predict_layers=1),
     "ernie4_5_moe": dict(model_type="ernie4_5_moe", moe_num_experts=4, moe_k=2, moe_num_shared_experts=1,
