@@ -73,10 +73,11 @@ def test_two_process_ddp_matches_one_process(setup):
     assert '"processes": 2' in log
 
 
-@pytest.mark.parametrize("method", ["dflash", "peagle"])
+@pytest.mark.parametrize("method", ["dflash", "peagle", "mtp"])
 def test_two_process_ddp_trains_anchored_methods_as_one_process(setup, method):
     """DFlash's and P-EAGLE's random anchors are drawn from each row's own seed: two processes draw the ones one
-    process does."""
+    process does; an MTP layer (the target's own family's decoder layer, its experts' parameters included) trains
+    under DDP as in one process."""
     target, dataset, root, _ = setup
     subprocess.run([sys.executable, "-m", "draftsmith.cli", "train",
                     *_overrides(target, dataset, root / f"{method}-single", 4, method)],

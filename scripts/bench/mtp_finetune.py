@@ -1,7 +1,8 @@
 """The fine-tune story of a target's own MTP layer, end to end on a CPU: a target that ships an MTP layer is fine-tuned
 on a new domain, its shipped layer loses acceptance there, and a short fine-tune of that layer wins it back.
 
-    .venv/bin/python scripts/bench/mtp_finetune.py [--work runs/mtp_story] [--prompts ../shared/data/train/prompts.jsonl]
+    .venv/bin/python scripts/bench/mtp_finetune.py [--work runs/mtp_story]
+        [--prompts ../shared/data/train/prompts.jsonl]
         [--per-domain 48] [--eval-per-domain 12] [--pretrain-steps 1500] [--finetune-steps 300] [--train-seconds 60]
         [--threads 1] [--json runs/bench_mtp_finetune.json]
 
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # 2. the MTP layer base ships
     common = ("model.num_speculative_tokens=3", "model.ttt_steps=3", "optim.batch_size=8", "optim.lr=3e-3",
-              f"optim.max_seconds={args.train_seconds}", "data.eval_rows=8", "tracking=none", "log.progress=false",
+              f"optim.max_seconds={args.train_seconds}", "optim.epochs=1000", "data.eval_rows=8", "tracking=none", "log.progress=false",
               "checkpoint.every=0", f"target.threads={args.threads}")
     build = ("--prompts", str(train_prompts), f"data.max_new_tokens={args.max_new_tokens}", "data.batch_size=16")
     _cli("data", "build", "--target", str(base), "--out", str(work / "data_base"), *build, log=log)
@@ -209,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
          "--json", str(work / "eval_base.json"), log=log)
     _cli("eval", "--target", str(tuned), "--drafter", "shipped=mtp:length=fixed",
          "--drafter", f"mtp_tuned={work / 'mtp_tuned' / 'drafter'}:length=fixed",
-         "--drafter", f"eagle3={work / 'eagle3_tuned' / 'drafter'}:length=fixed", "--drafter", "ngram=ngram:length=fixed",
+         "--drafter", f"eagle3={work / 'eagle3_tuned' / 'drafter'}:length=fixed",
+         "--drafter", "ngram=ngram:length=fixed",
          *evaluate, "--json", str(work / "eval_tuned.json"), log=log)
     before = _mu(work / "eval_base.json")["shipped"]
     after = _mu(work / "eval_tuned.json")
