@@ -64,7 +64,7 @@ def test_layer_sets():
         resolve_layers("30", 30)
     with pytest.raises(DraftsmithError, match="at least 4 layers"):
         resolve_layers("eagle3", 2)
-    with pytest.raises(DraftsmithError, match="dflash, eagle1, eagle3, medusa, mtp, peagle"):
+    with pytest.raises(DraftsmithError, match="dflash, eagle1, eagle3, gemma4_assistant, medusa, mtp, peagle"):
         resolve_layers("eagle9", 30)
 
 

@@ -85,12 +85,13 @@ def test_an_unregistered_method_is_one_line_naming_the_registered(job, tmp_path,
     target, dataset, _ = job
     for name in ("eagle9", "ngram"):  # a name nobody registered; a drafter that trains nothing
         with pytest.raises(MethodError, match=rf"model.method '{name}' is not a registered trained method; "
-                                              rf"registered: dflash, eagle1, eagle3, medusa, mtp, peagle \("):
+                                              rf"registered: dflash, eagle1, eagle3, gemma4_assistant, medusa, mtp, "
+                                              rf"peagle \("):
             load_config(TrainConfig, overrides=[f"target={target}", f"data.dataset={dataset}", f"model.method={name}"])
         line = cli_error(capsys, "train", f"target={target}", f"data.dataset={dataset}", f"out_dir={tmp_path / 'o'}",
                          f"model.method={name}")
         assert line.startswith(f"error: model.method '{name}' is not a registered trained method; registered: "
-                               f"dflash, eagle1, eagle3, medusa, mtp, peagle ("), line
+                               f"dflash, eagle1, eagle3, gemma4_assistant, medusa, mtp, peagle ("), line
         assert not (tmp_path / "o").exists()
     from draftsmith.serve.drafters import parse_drafter_spec
 
@@ -120,11 +121,11 @@ def test_a_drafter_folder_of_a_method_not_installed_is_refused(toy, job, tmp_pat
     from draftsmith.serve.drafters import build_drafter
 
     with pytest.raises(DraftsmithError, match="drafter method .toy. is not a registered trained method; registered: "
-                                              "dflash, eagle1, eagle3, medusa, mtp, peagle"):
+                                              "dflash, eagle1, eagle3, gemma4_assistant, medusa, mtp, peagle"):
         build_drafter(str(folder), load_target(target_dir))
     line = cli_error(capsys, "export", "--drafter", folder, "--format", "vllm", "--out", tmp_path / "x")
-    assert ("drafter method 'toy' is not a registered trained method; registered: dflash, eagle1, eagle3, medusa, mtp, "
-            "peagle") in line, line
+    assert ("drafter method 'toy' is not a registered trained method; registered: dflash, eagle1, eagle3, "
+            "gemma4_assistant, medusa, mtp, peagle") in line, line
 
 
 def test_a_method_of_another_package_registers_through_its_entry_point(monkeypatch):

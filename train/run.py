@@ -59,9 +59,16 @@ def init_head(cfg: HeadConfig, target: Target, rows, train_idx: list[int], *, vo
     return head, coverage
 
 
-def _batch_maker(config: TrainConfig, target: Target, layers, device, *, online: bool, top1_from=None):
+def _batch_maker(config: TrainConfig, target: Target, layers, device, *, online: bool, top1_from=None,
+                 forward=None):
     """rows -> (FeatureBatch on the device, seconds in the target). top1_from: TargetParts that fill in the
-    target's argmax once per batch when the cache does not carry it and the loss needs it."""
+    target's argmax once per batch when the cache does not carry it and the loss needs it. forward: the objective's
+    own forward of the target (Objective.target_forward), None for its hidden states at `layers`."""
+    if forward is not None and target.sharded is not None:
+        raise DraftsmithError(f"model.method={config.model.method} reads more of the target's forward than its hidden "
+                              f"states, which a target split over processes does not hand out: train it unsplit")
+    features = forward or target_features
+
     def make(batch_rows):
         batch = collate(batch_rows, max_length=config.data.max_length, layers=() if online else layers)
         batch = batch.to(device)
@@ -71,7 +78,7 @@ def _batch_maker(config: TrainConfig, target: Target, layers, device, *, online:
             if target.sharded is not None:  # a lock-step forward of the split target (serve/core/sharded_target.py)
                 batch.hidden_states = target.sharded.forward(batch.input_ids, batch.attention_mask, layers)[0]
             else:
-                batch.hidden_states = target_features(target.model, batch.input_ids, batch.attention_mask, layers)
+                batch.hidden_states = features(target.model, batch.input_ids, batch.attention_mask, layers)
             seconds = time.time() - t0
         if top1_from is not None and batch.target_top1 is None:
             batch.target_top1 = top1_from.top1(batch)
@@ -148,7 +155,8 @@ def train_drafter(config: TrainConfig, *, overwrite: bool = False) -> Path:
     eval_positions = config.log.eval_positions or cfg.num_speculative_tokens
     result = train_loop(config, objective=objective, rows=rows, train_idx=train_idx, eval_idx=eval_idx,
                         make_batch=_batch_maker(config, target, layers, device, online=online,
-                                                top1_from=parts if objective.needs_top1 else None),
+                                                top1_from=parts if objective.needs_top1 else None,
+                                                forward=objective.target_forward),
                         out_dir=out_dir, tracker_factory=tracker_factory, eval_positions=eval_positions,
                         eval_rows=eval_rows, drain=target.sharded.drain if target.sharded is not None else None)
     drafter_dir = out_dir / DRAFTER_DIR

@@ -225,6 +225,9 @@ class RecordingDrafter(Drafter):
     def commit(self, next_tokens, hidden_states) -> None:
         self.inner.commit(next_tokens, hidden_states)
 
+    def parts(self) -> tuple[Drafter, ...]:
+        return self.inner.parts()  # a drafter that reads the target's cache is handed it (watch_cache)
+
 
 @dataclass
 class DraftComparison:

@@ -43,7 +43,7 @@ class FeatureBatch:
     """A padded batch (right padding; padded rows have loss_mask 0)."""
     input_ids: torch.Tensor                       # (B, T) long
     loss_mask: torch.Tensor                       # (B, T) 0/1
-    hidden_states: dict[int, torch.Tensor]        # layer id -> (B, T, h)
+    hidden_states: dict[int, torch.Tensor]        # layer id -> (B, T, h); plus what an Objective.target_forward adds
     attention_mask: torch.Tensor | None = None    # (B, T) 1 on real tokens
     target_top1: torch.Tensor | None = None       # (B, T) long: the target's argmax after each position, if cached
 
@@ -157,6 +157,10 @@ def _positions(batch_size: int, seq_len: int, offset: int, device) -> torch.Tens
 
 class Objective(nn.Module):
     needs_top1 = False  # whether the loss reads the target's argmax (the batch maker fills it in once per batch)
+    # what the online batch maker runs the frozen target for. None: its hidden states at the head's layers
+    # (train/features.py). An objective that reads more of that same forward (the target's keys and values) gives
+    # (model, input_ids, attention_mask, layers) -> {layer id: (B, T, h), and its own named tensors}
+    target_forward = None
 
     def __init__(self, head: nn.Module, parts: TargetParts):
         super().__init__()
