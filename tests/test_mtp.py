@@ -187,7 +187,7 @@ def test_deepseek_forms_ship_the_layer_after_the_last_one(mtp_dirs, family):
     state = shipped_head(target).state_dict()
     assert torch.equal(state["layers.0.eh_proj.weight"], names["eh_proj.weight"])
     assert torch.equal(state["layers.0.post_norm.weight"], names["shared_head.norm.weight"])
-    assert not shipped_head(target).config.norm_output  # the next step reads the layer's unnormed output
+    assert shipped_head(target).config.norm_output  # the next step reads the normed output, as the engines recycle it
 
 
 def test_ernies_layer_shares_the_targets_final_norm(mtp_dirs, tmp_path):

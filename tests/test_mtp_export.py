@@ -121,3 +121,32 @@ def test_the_readmes_mtp_commands_run_as_written(tmp_path):
         ran.append(command.split()[1])
     assert ran == ["data", "eval", "train", "eval", "export"]
     assert (tmp_path / "runs" / "mine" / "mtp-checkpoint" / "model-mtp.safetensors").is_file()
+
+
+def test_a_deepseek_export_keeps_the_layers_copies_of_the_targets_tensors(tmp_path):
+    """DeepSeek-V3's checkpoints keep copies of the embeddings and lm_head inside the MTP layer
+    (model.layers.{N}.embed_tokens, .shared_head.head): the export replaces the layer's own tensors and keeps those
+    bit for bit (the engines read the target's own, but a copy is a copy)."""
+    from safetensors.torch import load_file, save_file
+
+    from draftsmith.serve.methods.mtp.shipped import checkpoint_files
+
+    folder = save_mtp_target(tmp_path / "target", "deepseek_v3")
+    path = folder / "model.safetensors"
+    weights = load_file(str(path))
+    prefix = f"model.layers.{json.loads((folder / 'config.json').read_text())['num_hidden_layers']}."
+    copies = {prefix + "embed_tokens.weight": weights["model.embed_tokens.weight"].clone(),
+              prefix + "shared_head.head.weight": weights["lm_head.weight"].clone()}
+    save_file({**weights, **copies}, str(path), metadata={"format": "pt"})
+    target = load_target(folder)
+    torch.manual_seed(3)
+    cfg = mtp_config(target, num_speculative_tokens=2, ttt_steps=2, norm_output=True,
+                     overrides={"first_k_dense_replace": 0})
+    drafter = save_drafter(MtpHead(cfg), cfg, tmp_path / "drafter")
+    report = export_drafter(drafter, "vllm", tmp_path / "out", target=target, max_new_tokens=12)
+    assert report.mu_native == report.mu_readback
+    merged = {}
+    for shard in checkpoint_files(tmp_path / "out"):
+        merged.update(load_file(str(shard)))
+    assert all(torch.equal(merged[k], v) for k, v in copies.items())
+    assert not torch.equal(merged[prefix + "eh_proj.weight"], weights[prefix + "eh_proj.weight"])

@@ -81,9 +81,9 @@ def merge_checkpoint(head, target: Target, folder: Path) -> dict:
             continue
         if path in shards:
             names = _tensor_names(path)
-            old = [n for n in names if n.startswith(prefix)]
-            if old:  # an earlier MTP layer: the shard again without it
-                kept = {k: v for k, v in load_file(str(path)).items() if not k.startswith(prefix)}
+            old = [n for n in names if _replaced(n, prefix, form)]
+            if old:  # an earlier MTP layer: the shard again without it (its copies of the target's tensors kept)
+                kept = {k: v for k, v in load_file(str(path)).items() if not _replaced(k, prefix, form)}
                 save_file(kept, str(folder / path.name), metadata={"format": "pt"})
                 replaced += old
                 rewritten.append(path.name)
@@ -107,7 +107,13 @@ def merge_checkpoint(head, target: Target, folder: Path) -> dict:
     return {"replaced": sorted(replaced), "added": sorted(tensors), "rewritten": rewritten}
 
 
-def check_unchanged(source: Path, out: Path, prefix: str) -> int:
+def _replaced(name: str, prefix: str, form) -> bool:
+    """Whether a checkpoint tensor is the MTP layer's own (replaced by an export), not a copy of the target's kept
+    beside it (DeepSeek-V3's per-layer embeddings and head)."""
+    return name.startswith(prefix) and name[len(prefix):] not in form.shared
+
+
+def check_unchanged(source: Path, out: Path, prefix: str, form) -> int:
     """Every tensor of the target's checkpoint outside its MTP layer is in OUT, bit for bit; returns their count."""
     from safetensors import safe_open
 
@@ -118,7 +124,7 @@ def check_unchanged(source: Path, out: Path, prefix: str) -> int:
     for path in checkpoint_files(source):
         with safe_open(str(path), framework="pt") as theirs:
             for name in theirs.keys():
-                if name.startswith(prefix):
+                if _replaced(name, prefix, form):
                     continue
                 if name not in ours:
                     raise DraftsmithError(f"the merged checkpoint lost the target's tensor {name}")
@@ -169,7 +175,7 @@ def export_merged(native_dir: str | Path, fmt: str, out_dir: str | Path, *, targ
         report = ExportReport(format=fmt, method=config.method, out_dir=str(out), target=target.name,
                               native_dir=str(Path(native_dir)), export_seconds=time.perf_counter() - t0)
         t1 = time.perf_counter()
-        unchanged = check_unchanged(Path(target.path), folder, prefix)
+        unchanged = check_unchanged(Path(target.path), folder, prefix, form_of(text))
         report.checks.append(f"{unchanged} tensors of the target's checkpoint copied bit for bit; MTP layer "
                              f"{len(changed['added'])} tensors under {prefix!r}"
                              + (f", replacing {len(changed['replaced'])} in {', '.join(changed['rewritten'])}"

@@ -51,7 +51,9 @@ DEEPSEEK = ShippedForm(
     prefix=lambda text: f"model.layers.{text.num_hidden_layers}.",
     parts={"enorm.weight": "enorm.weight", "hnorm.weight": "hnorm.weight", "eh_proj.weight": "eh_proj.weight",
            "shared_head.norm.weight": "post_norm.weight"},
-    block="", shared=("embed_tokens.weight", "shared_head.head.weight"), norm_output=False,
+    # the next step reads the normed output, as vLLM 0.34 (deepseek_mtp.py, glm4_moe_mtp.py: "GLM MTP recycle
+    # contract") and SGLang 0.5.23 (deepseek_nextn.py, glm4_moe_nextn.py) recycle it
+    block="", shared=("embed_tokens.weight", "shared_head.head.weight"), norm_output=True,
     overrides={"first_k_dense_replace": 0})  # the MTP layer holds experts like the target's last layers
 
 # transformers' MtpModel: "the base model's final `norm` is the post-norm of the MTP layer" (conversion_mapping.py);
