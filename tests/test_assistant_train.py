@@ -187,12 +187,13 @@ def test_export_is_the_assistants_transformers_folder_drafting_as_the_native(job
     assert "cannot export a Gemma 4 assistant" in line and "--format vllm or sglang" in line
 
 
-def test_bad_input_is_one_line(job):
+def test_bad_input_is_one_line(job, capsys):
     root = job["root"]
     wider = save_assistant(root / "wider", job["target"].config, backbone_hidden_size=48)
-    with pytest.raises(DraftsmithError) as err:
-        train_drafter(_config(job, "wider", f"model.shipped_drafter={wider}"))
-    assert "another target's assistant" in str(err.value) and "\n" not in str(err.value)
+    line = cli_error(capsys, "train", f"target={job['target_dir']}", f"data.dataset={job['data']}",
+                     f"out_dir={root / 'wider-run'}", "model.method=gemma4_assistant", f"model.shipped_drafter={wider}",
+                     "tracking=none")
+    assert line.startswith("error: ") and "hidden size 48" in line and "another target's assistant" in line, line
     assert not (root / "wider-run").exists()
     with pytest.raises(DraftsmithError) as err:
         train_drafter(_config(job, "missing", f"model.shipped_drafter={root / 'nothing'}"))

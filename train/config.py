@@ -40,8 +40,8 @@ class ModelConfig:
     attn_implementation: str = "sdpa"      # sdpa | eager
     init_from: str = ""                    # a drafter folder to continue from (e.g. refreshed on served traffic):
                                            # its architecture, draft vocabulary and weights; "" = a fresh head
-    shipped_drafter: str = ""              # a drafter shipped beside the target, in its own form, to start from
-                                           # (gemma4_assistant: the HF assistant folder); "" = a fresh one
+    shipped_drafter: str = ""              # a drafter shipped beside the target, in the form its method reads
+                                           # (a transformers folder), to start from; "" = a fresh one
 
 
 @dataclass

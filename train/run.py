@@ -54,8 +54,10 @@ def init_head(cfg: HeadConfig, target: Target, rows, train_idx: list[int], *, vo
         from draftsmith.serve.core.sharded_target import full_tensor
 
         head.init_from_target(full_tensor(target.model.get_output_embeddings().weight).float().cpu())
-    if hasattr(head, "start_from_target") and head.start_from_target(target):  # the target's own MTP layer
-        print(f"train: model.method={cfg.method} starts from the layer {target.name} ships", file=sys.stderr)
+    started = hasattr(head, "start_from_target") and head.start_from_target(target)  # True, or what it started from
+    if started:  # the target's own MTP layer, a drafter shipped beside it
+        source = started if isinstance(started, str) else f"the layer {target.name} ships"
+        print(f"train: model.method={cfg.method} starts from {source}", file=sys.stderr)
     return head, coverage
 
 

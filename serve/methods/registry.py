@@ -86,7 +86,8 @@ class Method:
                               # plain run, told the generation's length (max_new_tokens)
     lookup: bool = False      # it drafts from the context alone (prompt lookup): HF's prompt lookup is its peer
     assistant: bool = False   # a small LM of the target's tokenizer: HF's assisted generation is its peer
-    # --- exported into the target's own checkpoint (MTP): the engines serve it from there, not from a draft folder
+    # --- exported in a form of its own, not a draft folder of the formats (serve/export/formats.py): the target's
+    # checkpoint with the drafter's layer merged (MTP), the assistant's own transformers folder (Gemma 4's assistant)
     # (HeadConfig, format) -> None or DraftsmithError: what the format refuses, before anything is read or written
     merge_check: Optional[Callable[[Any, str], None]] = None
     # (native_dir, format, out_dir, *, target, prompts, k, max_new_tokens, overwrite) -> ExportReport

@@ -77,17 +77,17 @@ class AssistantHead(nn.Module):
     def input_hidden(self, hidden_states: dict) -> torch.Tensor:
         return hidden_states[FINAL]
 
-    def start_from_target(self, target: Target) -> bool:
-        """Given the shipped assistant the recipe names (model.shipped_drafter); whether it names one."""
+    def start_from_target(self, target: Target) -> str:
+        """Given the shipped assistant the recipe names (model.shipped_drafter); what it started from ("": fresh)."""
         folder = self.config.layer_config.get("start_from") or ""
         if not folder:
-            return False
+            return ""
         from transformers import AutoModelForCausalLM
 
         shipped = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         state = {k: v for k, v in shipped.state_dict().items() if not (self.tied and k == TIED)}
         self.load_state_dict(state)
-        return True
+        return f"the Gemma 4 assistant {folder}"
 
 
 def _drop_tied(module: AssistantHead, state: dict, prefix: str, local_metadata: dict) -> None:
