@@ -97,7 +97,7 @@ def test_the_batched_objective_is_the_drafters_forward_at_every_position(job):
     ids = torch.tensor([job["held_out"][0]["input_ids"][:16]])
     features = objective.target_forward(target.model, ids, torch.ones_like(ids), (FINAL,))
     with torch.no_grad():
-        steps = list(objective._unroll(ids, features, 3))
+        steps = [head.logits(last, as_drafted=True) for last in objective._unroll(ids, features, 3)]
     embed = target.model.get_input_embeddings()
     for t in (0, 5, 11):
         cache = DynamicCache(config=target.model.config)
@@ -205,3 +205,37 @@ def test_bad_input_is_one_line(job, capsys):
     with pytest.raises(DraftsmithError) as err:
         load_config(TrainConfig, overrides=["model.method=eagle3", f"model.shipped_drafter={job['assistant']}"])
     assert "model.shipped_drafter is an option of Gemma 4 assistant" in str(err.value)
+
+
+def test_an_assistant_with_ordered_embeddings_trains_and_exports(job):
+    """use_ordered_embeddings (Google's assistants): drafts score only the tokens of the top centroids; training
+    reaches its lm_head over the whole vocabulary and keeps the centroids and the token order as shipped."""
+    from safetensors.torch import load_file
+
+    from draftsmith.serve.export import export_drafter
+    from tests.test_assistant import assistant_model
+
+    target, root = job["target"], job["root"]
+    vocab = target.config.get_text_config().vocab_size
+    model = assistant_model(target.config, use_ordered_embeddings=True, num_centroids=7, centroid_intermediate_top_k=3)
+    with torch.no_grad():
+        model.masked_embedding.token_ordering.copy_(torch.randperm(vocab, generator=torch.Generator().manual_seed(0)))
+    model.save_pretrained(root / "ordered")
+    drafter_dir = train_drafter(_config(job, "ordered-run", f"model.shipped_drafter={root / 'ordered'}",
+                                        "optim.max_steps=20"))
+    log = [r for r in read_log(root / "ordered-run") if "loss" in r]
+    assert log[-1]["loss"] < log[0]["loss"]
+    trained = load_file(str(drafter_dir / "model.safetensors"))
+    shipped = model.state_dict()
+    for name in ("masked_embedding.centroids.weight", "masked_embedding.token_ordering"):
+        assert torch.equal(trained[name], shipped[name]), name
+    assert not torch.equal(trained["pre_projection.weight"], shipped["pre_projection.weight"])
+    out = root / "ordered-export"
+    report = export_drafter(drafter_dir, "vllm", out, target=target, k=3, max_new_tokens=12,
+                            prompts=[torch.tensor([row["input_ids"][:6]]) for row in job["held_out"][:2]])
+    assert report.proposals_compared > 0
+    prompt = torch.tensor([job["held_out"][3]["input_ids"][:6]])
+    plain = plain_generate(target, prompt, max_new_tokens=16).output_ids
+    for spec in (f"{drafter_dir}:length=fixed", f"gemma4_assistant:{out}:length=fixed"):
+        assert speculative_generate(target, build_drafter(spec, target), prompt, max_new_tokens=16,
+                                    k=3).output_ids == plain

@@ -55,6 +55,8 @@ class AssistantHead(nn.Module):
         for name, module in assistant.named_children():
             self.add_module(name, module)
         self.tied = bool(assistant.config.tie_word_embeddings)
+        if assistant.masked_embedding is not None:  # its top-k choice of clusters passes no gradient: kept as shipped
+            assistant.masked_embedding.centroids.requires_grad_(False)
         self._register_state_dict_hook(_drop_tied)
         self._register_load_state_dict_pre_hook(_restore_tied, with_module=True)
 
@@ -62,17 +64,22 @@ class AssistantHead(nn.Module):
                 shared_kv_states: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """One assistant step for every query at once. inputs_embeds: (B, T, 2H) = cat(target embedding, state);
         position_ids: (B, T); attention_mask: {layer type: (B|1, 1, T, S) additive}; shared_kv_states: {layer type:
-        (keys, values) (B, kv_heads, S, head_dim)}. Returns (logits (B, T, V), the next step's state (B, T, H))."""
+        (keys, values) (B, kv_heads, S, head_dim)}. Returns (its last normed state (B, T, h), the next step's state
+        (B, T, H))."""
         model = self.assistant
         x = model.pre_projection(inputs_embeds)  # (B, T, h)
         out = model.model(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids,
                           shared_kv_states=shared_kv_states, use_cache=False)
         last = out.last_hidden_state  # (B, T, h)
-        if model.config.use_ordered_embeddings:
-            logits = model.masked_embedding(last, model.lm_head.weight)
-        else:
-            logits = model.lm_head(last)
-        return logits, model.post_projection(last)
+        return last, model.post_projection(last)
+
+    def logits(self, last: torch.Tensor, *, as_drafted: bool = False) -> torch.Tensor:
+        """(B, T, h) -> (B, T, V): over the whole vocabulary, or as it drafts (an assistant with ordered embeddings
+        scores only the tokens of its top centroids, the others below them all)."""
+        model = self.assistant
+        if as_drafted and model.masked_embedding is not None:
+            return model.masked_embedding(last, model.lm_head.weight)
+        return model.lm_head(last)
 
     def input_hidden(self, hidden_states: dict) -> torch.Tensor:
         return hidden_states[FINAL]

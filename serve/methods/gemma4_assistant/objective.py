@@ -8,7 +8,8 @@ drives it (drafter.py):
     sliding layer's last sliding_window - 1 of them): one masked attention over the whole row, not a loop over t
 
 and is trained against the target's distribution there (soft CE or an acceptance loss, losses.distribution_loss),
-step weights decay^j. The keys and values come from the same target forward as the hidden states
+step weights decay^j, through its lm_head over the whole vocabulary (an assistant with ordered embeddings drafts from
+its top centroids' tokens only: their choice passes no gradient and stays as shipped). The keys and values come from the same target forward as the hidden states
 (`target_forward`: transformers' `return_shared_kv_states`), so training needs the target online.
 """
 from __future__ import annotations
@@ -86,7 +87,7 @@ class AssistantObjective(Objective):
         return (F.embedding(tokens, weight) * scale.to(weight.device)).to(dtype)
 
     def _unroll(self, input_ids: torch.Tensor, hidden_states: dict, steps: int):
-        """Yield the assistant's logits (B, T, V) of steps 0..steps-1 at every row."""
+        """Yield the assistant's last normed state (B, T, h) of steps 0..steps-1 at every row."""
         param = next(self.head.parameters())
         B, T = input_ids.shape
         kv = {kind: (hidden_states[kv_name(kind, "keys")].to(param.dtype),
@@ -97,22 +98,24 @@ class AssistantObjective(Objective):
         for j in range(steps):
             tokens = losses.shift_left(input_ids, 1 + j, fill=0)  # (B, T): x_{t+1+j}
             inputs_embeds = torch.cat([self._embed(tokens, param.dtype), state], dim=-1)  # (B, T, 2H)
-            logits, state = self.head(inputs_embeds, position_ids=position_ids, attention_mask=masks,
-                                      shared_kv_states=kv)
-            yield logits
+            last, state = self.head(inputs_embeds, position_ids=position_ids, attention_mask=masks,
+                                    shared_kv_states=kv)
+            yield last
 
     def forward(self, input_ids, loss_mask, hidden_states: dict, attention_mask=None, noise_seeds=None,
                 target_top1=None):
         masks = self._masks(loss_mask, attention_mask)
         target_logits = self._teacher_logits(hidden_states[FINAL])  # (B, T, V)
         sums = {}
-        for j, logits in enumerate(self._unroll(input_ids, hidden_states, self.steps)):
+        for j, last in enumerate(self._unroll(input_ids, hidden_states, self.steps)):
             teacher = losses.shift_left(target_logits, 1 + j)  # the target's distribution of x_{t+2+j}
-            sums[f"step{j}"] = losses.distribution_loss(logits, teacher, masks[j], kind=self.kind, eta=self.lk_eta)
+            sums[f"step{j}"] = losses.distribution_loss(self.head.logits(last), teacher, masks[j], kind=self.kind,
+                                                        eta=self.lk_eta)
         return sums
 
     def draft_ids(self, batch: FeatureBatch, steps: int) -> list[torch.Tensor]:
-        return [logits.argmax(-1) for logits in self._unroll(batch.input_ids, batch.hidden_states, steps)]
+        return [self.head.logits(last, as_drafted=True).argmax(-1)
+                for last in self._unroll(batch.input_ids, batch.hidden_states, steps)]
 
 
 def assistant_objective(head, parts, settings: ObjectiveSettings) -> AssistantObjective:
