@@ -9,8 +9,9 @@ drives it (drafter.py):
 
 and is trained against the target's distribution there (soft CE or an acceptance loss, losses.distribution_loss),
 step weights decay^j, through its lm_head over the whole vocabulary (an assistant with ordered embeddings drafts from
-its top centroids' tokens only: their choice passes no gradient and stays as shipped). The keys and values come from the same target forward as the hidden states
-(`target_forward`: transformers' `return_shared_kv_states`), so training needs the target online.
+its top centroids' tokens only: their choice passes no gradient and stays as shipped). The keys and values come
+from the same target forward as the hidden states (`target_forward`: transformers' `return_shared_kv_states`), so
+training needs the target online.
 """
 from __future__ import annotations
 
