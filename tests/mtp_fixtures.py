@@ -13,7 +13,12 @@ from tests.tiny_models import save_tiny_target
 # the count key each family's config names its MTP layers with
 MTP_COUNT = {"qwen3_next": "mtp_num_hidden_layers", "qwen3_5": "mtp_num_hidden_layers",
              "qwen3_5_moe": "mtp_num_hidden_layers", "deepseek_v3": "num_nextn_predict_layers",
-             "glm4_moe": "num_nextn_predict_layers", "ernie4_5_moe": "num_nextn_predict_layers"}
+             "glm4_moe": "num_nextn_predict_layers", "ernie4_5_moe": "num_nextn_predict_layers",
+             "nemotron_h": "num_nextn_predict_layers"}
+# what else a family's config names for its MTP layer: Nemotron-H's step is an attention block then an MoE block (its
+# mtp_hybrid_override_pattern, as Nemotron-3 Super's config.json names it), its experts as small as the rest
+MTP_CONFIG = {"nemotron_h": dict(mtp_hybrid_override_pattern="*E", n_routed_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=16, moe_shared_expert_intermediate_size=16)}
 
 
 def add_mtp_layer(folder: str | Path, *, seed: int = 1, state: dict | None = None) -> Path:
@@ -46,5 +51,5 @@ def add_mtp_layer(folder: str | Path, *, seed: int = 1, state: dict | None = Non
 
 def save_mtp_target(folder: str | Path, family: str = "qwen3_next", *, seed: int = 0, mtp_seed: int = 1) -> Path:
     """A tiny target of `family` shipping one (random) MTP layer."""
-    save_tiny_target(folder, family, seed=seed, **{MTP_COUNT[family]: 1})
+    save_tiny_target(folder, family, seed=seed, **{MTP_COUNT[family]: 1}, **MTP_CONFIG.get(family, {}))
     return add_mtp_layer(folder, seed=mtp_seed)

@@ -210,10 +210,46 @@ def test_ernies_layer_shares_the_targets_final_norm(mtp_dirs, tmp_path):
     assert not head.layers[0].post_norm.weight.requires_grad
 
 
+def test_nemotron_h_ships_its_step_as_blocks_under_mtp_layers(mtp_dirs, tmp_path):
+    """Nemotron-H's MTP step is the blocks of its mtp_hybrid_override_pattern ("*E": attention, then experts), kept as
+    mtp.layers.{i} under the target's own block names, the projections in the first and final_layernorm in the last
+    (vLLM's nemotron_h_mtp.py); read back, each tensor is the head's, and written again, the checkpoint's."""
+    from safetensors import safe_open
+
+    from draftsmith.serve.methods.mtp.from_target import shipped_head
+    from draftsmith.serve.methods.mtp.head import layer_config
+    from draftsmith.serve.methods.mtp.shipped import NEMOTRON, checkpoint_files, head_state_to_checkpoint
+
+    folder = mtp_dirs["nemotron_h"]
+    target = load_target(folder)
+    with safe_open(str(checkpoint_files(folder)[0]), "pt") as handle:
+        keys = set(handle.keys())
+        written = {k[len("mtp."):]: handle.get_tensor(k) for k in keys if k.startswith("mtp.")}
+    full = target.config.layers_block_type.index("full_attention")
+    own = {k.split(f"layers.{full}.", 1)[1] for k in keys if f"backbone.layers.{full}." in k}
+    assert {k[len("layers.0."):] for k in written if k.startswith("layers.0.")} == \
+        own | {"enorm.weight", "hnorm.weight", "eh_proj.weight"}  # the target's own attention block's names
+    assert {"layers.1.norm.weight", "layers.1.mixer.gate.weight", "layers.1.mixer.gate.e_score_correction_bias",
+            "layers.1.mixer.experts.3.up_proj.weight", "layers.1.mixer.experts.3.down_proj.weight",
+            "layers.1.mixer.shared_experts.up_proj.weight", "layers.1.final_layernorm.weight"} <= set(written)
+    assert not any(k.startswith("layers.2.") for k in written)
+    head = shipped_head(target)
+    state = head.state_dict()
+    assert head.config.norm_output  # the next step reads final_layernorm's output, as vLLM returns it
+    assert torch.equal(state["layers.0.eh_proj.weight"], written["layers.0.eh_proj.weight"])
+    assert torch.equal(state["layers.0.post_norm.weight"], written["layers.1.final_layernorm.weight"])
+    assert torch.equal(state["layers.0.mtp_block.0.mixer.q_proj.weight"], written["layers.0.mixer.q_proj.weight"])
+    assert torch.equal(state["layers.0.mtp_block.1.mixer.experts.up_proj"][3],
+                       written["layers.1.mixer.experts.3.up_proj.weight"])
+    again = head_state_to_checkpoint(state, NEMOTRON, layer_config(head.config.layer_config))
+    assert set(again) == set(written) and all(torch.equal(again[k], v) for k, v in written.items())
+
+
 def test_a_family_whose_mtp_form_is_not_read_yet_says_so(tmp_path):
     family = "mimo_v2_flash"
     target = load_target(save_tiny_target(tmp_path / family, family, num_mtp_layers=1))
     with pytest.raises(DrafterSpecError) as refused:
         build_drafter("mtp", target)
     assert "does not read" in str(refused.value) and "model.method=mtp" in str(refused.value)
+    assert "Nemotron-H" in str(refused.value)  # among the forms it reads
     assert "\n" not in str(refused.value)

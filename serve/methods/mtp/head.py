@@ -1,10 +1,16 @@
-"""MTP head: the target's own multi-token-prediction layer (DeepSeek-V3 §2.2; Qwen3-Next, Qwen3.5, GLM-4.5), as the
-target ships it or fresh, drafting K tokens by running its one layer K times (as vLLM's `*_mtp` drafters do).
+"""MTP head: the target's own multi-token-prediction layer (DeepSeek-V3 §2.2; Qwen3-Next, Qwen3.5, GLM-4.5,
+ERNIE-4.5, Nemotron-H), as the target ships it or fresh, drafting K tokens by running its one layer K times (as
+vLLM's `*_mtp` drafters do).
 
     x = eh_proj(cat([enorm(embed(token t+1)), hnorm(feature t)]))   (h, 2h), no bias
     y = mtp_block(x)                                                 one decoder layer of the target's own family
     logits = target.lm_head(post_norm(y))                            the target's frozen lm_head, not stored
-    the next step reads post_norm(y) (norm_output: Qwen3-Next, Qwen3.5) or y (DeepSeek-V3, GLM-4.5)
+    the next step reads post_norm(y) (norm_output: Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5, Nemotron-H)
+                                                                     or y (ERNIE-4.5)
+
+Nemotron-H's step is several of its blocks (`mtp_layers_block_type`, e.g. attention then experts: vLLM's
+nemotron_h_mtp.py): mtp_block is then that stack (MtpBlocks), the projections before its first block and post_norm
+(vLLM's final_layernorm) after its last, the blocks' tensors under layers.0.mtp_block.{i}.*.
 
 Features are the target's final normed hidden states (layer id FINAL = -1), what the engines hand their MTP layers.
 The layer is transformers' `MtpLayer` (modeling_layers.py) around the family's decoder layer class, so its tensors
@@ -26,18 +32,32 @@ from draftsmith.serve.drafters.head_config import HeadConfig
 
 # what a layer config drops from the target's text config: it describes one decoder layer, not the whole model
 _WHOLE_MODEL = ("architectures", "transformers_version", "auto_map", "_name_or_path", "dtype", "torch_dtype")
+# the config key of a family whose MTP step is several of its blocks, of these types in order (Nemotron-H)
+STEP_BLOCKS = "mtp_layers_block_type"
 
 
 def layer_config_dict(text: Any, *, overrides: dict | None = None) -> dict:
     """The config of one MTP layer of a target whose text config is `text` (a transformers config), as a dict: the
     target's own, one layer deep, its attention full (an MTP layer attends to its whole cache), `overrides` applied
-    (a form's, e.g. DeepSeek's experts from the first layer on)."""
+    (a form's, e.g. DeepSeek's experts from the first layer on). A family whose step is several blocks (STEP_BLOCKS)
+    gets them as its layers, its blocks 0..n-1 built as its own layers of those types (as vLLM builds them)."""
     cfg = {k: v for k, v in text.to_dict().items() if k not in _WHOLE_MODEL}
-    cfg["num_hidden_layers"] = 1
-    if cfg.get("layer_types"):
+    blocks = list(getattr(text, STEP_BLOCKS, None) or ())
+    cfg["num_hidden_layers"] = len(blocks) or 1
+    if blocks:  # Nemotron-H names its layer types layers_block_type
+        cfg["layers_block_type" if "layers_block_type" in cfg else "layer_types"] = blocks
+    elif cfg.get("layer_types"):
         cfg["layer_types"] = ["full_attention"]
+    if "rms_norm_eps" not in cfg and "layer_norm_epsilon" in cfg:  # MtpLayer's norms read rms_norm_eps
+        cfg["rms_norm_eps"] = cfg["layer_norm_epsilon"]
     cfg.update(overrides or {})
     return cfg
+
+
+def step_blocks(config: Any) -> int:
+    """How many of the family's blocks one MTP step of a layer config is, when several (STEP_BLOCKS); 0: one decoder
+    layer, mtp_block itself."""
+    return len(getattr(config, STEP_BLOCKS, None) or ())
 
 
 def layer_config(config: dict) -> Any:
@@ -83,9 +103,32 @@ def family_parts(config: Any) -> tuple[type, type, Any, Any]:
     return type(layers[-1]), norm_cls, type(rope) if rope is not None else None, base._init_weights
 
 
+class MtpBlocks(nn.ModuleList):
+    """One MTP step of several of the family's blocks (Nemotron-H: its layer config's layers, of the types
+    STEP_BLOCKS names), run in order, each with its own pre-norm and residual, as vLLM's nemotron_h_mtp.py runs them
+    (its residual carried between blocks and added before the end norm is the same sum). The one attention block
+    keeps the head's cache layer 0, as a one-layer head does (the drafters read that layer)."""
+
+    def __init__(self, config: Any, layer_cls: type):
+        super().__init__([layer_cls(config, i) for i in range(config.num_hidden_layers)])
+        attention = [block for block in self if hasattr(getattr(block, "mixer", None), "k_proj")]
+        if len(attention) != 1:
+            raise DraftsmithError(f"draftsmith's MTP drafter keeps one attention cache: an MTP step of the blocks "
+                                  f"{getattr(config, STEP_BLOCKS)} has {len(attention)} attention blocks")
+        attention[0].mixer.layer_idx = 0
+
+    def forward(self, hidden_states: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, cache: Any = None, **kwargs) -> torch.Tensor:
+        for block in self:
+            out = block(hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+                        **cache_argument(block, cache), **kwargs)
+            hidden_states = out[0] if isinstance(out, tuple) else out
+        return hidden_states
+
+
 class MtpHead(nn.Module):
     """Stored tensors: layers.0.enorm.weight, layers.0.hnorm.weight, layers.0.eh_proj.weight (h, 2h),
-    layers.0.mtp_block.* (the family's decoder layer), layers.0.post_norm.weight."""
+    layers.0.mtp_block.* (the family's decoder layer, or MtpBlocks: .{i}.*), layers.0.post_norm.weight."""
 
     reads_target_lm_head = True  # its logits are the target's lm_head over lm_head_input(out) (EagleDrafter)
 
@@ -96,6 +139,9 @@ class MtpHead(nn.Module):
         self.config = config
         built = layer_config(config.layer_config)
         layer_cls, norm_cls, rope_cls, initialize = family_parts(built)
+        if step_blocks(built):
+            block_cls = layer_cls
+            layer_cls = lambda config, layer_idx: MtpBlocks(config, block_cls)  # noqa: E731
         try:
             self.layers = nn.ModuleList([MtpLayer(built, layer_cls, norm_cls, 0, use_post_norm=True)])
         except (AttributeError, TypeError, ValueError) as err:

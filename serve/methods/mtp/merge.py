@@ -42,8 +42,9 @@ def check_merge(config, fmt: str) -> None:
         family = family_of(config.target_model_type)
         raise DraftsmithError(f"--format {fmt} cannot export this MTP drafter: its target's family "
                               f"{config.target_model_type!r} ({family.causal_lm if family else 'unknown'}) has no MTP "
-                              f"model in the engines (they serve MTP for DeepSeek-V3, GLM-4.5, Qwen3-Next and "
-                              f"Qwen3.5 checkpoints); serve it with `draftsmith serve --drafter DIR`")
+                              f"model in the engines (they serve MTP for DeepSeek-V3, GLM-4.5, Qwen3-Next, "
+                              f"Qwen3.5, ERNIE-4.5 and Nemotron-H checkpoints); serve it with `draftsmith serve "
+                              f"--drafter DIR`")
 
 
 def _tensor_names(path: Path) -> list[str]:

@@ -1,11 +1,13 @@
 """The MTP layers a target ships: where its checkpoint keeps them (one form per family, read from the engines'
 loaders: vLLM `qwen3_next_mtp.py` / `qwen3_5_mtp.py` (`mtp.*`), `deepseek_mtp.py` / `glm4_moe_mtp.py`
-(`model.layers.{num_hidden_layers}.*`), `ernie_mtp.py` (`model.mtp_*.0.*`), and transformers' `MtpModel` conversions),
-and the conversions between that form and the head's tensors.
+(`model.layers.{num_hidden_layers}.*`), `ernie_mtp.py` (`model.mtp_*.0.*`), `nemotron_h_mtp.py` (`mtp.layers.{i}.*`,
+one per block of the step), and transformers' `MtpModel` conversions), and the conversions between that form and the
+head's tensors.
 
-The decoder layer inside is converted by transformers itself: a one-layer model of the target's family is loaded
-from the layer's checkpoint tensors (its weight conversions fuse the experts as transformers holds them) and reverted
-on the way back (`revert_weight_conversion`, as `save_pretrained` writes), so a family's quirks live in transformers.
+The decoder layer inside (a step's blocks) is converted by transformers itself: a one-layer model of the target's
+family (a model of the step's blocks) is loaded from the layer's checkpoint tensors (its weight conversions fuse the
+experts as transformers holds them) and reverted on the way back (`revert_weight_conversion`, as `save_pretrained`
+writes), so a family's quirks live in transformers.
 """
 from __future__ import annotations
 
@@ -31,13 +33,19 @@ class ShippedForm:
     title: str                                   # as messages name the form
     counts: tuple[str, ...]                      # text-config keys that say how many MTP layers it ships
     prefix: Callable[[Any], str]                 # text config -> the checkpoint prefix of MTP layer 0
-    parts: Mapping[str, str]                     # checkpoint name after the prefix -> the head's name after layers.0.
-    block: str                                   # the decoder layer's names after the prefix start with this
+    # checkpoint name after the prefix -> the head's name after layers.0. ({last}: the index of a step's last block)
+    parts: Mapping[str, str]
+    block: str                                   # the decoder layer's (a step's blocks') names after the prefix
     shared: tuple[str, ...] = ()                 # copies of the target's embeddings / head kept there (not read)
     norm_output: bool = False                    # the next draft step reads the normed output
     overrides: Mapping[str, Any] = field(default_factory=dict)  # layer-config keys that differ from the target's
     # the target's own tensor the layer's post-norm is (ERNIE-4.5: the final norm): read, never trained or written
     shared_post_norm: str = ""
+
+    def names(self, layer_config: Any) -> dict[str, str]:
+        """parts, a step's last block named (the layer config's last layer)."""
+        last = layer_config.num_hidden_layers - 1
+        return {theirs.format(last=last): ours for theirs, ours in self.parts.items()}
 
 
 QWEN = ShippedForm(
@@ -65,14 +73,25 @@ ERNIE = ShippedForm(
            "linear_proj.0.weight": "eh_proj.weight"},
     block="block.0.", norm_output=False, shared_post_norm="model.norm.weight")
 
+# vLLM's nemotron_h_mtp.py: one step is the blocks of mtp_hybrid_override_pattern (transformers'
+# mtp_layers_block_type), mtp.layers.{i} each under the target's own block names (experts one tensor each, q/k/v
+# apart: its load_weights fuses them); the first holds enorm, hnorm and eh_proj, the last final_layernorm, whose
+# output the next step reads and the target's lm_head reads
+NEMOTRON = ShippedForm(
+    title="Nemotron-H (mtp.layers.*)", counts=("num_nextn_predict_layers",), prefix=lambda text: "mtp.",
+    parts={"layers.0.enorm.weight": "enorm.weight", "layers.0.hnorm.weight": "hnorm.weight",
+           "layers.0.eh_proj.weight": "eh_proj.weight", "layers.{last}.final_layernorm.weight": "post_norm.weight"},
+    block="layers.", norm_output=True)
+
 FORMS: dict[str, ShippedForm] = {
     "qwen3_next": QWEN, "qwen3_5_text": QWEN, "qwen3_5_moe_text": QWEN,
     "deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK,
     "ernie4_5_moe": ERNIE,
+    "nemotron_h": NEMOTRON,
 }
 
 
-# every config key a family names its MTP layers with (ERNIE-4.5 and MiMo-V2 too, whose forms are not read yet)
+# every config key a family names its MTP layers with (MiMo-V2's too, whose form is not read yet)
 COUNT_KEYS = ("mtp_num_hidden_layers", "num_nextn_predict_layers", "num_mtp_layers")
 
 
@@ -169,16 +188,24 @@ class _Quiet:
             hf_logging.enable_progress_bar()
 
 
+def _layers_prefix(layer_config: Any) -> str:
+    """Where the one-layer model keeps what mtp_block holds: its layer 0, or its layers (a step's blocks: {i}.*)."""
+    from draftsmith.serve.methods.mtp.head import step_blocks
+
+    return "model.layers." if step_blocks(layer_config) else "model.layers.0."
+
+
 def block_from_checkpoint(tensors: dict[str, torch.Tensor], layer_config: Any) -> dict[str, torch.Tensor]:
-    """A decoder layer's tensors under their checkpoint names -> the family's decoder layer state (transformers'
-    names); DraftsmithError naming what did not fit."""
+    """A decoder layer's tensors (a step's blocks': {i}.*) under their checkpoint names -> the family's decoder layer
+    state (MtpBlocks' state; transformers' names); DraftsmithError naming what did not fit."""
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
     cfg = _one_layer_config(layer_config)
+    prefix = _layers_prefix(layer_config)
     with tempfile.TemporaryDirectory(prefix="draftsmith-mtp-") as tmp:
         cfg.save_pretrained(tmp)
-        save_file({f"model.layers.0.{k}": v.contiguous() for k, v in tensors.items()}, str(Path(tmp) / SINGLE),
+        save_file({f"{prefix}{k}": v.contiguous() for k, v in tensors.items()}, str(Path(tmp) / SINGLE),
                   metadata={"format": "pt"})
         with _Quiet():
             try:
@@ -187,41 +214,53 @@ def block_from_checkpoint(tensors: dict[str, torch.Tensor], layer_config: Any) -
             except (RuntimeError, ValueError) as err:
                 raise DraftsmithError(f"the MTP layer's tensors do not fit a {cfg.model_type!r} layer of this "
                                       f"target's config: {err}") from None
-    missing = [k for k in info.get("missing_keys", ()) if ".layers.0." in k]
-    unexpected = [k for k in info.get("unexpected_keys", ()) if ".layers.0." in k]
-    mismatched = [k for k, *_ in info.get("mismatched_keys", ()) if ".layers.0." in k]
+    missing = [k for k in info.get("missing_keys", ()) if ".layers." in k]
+    unexpected = [k for k in info.get("unexpected_keys", ()) if ".layers." in k]
+    mismatched = [k for k, *_ in info.get("mismatched_keys", ()) if ".layers." in k]
     if missing or unexpected or mismatched:
         raise DraftsmithError(f"the MTP layer's tensors do not fit a {cfg.model_type!r} layer of this target's config: "
                               f"missing {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}, of another shape "
                               f"{sorted(mismatched)[:4]}")
-    return {k: v.detach().clone() for k, v in model.model.layers[0].state_dict().items()}
+    held = model.model.layers if prefix == "model.layers." else model.model.layers[0]
+    return {k: v.detach().clone() for k, v in held.state_dict().items()}
 
 
 def block_to_checkpoint(block_state: dict[str, torch.Tensor], layer_config: Any) -> dict[str, torch.Tensor]:
-    """The family's decoder layer state -> its tensors under the checkpoint's names (as save_pretrained writes)."""
+    """The family's decoder layer state (MtpBlocks': {i}.*) -> its tensors under the checkpoint's names (as
+    save_pretrained writes)."""
     from transformers import AutoModelForCausalLM
     from transformers.core_model_loading import revert_weight_conversion
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(_one_layer_config(layer_config))
-    model.model.layers[0].load_state_dict(block_state, assign=True)
-    prefix = "model.layers.0."
+    prefix = _layers_prefix(layer_config)
+    held = model.model.layers if prefix == "model.layers." else model.model.layers[0]
+    held.load_state_dict(block_state, assign=True)
     state = {f"{prefix}{k}": v for k, v in block_state.items()}
-    reverted = revert_weight_conversion(model, state)
-    return {k[len(prefix):]: v for k, v in reverted.items() if k.startswith(prefix)}
+    # the base model's own prefix may be reverted too (Nemotron-H's model. -> backbone.): the layers' names after it
+    inner = prefix[len("model."):]
+    out = {}
+    for name, tensor in revert_weight_conversion(model, state).items():
+        rest = name.partition(".")[2]
+        if not rest.startswith(inner):
+            raise DraftsmithError(f"transformers writes a {layer_config.model_type!r} MTP layer's tensor as {name}, "
+                                  f"outside {inner!r}: draftsmith cannot place it in the checkpoint")
+        out[rest[len(inner):]] = tensor
+    return out
 
 
 def head_state_from_checkpoint(tensors: dict[str, torch.Tensor], form: ShippedForm,
                                layer_config: Any) -> dict[str, torch.Tensor]:
     """The checkpoint's MTP layer 0 (names after the form's prefix) -> the head's state dict."""
-    missing = sorted(set(form.parts) - set(tensors))
+    parts = form.names(layer_config)
+    missing = sorted(set(parts) - set(tensors))
     if missing:
         raise DraftsmithError(f"the checkpoint's MTP layer lacks {missing} ({form.title})")
-    state = {f"layers.0.{ours}": tensors[theirs] for theirs, ours in form.parts.items()}
+    state = {f"layers.0.{ours}": tensors[theirs] for theirs, ours in parts.items()}
     if form.shared_post_norm:  # the caller adds it from the target's own tensor
         state["layers.0.post_norm.weight"] = tensors[SHARED]
     block = {k[len(form.block):]: v for k, v in tensors.items()
-             if k.startswith(form.block) and k not in form.parts and k not in form.shared and k != SHARED}
+             if k.startswith(form.block) and k not in parts and k not in form.shared and k != SHARED}
     state.update({f"layers.0.mtp_block.{k}": v for k, v in block_from_checkpoint(block, layer_config).items()})
     return state
 
@@ -230,7 +269,7 @@ def head_state_to_checkpoint(state: dict[str, torch.Tensor], form: ShippedForm,
                              layer_config: Any) -> dict[str, torch.Tensor]:
     """The head's state dict -> its tensors under the checkpoint's names (the form's prefix not included); a shared
     post-norm is the target's and not written."""
-    ours_to_theirs = {ours: theirs for theirs, ours in form.parts.items()}
+    ours_to_theirs = {ours: theirs for theirs, ours in form.names(layer_config).items()}
     out = {ours_to_theirs[k[len("layers.0."):]]: v for k, v in state.items()
            if k[len("layers.0."):] in ours_to_theirs}
     block = {k[len("layers.0.mtp_block."):]: v for k, v in state.items() if k.startswith("layers.0.mtp_block.")}
