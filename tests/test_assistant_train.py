@@ -187,7 +187,7 @@ def test_export_is_the_assistants_transformers_folder_drafting_as_the_native(job
     assert "cannot export a Gemma 4 assistant" in line and "--format vllm or sglang" in line
 
 
-def test_bad_input_is_one_line(job, capsys):
+def test_bad_input_is_one_line(job, trained, capsys):
     root = job["root"]
     wider = save_assistant(root / "wider", job["target"].config, backbone_hidden_size=48)
     line = cli_error(capsys, "train", f"target={job['target_dir']}", f"data.dataset={job['data']}",
@@ -195,6 +195,12 @@ def test_bad_input_is_one_line(job, capsys):
                      "tracking=none")
     assert line.startswith("error: ") and "hidden size 48" in line and "another target's assistant" in line, line
     assert not (root / "wider-run").exists()
+    with pytest.raises(DraftsmithError) as err:
+        train_drafter(_config(job, "native", f"model.shipped_drafter={trained}"))
+    assert f"model.init_from={trained}" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(DraftsmithError) as err:
+        build_drafter(f"gemma4_assistant:{trained}", job["target"])
+    assert "is a draftsmith drafter folder" in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(DraftsmithError) as err:
         train_drafter(_config(job, "missing", f"model.shipped_drafter={root / 'nothing'}"))
     assert "no such folder" in str(err.value) and "\n" not in str(err.value)

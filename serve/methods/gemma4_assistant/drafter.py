@@ -39,10 +39,16 @@ def read_assistant_config(folder: str | Path) -> Any:
     """The Gemma4AssistantConfig of `folder`; AssistantError when it holds none."""
     from transformers import AutoConfig
 
+    from draftsmith.serve.drafters.folder import is_drafter_folder
+
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise AssistantError(f"{folder} is not a Gemma 4 assistant folder: no config.json (expected a folder that "
                              f"Gemma4AssistantForCausalLM.save_pretrained writes)")
+    if is_drafter_folder(folder):
+        raise AssistantError(f"{folder} is a draftsmith drafter folder, not a Gemma 4 assistant's transformers folder: "
+                             f"draft with --drafter {folder}, continue training it with model.init_from={folder}, or "
+                             f"write its transformers folder with `draftsmith export --drafter {folder} --format vllm`")
     try:
         config = AutoConfig.from_pretrained(folder)
     except (OSError, ValueError, KeyError) as err:
