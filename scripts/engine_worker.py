@@ -19,12 +19,13 @@ every vLLM model module the target and draft classes use, by plain causal attent
 initialized for one process on gloo; the target's embeddings / lm_head are shared with the draft by vLLM's own
 proposer helpers (`maybe_share_target_embed`, `share_target_lm_head`; by hand as they do where a release lacks
 them); custom ops run their `forward_native` (no CUDA kernels); fused-MoE layers (Qwen3-MoE, gpt-oss, the MTP
-layers of Qwen3-Next, Qwen3.5-MoE, DeepSeek-V3 and GLM-4.5) keep vLLM's router (the one it builds on a CPU),
-weights, weight loaders and shared experts, and only the routed experts' grouped GEMM runs in torch
-(`NativeExperts`); vLLM's latent attention (DeepSeek's MLA, whose backends need a GPU) keeps vLLM's projections,
-norms and RoPE, and only the attention over the latent runs in torch (`LatentAttention`); the target's lm_head is
-also put in each MTP layer's `shared_head.head`, as vLLM's proposer does; torchvision, which vLLM's Qwen3.5 module
-imports for its vision processors and a text model never calls, is an importable stand-in where the project's torch
+layers of Qwen3-Next, Qwen3.5-MoE, DeepSeek-V3, GLM-4.5 and Nemotron-H) keep vLLM's router (the one it builds on a
+CPU), weights, weight loaders and shared experts, and only the routed experts' grouped GEMM runs in torch
+(`NativeExperts`, which also runs the experts without a gate that vLLM's MoE config refuses on a CPU); vLLM's
+latent attention (DeepSeek's MLA, whose backends need a GPU) keeps vLLM's projections, norms and RoPE, and only the
+attention over the latent runs in torch (`LatentAttention`); the target's lm_head is also put in each MTP layer's
+`shared_head.head`, as vLLM's proposer does; torchvision, which vLLM's Qwen3.5 module imports for its vision
+processors and a text model never calls, is an importable stand-in where the project's torch
 has no build of it (`ABSENT_TORCHVISION`). Where the engine's target class still cannot be built or run on a CPU,
 the hidden states come from the transformers target and the verdict says so; the engine's draft class and
 `load_weights` still load and run the export. An MTP layer that zeroes the token embedding at position 0 (vLLM's
@@ -285,7 +286,7 @@ class NativeExperts:
 
     @staticmethod
     def forward_native(method, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
-        from vllm.model_executor.layers.activation import SiluAndMul, SwigluOAIAndMul
+        from vllm.model_executor.layers.activation import ReLUSquaredActivation, SiluAndMul, SwigluOAIAndMul
         from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 
         if layer.apply_router_weight_on_input:
@@ -295,8 +296,9 @@ class NativeExperts:
 
             shared_experts(shared_experts_input, SharedExpertsOrder.MK_INTERNAL_OVERLAPPED)
         # SILU: w13 holds [gate; up]; SWIGLUOAI (gpt-oss): interleaved, with the defaults of the fused kernel
-        # `swigluoai_and_mul(out, in)`, which takes no alpha / limit
-        act = {MoEActivation.SILU: SiluAndMul, MoEActivation.SWIGLUOAI: SwigluOAIAndMul}[layer.activation]()
+        # `swigluoai_and_mul(out, in)`, which takes no alpha / limit; RELU2_NO_MUL (Nemotron-H): w13 holds up only
+        act = {MoEActivation.SILU: SiluAndMul, MoEActivation.SWIGLUOAI: SwigluOAIAndMul,
+               MoEActivation.RELU2_NO_MUL: ReLUSquaredActivation}[layer.activation]()
         w13_bias, w2_bias = getattr(layer, "w13_bias", None), getattr(layer, "w2_bias", None)
         out = torch.zeros_like(x, dtype=torch.float32)  # (T, h)
         for slot in range(topk_ids.shape[1]):
@@ -326,10 +328,26 @@ class _CpuRouting:
         return getattr(self._platform, name)
 
 
+class _NonGatedExperts:
+    """The platform as vLLM's fused-MoE config sees it: one whose kernels run experts without a gate (Nemotron-H's
+    relu2 experts; FusedMoEConfig refuses them on a CPU), which NativeExperts runs; its other question (the fp8
+    dtype) is the real platform's."""
+
+    def __init__(self, platform):
+        self._platform = platform
+
+    def is_cuda_alike(self) -> bool:
+        return True
+
+    def __getattr__(self, name):
+        return getattr(self._platform, name)
+
+
 def _stand_in_moe() -> None:
     """Unquantized fused-MoE layers pick NativeExperts: no backend to select (vLLM's oracle knows none for an
     unspecified platform), no kernel to build after loading (the OOT path), the torch forward above; routing is
     vLLM's CPURouter."""
+    from vllm.model_executor.layers.fused_moe import config as moe_config
     from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
     from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
     from vllm.model_executor.layers.fused_moe.router import router_factory
@@ -337,6 +355,7 @@ def _stand_in_moe() -> None:
     method.select_unquantized_moe_backend = lambda *args, **kwargs: (UnquantizedMoeBackend.OOT, NativeExperts)
     method.UnquantizedFusedMoEMethod.forward_native = NativeExperts.forward_native
     router_factory.current_platform = _CpuRouting(router_factory.current_platform)
+    moe_config.current_platform = _NonGatedExperts(moe_config.current_platform)
 
 
 def _vllm_config(served: str, case: dict, k: int = 3):

@@ -109,18 +109,19 @@ def test_sampling_with_an_mtp_layer_matches_the_targets_distribution():
     assert chi_square_p(counts, exact_joint(target, settings), samples) > 1e-3
 
 
-def test_training_starts_from_the_shipped_layer(mtp_dirs, tmp_path):
+@pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h"])
+def test_training_starts_from_the_shipped_layer(mtp_dirs, tmp_path, family):
     from draftsmith.serve.core.config import load_config
     from draftsmith.serve.methods.mtp.from_target import shipped_head
     from draftsmith.train.config import TrainConfig
     from draftsmith.train.heads import head_config
     from draftsmith.train.run import init_head
 
-    target = load_target(mtp_dirs["qwen3_next"], dtype="float32")
-    config = load_config(TrainConfig, overrides=[f"target={mtp_dirs['qwen3_next']}", "model.method=mtp",
+    target = load_target(mtp_dirs[family], dtype="float32")
+    config = load_config(TrainConfig, overrides=[f"target={mtp_dirs[family]}", "model.method=mtp",
                                                  "model.num_speculative_tokens=2", f"out_dir={tmp_path}"])
     cfg = head_config(config, target)
-    assert cfg.norm_output and cfg.ttt_steps == 2  # Qwen3-Next's next step reads the normed output
+    assert cfg.norm_output and cfg.ttt_steps == 2  # Qwen3-Next's and Nemotron-H's next step reads the normed output
     head, _ = init_head(cfg, target, [], [], vocab_rows=0, seed=0)
     shipped = shipped_head(target).state_dict()
     assert all(torch.equal(v, shipped[k]) for k, v in head.state_dict().items())
@@ -243,6 +244,28 @@ def test_nemotron_h_ships_its_step_as_blocks_under_mtp_layers(mtp_dirs, tmp_path
                        written["layers.1.mixer.experts.3.up_proj.weight"])
     again = head_state_to_checkpoint(state, NEMOTRON, layer_config(head.config.layer_config))
     assert set(again) == set(written) and all(torch.equal(again[k], v) for k, v in written.items())
+
+
+def test_a_nemotron_h_export_replaces_the_steps_blocks(mtp_dirs, tmp_path):
+    """The merged export of a Nemotron-H MTP drafter: the shipped mtp.layers.{i}.* replaced by the drafter's, under
+    the same names, read back drafting as the native drafter does."""
+    from safetensors import safe_open
+
+    from draftsmith.serve.drafters.folder import save_drafter
+    from draftsmith.serve.export import export_drafter
+    from draftsmith.serve.methods.mtp.head import MtpHead, mtp_config
+    from draftsmith.serve.methods.mtp.shipped import INDEX
+
+    folder = mtp_dirs["nemotron_h"]
+    target = load_target(folder)
+    torch.manual_seed(5)
+    cfg = mtp_config(target, num_speculative_tokens=2, ttt_steps=2, norm_output=True)
+    drafter = save_drafter(MtpHead(cfg), cfg, tmp_path / "drafter")
+    report = export_drafter(drafter, "vllm", tmp_path / "out", target=target, max_new_tokens=12)
+    assert report.mu_native == report.mu_readback and report.proposals_compared > 0
+    shipped = {k for k in json.loads((tmp_path / "out" / INDEX).read_text())["weight_map"] if k.startswith("mtp.")}
+    with safe_open(str(folder / "model.safetensors"), "pt") as handle:
+        assert shipped == {k for k in handle.keys() if k.startswith("mtp.")}
 
 
 def test_a_family_whose_mtp_form_is_not_read_yet_says_so(tmp_path):

@@ -1,9 +1,9 @@
-"""MTP: the target's own multi-token-prediction layer as a drafter (DeepSeek-V3, GLM-4.5, Qwen3-Next, Qwen3.5 ship
-one), read from the target's checkpoint (`--drafter mtp`), fine-tuned here for a fine-tuned target (`train
-model.method=mtp`, starting from the shipped layer where the target has one, from a fresh layer of the target's own
-family where it has none), and loaded from the drafter folder that training writes (`--drafter DIR`). Its head
-(head.py), where checkpoints keep it (shipped.py), its objective (objective.py), and what the project asks of it
-(below)."""
+"""MTP: the target's own multi-token-prediction layer as a drafter (DeepSeek-V3, GLM-4.5, Qwen3-Next, Qwen3.5,
+ERNIE-4.5 and Nemotron-H ship one), read from the target's checkpoint (`--drafter mtp`), fine-tuned here for a
+fine-tuned target (`train model.method=mtp`, starting from the shipped layer where the target has one, from a fresh
+layer of the target's own family where it has none), and loaded from the drafter folder that training writes
+(`--drafter DIR`). Its head (head.py), where checkpoints keep it (shipped.py), its objective (objective.py), and what
+the project asks of it (below)."""
 from __future__ import annotations
 
 from draftsmith.serve.core.errors import DraftsmithError

@@ -48,7 +48,8 @@ def layer_config_dict(text: Any, *, overrides: dict | None = None) -> dict:
         cfg["layers_block_type" if "layers_block_type" in cfg else "layer_types"] = blocks
     elif cfg.get("layer_types"):
         cfg["layer_types"] = ["full_attention"]
-    if "rms_norm_eps" not in cfg and "layer_norm_epsilon" in cfg:  # MtpLayer's norms read rms_norm_eps
+    # MtpLayer's norms read rms_norm_eps; Nemotron-H's is layer_norm_epsilon (vLLM's enorm, hnorm, final_layernorm)
+    if "rms_norm_eps" not in cfg and "layer_norm_epsilon" in cfg:
         cfg["rms_norm_eps"] = cfg["layer_norm_epsilon"]
     cfg.update(overrides or {})
     return cfg
