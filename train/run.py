@@ -31,6 +31,7 @@ from draftsmith.train.earlier_drafter import DRAFTER_DIR, check_earlier_drafter
 from draftsmith.train.features import collate, open_rows, split_rows, target_features
 from draftsmith.train.heads import continued_config, head_config, needed_layers
 from draftsmith.serve.methods.objective import TargetParts
+from draftsmith.serve.methods.registry import method
 from draftsmith.train.objectives import build_objective
 from draftsmith.train.preflight import check_data_target, check_rows_fill_a_batch, check_token_ids
 from draftsmith.serve.core.target import Target
@@ -38,8 +39,8 @@ from draftsmith.serve.core.target import Target
 
 def init_head(cfg: HeadConfig, target: Target, rows, train_idx: list[int], *, vocab_rows: int, seed: int):
     """A fresh head; one with a reduced vocabulary gets d2t/t2d from the training rows' loss-masked token counts; a
-    head that starts from the target's lm_head (`init_from_target`: Medusa's) is given it, and one that starts from
-    a layer the target ships (`start_from_target`: MTP's) is given that."""
+    head that starts from the target's lm_head (`init_from_target`: Medusa's) is given it, and one whose method starts
+    elsewhere (its registry record's `start`: the layer the target ships, MTP's) is given that."""
     torch.manual_seed(seed)
     head = build_head(cfg)
     coverage = 1.0
@@ -54,7 +55,8 @@ def init_head(cfg: HeadConfig, target: Target, rows, train_idx: list[int], *, vo
         from draftsmith.serve.core.sharded_target import full_tensor
 
         head.init_from_target(full_tensor(target.model.get_output_embeddings().weight).float().cpu())
-    started = hasattr(head, "start_from_target") and head.start_from_target(target)  # True, or what it started from
+    start = method(cfg.method).start
+    started = start is not None and start(head, target)  # True, or what it started from
     if started:  # the target's own MTP layer, a drafter shipped beside it
         source = started if isinstance(started, str) else f"the layer {target.name} ships"
         print(f"train: model.method={cfg.method} starts from {source}", file=sys.stderr)

@@ -92,6 +92,10 @@ class Method:
     merge_check: Optional[Callable[[Any, str], None]] = None
     # (native_dir, format, out_dir, *, target, prompts, k, max_new_tokens, overwrite) -> ExportReport
     merge_export: Optional[Callable[..., Any]] = None
+    # --- where training starts
+    # (fresh head, Target) -> False, or what training starts from instead of the fresh weights (True: the layer the
+    # target ships, MTP's; a str: the drafter a recipe names, the Gemma 4 assistant's model.shipped_drafter)
+    start: Optional[Callable[[Any, Any], Any]] = None
 
     @property
     def trained(self) -> bool:

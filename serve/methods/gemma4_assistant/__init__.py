@@ -75,4 +75,5 @@ METHOD = register(Method(
     label=lambda rest: f"{NAME}:" + Path(split_tree(rest)[0]).name,
     config=_config, head=AssistantHead, drafter=_drafter, objective=assistant_objective,
     layers=lambda num_layers: (FINAL,), unroll=lambda model, cfg, length: cfg.ttt_steps, check=_check,
-    options=("shipped_drafter", "draft_layers"), merge_check=check_format, merge_export=export_assistant))
+    options=("shipped_drafter", "draft_layers"), merge_check=check_format, merge_export=export_assistant,
+    start=AssistantHead.start_from_target))

@@ -11,7 +11,7 @@ from draftsmith.serve.core.layers import FINAL
 from draftsmith.serve.core.target import Target
 from draftsmith.serve.drafters.eagle_drafter import EagleDrafter
 from draftsmith.serve.drafters.spec import DrafterSpec, DrafterSpecError, options
-from draftsmith.serve.methods.mtp.from_target import DEFAULT_K, shipped_head
+from draftsmith.serve.methods.mtp.from_target import DEFAULT_K, shipped_head, start_from_shipped
 from draftsmith.serve.methods.mtp.head import MtpHead, mtp_config
 from draftsmith.serve.methods.mtp.merge import check_merge, export_merged
 from draftsmith.serve.methods.mtp.objective import mtp_objective
@@ -56,4 +56,4 @@ METHOD = register(Method(
     name="mtp", title="MTP", config=_config, head=MtpHead, drafter=EagleDrafter, objective=mtp_objective,
     layers=lambda num_layers: (FINAL,), unroll=lambda model, cfg, length: cfg.ttt_steps,
     position_weightings=("decay", "dpace"), usage="mtp, mtp:k=2", parse=_parse, build=_build, trees=True,
-    label=lambda rest: "mtp", merge_check=check_merge, merge_export=export_merged))
+    label=lambda rest: "mtp", merge_check=check_merge, merge_export=export_merged, start=start_from_shipped))

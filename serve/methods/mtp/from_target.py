@@ -2,13 +2,11 @@
 fine-tune starts (`train model.method=mtp`)."""
 from __future__ import annotations
 
-import torch
-
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.target import Target
 from draftsmith.serve.methods.mtp.head import MtpHead, layer_config, mtp_config
 from draftsmith.serve.methods.mtp.shipped import (FORMS, form_of, head_state_from_checkpoint, holds_prefixed,
-                                                  named_count, read_layer, read_prefixed, shipped_count)
+                                                  named_count, read_prefixed, shipped_count)
 
 DEFAULT_K = 3  # chains of the `mtp` spec unless told otherwise (vLLM's MTP examples draft 1-3)
 
@@ -31,7 +29,7 @@ def shipped_head(target: Target, *, num_speculative_tokens: int = DEFAULT_K, cas
     if not target.path:
         raise DraftsmithError(f"the target {target.name} has no checkpoint folder to read its MTP layer from")
     prefix = form.prefix(text)
-    tensors = read_layer(target.path, form, text)
+    tensors = read_prefixed(target.path, prefix)
     if not tensors:
         raise DraftsmithError(f"the target {target.name}'s config says it ships {shipped_count(text)} MTP layer(s), "
                               f"but its checkpoint {target.path} holds no tensor under {prefix!r} ({form.title}); "
@@ -65,10 +63,6 @@ def start_from_shipped(head: MtpHead, target: Target) -> bool:
     from draftsmith.serve.core.target import text_config
 
     text = text_config(target.config)
-    form = form_of(text)
-    if form is not None and form.shared_post_norm and target.path:  # a fresh layer's post-norm is the target's too
-        with torch.no_grad():
-            head.layers[0].post_norm.weight.copy_(read_prefixed(target.path, form.shared_post_norm)[""])
     if not shipped_count(text):
         return False
     if not target.path or not holds_prefixed(target.path, form_of(text).prefix(text)):

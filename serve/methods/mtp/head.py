@@ -6,7 +6,8 @@ vLLM's `*_mtp` drafters do).
     y = mtp_block(x)                                                 one decoder layer of the target's own family
     logits = target.lm_head(post_norm(y))                            the target's frozen lm_head, not stored
     the next step reads post_norm(y) (norm_output: Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5, Nemotron-H)
-                                                                     or y (ERNIE-4.5)
+    ERNIE-4.5's layer has no post_norm (its layer config's mtp_post_norm: false): the lm_head and the next step
+    read y, as vLLM and SGLang draft with it
 
 Nemotron-H's step is several of its blocks (`mtp_layers_block_type`, e.g. attention then experts: vLLM's
 nemotron_h_mtp.py): mtp_block is then that stack (MtpBlocks), the projections before its first block and post_norm
@@ -29,11 +30,10 @@ from draftsmith.serve.core.kv import cache_argument
 from draftsmith.serve.core.layers import FINAL
 from draftsmith.serve.core.target import Target
 from draftsmith.serve.drafters.head_config import HeadConfig
+from draftsmith.serve.methods.mtp.blocks import STEP_BLOCKS, MtpBlocks, step_blocks
 
 # what a layer config drops from the target's text config: it describes one decoder layer, not the whole model
 _WHOLE_MODEL = ("architectures", "transformers_version", "auto_map", "_name_or_path", "dtype", "torch_dtype")
-# the config key of a family whose MTP step is several of its blocks, of these types in order (Nemotron-H)
-STEP_BLOCKS = "mtp_layers_block_type"
 
 
 def layer_config_dict(text: Any, *, overrides: dict | None = None) -> dict:
@@ -53,12 +53,6 @@ def layer_config_dict(text: Any, *, overrides: dict | None = None) -> dict:
         cfg["rms_norm_eps"] = cfg["layer_norm_epsilon"]
     cfg.update(overrides or {})
     return cfg
-
-
-def step_blocks(config: Any) -> int:
-    """How many of the family's blocks one MTP step of a layer config is, when several (STEP_BLOCKS); 0: one decoder
-    layer, mtp_block itself."""
-    return len(getattr(config, STEP_BLOCKS, None) or ())
 
 
 def layer_config(config: dict) -> Any:
@@ -104,32 +98,10 @@ def family_parts(config: Any) -> tuple[type, type, Any, Any]:
     return type(layers[-1]), norm_cls, type(rope) if rope is not None else None, base._init_weights
 
 
-class MtpBlocks(nn.ModuleList):
-    """One MTP step of several of the family's blocks (Nemotron-H: its layer config's layers, of the types
-    STEP_BLOCKS names), run in order, each with its own pre-norm and residual, as vLLM's nemotron_h_mtp.py runs them
-    (its residual carried between blocks and added before the end norm is the same sum). The one attention block
-    keeps the head's cache layer 0, as a one-layer head does (the drafters read that layer)."""
-
-    def __init__(self, config: Any, layer_cls: type):
-        super().__init__([layer_cls(config, i) for i in range(config.num_hidden_layers)])
-        attention = [block for block in self if hasattr(getattr(block, "mixer", None), "k_proj")]
-        if len(attention) != 1:
-            raise DraftsmithError(f"draftsmith's MTP drafter keeps one attention cache: an MTP step of the blocks "
-                                  f"{getattr(config, STEP_BLOCKS)} has {len(attention)} attention blocks")
-        attention[0].mixer.layer_idx = 0
-
-    def forward(self, hidden_states: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, cache: Any = None, **kwargs) -> torch.Tensor:
-        for block in self:
-            out = block(hidden_states, attention_mask=attention_mask, position_ids=position_ids,
-                        **cache_argument(block, cache), **kwargs)
-            hidden_states = out[0] if isinstance(out, tuple) else out
-        return hidden_states
-
-
 class MtpHead(nn.Module):
     """Stored tensors: layers.0.enorm.weight, layers.0.hnorm.weight, layers.0.eh_proj.weight (h, 2h),
-    layers.0.mtp_block.* (the family's decoder layer, or MtpBlocks: .{i}.*), layers.0.post_norm.weight."""
+    layers.0.mtp_block.* (the family's decoder layer, or MtpBlocks: .{i}.*), layers.0.post_norm.weight (unless its
+    layer config says mtp_post_norm: false)."""
 
     reads_target_lm_head = True  # its logits are the target's lm_head over lm_head_input(out) (EagleDrafter)
 
@@ -144,17 +116,13 @@ class MtpHead(nn.Module):
             block_cls = layer_cls
             layer_cls = lambda config, layer_idx: MtpBlocks(config, block_cls)  # noqa: E731
         try:
-            self.layers = nn.ModuleList([MtpLayer(built, layer_cls, norm_cls, 0, use_post_norm=True)])
+            self.layers = nn.ModuleList([MtpLayer(built, layer_cls, norm_cls, 0,
+                                                  use_post_norm=bool(getattr(built, "mtp_post_norm", True)))])
         except (AttributeError, TypeError, ValueError) as err:
             raise DraftsmithError(f"draftsmith cannot build an MTP layer of {built.model_type!r}: {err}") from None
         with torch.no_grad():  # as the family initializes its own layers (experts are created uninitialized)
             for module in self.layers.modules():
                 initialize(module)
-        from draftsmith.serve.methods.mtp.shipped import FORMS
-
-        form = FORMS.get(config.target_model_type)
-        if form is not None and form.shared_post_norm:  # the target's own final norm (ERNIE-4.5): never trained
-            self.layers[0].post_norm.requires_grad_(False)
         self.rope = rope_cls(config=built) if rope_cls is not None else None
         self.hidden_first = bool(getattr(built, "mtp_hidden_states_first", False))
 
@@ -174,17 +142,12 @@ class MtpHead(nn.Module):
         out = layer.mtp_block(x, attention_mask=attention_mask, position_ids=position_ids,
                               position_embeddings=position_embeddings, **cache_argument(layer.mtp_block, cache))
         out = out[0] if isinstance(out, tuple) else out
-        return layer.post_norm(out) if self.config.norm_output else out
-
-    def start_from_target(self, target: Target) -> bool:
-        """A fresh head given the MTP layer `target` ships (training starts from it); whether it ships one."""
-        from draftsmith.serve.methods.mtp.from_target import start_from_shipped
-
-        return start_from_shipped(self, target)
+        return layer.post_norm(out) if self.config.norm_output and layer.post_norm is not None else out
 
     def lm_head_input(self, out: torch.Tensor) -> torch.Tensor:
         """(…, h) what forward returned -> the state the target's lm_head reads."""
-        return out if self.config.norm_output else self.layers[0].post_norm(out)
+        norm = self.layers[0].post_norm
+        return out if self.config.norm_output or norm is None else norm(out)
 
 
 def mtp_config(target: Target, *, num_speculative_tokens: int = 3, ttt_steps: int = 3, norm_output: bool = False,

@@ -18,7 +18,7 @@ import torch
 
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.target import Target
-from draftsmith.serve.methods.mtp.shipped import INDEX, checkpoint_files, form_of, read_prefixed
+from draftsmith.serve.methods.mtp.shipped import INDEX, checkpoint_files, form_of
 
 MTP_FILE = "model-mtp.safetensors"
 # what each format's engine calls the method, and how it is served from OUT
@@ -69,11 +69,6 @@ def merge_checkpoint(head, target: Target, folder: Path) -> dict:
     source = Path(target.path)
     shards = checkpoint_files(source)
     state = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
-    if form.shared_post_norm:  # the layer's post-norm is the target's own tensor, written nowhere else
-        theirs = read_prefixed(source, form.shared_post_norm)[""]
-        if not torch.equal(state["layers.0.post_norm.weight"].to(theirs.dtype), theirs):
-            raise DraftsmithError(f"the drafter's post-norm differs from the target's {form.shared_post_norm}, which "
-                                  f"{form.title} shares with its MTP layer: it was trained for another target")
     tensors = {prefix + k: v.contiguous() for k, v in
                head_state_to_checkpoint(state, form, layer_config(head.config.layer_config)).items()}
     replaced, rewritten, weight_map = [], [], {}

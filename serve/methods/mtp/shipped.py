@@ -24,7 +24,7 @@ from draftsmith.serve.core.errors import DraftsmithError
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
-SHARED = "\0shared_post_norm"  # where read_layer puts a form's shared post-norm among the layer's tensors
+POST_NORM = "mtp_post_norm"  # a layer-config key: False for a layer whose output the lm_head reads unnormed
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,6 @@ class ShippedForm:
     shared: tuple[str, ...] = ()                 # copies of the target's embeddings / head kept there (not read)
     norm_output: bool = False                    # the next draft step reads the normed output
     overrides: Mapping[str, Any] = field(default_factory=dict)  # layer-config keys that differ from the target's
-    # the target's own tensor the layer's post-norm is (ERNIE-4.5: the final norm): read, never trained or written
-    shared_post_norm: str = ""
 
     def names(self, layer_config: Any) -> dict[str, str]:
         """parts, a step's last block named (the layer config's last layer)."""
@@ -64,14 +62,16 @@ DEEPSEEK = ShippedForm(
     block="", shared=("embed_tokens.weight", "shared_head.head.weight"), norm_output=True,
     overrides={"first_k_dense_replace": 0})  # the MTP layer holds experts like the target's last layers
 
-# transformers' MtpModel: "the base model's final `norm` is the post-norm of the MTP layer" (conversion_mapping.py);
-# its decoder layer is the family's first (dense below moe_layer_start_index, as vLLM's ernie_mtp.py builds it)
+# no norm before the lm_head: vLLM's ernie_mtp.py and SGLang's ernie4_eagle.py take the logits of the layer's output
+# as it is (transformers' MtpModel puts the target's final norm there; an engine check found vLLM's logits differing
+# by 2.9 with it), and feed that output to the next step; its decoder layer is the family's first (dense below
+# moe_layer_start_index, as vLLM builds it)
 ERNIE = ShippedForm(
     title="ERNIE-4.5 (model.mtp_*.0.*)", counts=("num_nextn_predict_layers", "num_mtp_layers"),
     prefix=lambda text: "model.mtp_",
     parts={"emb_norm.0.weight": "enorm.weight", "hidden_norm.0.weight": "hnorm.weight",
            "linear_proj.0.weight": "eh_proj.weight"},
-    block="block.0.", norm_output=False, shared_post_norm="model.norm.weight")
+    block="block.0.", norm_output=False, overrides={POST_NORM: False})
 
 # vLLM's nemotron_h_mtp.py: one step is the blocks of mtp_hybrid_override_pattern (transformers'
 # mtp_layers_block_type), mtp.layers.{i} each under the target's own block names (experts one tensor each, q/k/v
@@ -132,18 +132,6 @@ def holds_prefixed(folder: str | Path, prefix: str) -> bool:
     return False
 
 
-def read_layer(folder: str | Path, form: ShippedForm, text: Any) -> dict[str, torch.Tensor]:
-    """MTP layer 0's tensors (names after the form's prefix), with the target's tensor a shared post-norm is."""
-    tensors = read_prefixed(folder, form.prefix(text))
-    if tensors and form.shared_post_norm:
-        shared = read_prefixed(folder, form.shared_post_norm)
-        if "" not in shared:
-            raise DraftsmithError(f"the checkpoint {folder} lacks {form.shared_post_norm}, the MTP layer's post-norm "
-                                  f"({form.title})")
-        tensors[SHARED] = shared[""]
-    return tensors
-
-
 def read_prefixed(folder: str | Path, prefix: str) -> dict[str, torch.Tensor]:
     """Every tensor of the checkpoint whose name starts with `prefix`, by the name after it."""
     from safetensors import safe_open
@@ -190,7 +178,7 @@ class _Quiet:
 
 def _layers_prefix(layer_config: Any) -> str:
     """Where the one-layer model keeps what mtp_block holds: its layer 0, or its layers (a step's blocks: {i}.*)."""
-    from draftsmith.serve.methods.mtp.head import step_blocks
+    from draftsmith.serve.methods.mtp.blocks import step_blocks
 
     return "model.layers." if step_blocks(layer_config) else "model.layers.0."
 
@@ -257,18 +245,15 @@ def head_state_from_checkpoint(tensors: dict[str, torch.Tensor], form: ShippedFo
     if missing:
         raise DraftsmithError(f"the checkpoint's MTP layer lacks {missing} ({form.title})")
     state = {f"layers.0.{ours}": tensors[theirs] for theirs, ours in parts.items()}
-    if form.shared_post_norm:  # the caller adds it from the target's own tensor
-        state["layers.0.post_norm.weight"] = tensors[SHARED]
     block = {k[len(form.block):]: v for k, v in tensors.items()
-             if k.startswith(form.block) and k not in parts and k not in form.shared and k != SHARED}
+             if k.startswith(form.block) and k not in parts and k not in form.shared}
     state.update({f"layers.0.mtp_block.{k}": v for k, v in block_from_checkpoint(block, layer_config).items()})
     return state
 
 
 def head_state_to_checkpoint(state: dict[str, torch.Tensor], form: ShippedForm,
                              layer_config: Any) -> dict[str, torch.Tensor]:
-    """The head's state dict -> its tensors under the checkpoint's names (the form's prefix not included); a shared
-    post-norm is the target's and not written."""
+    """The head's state dict -> its tensors under the checkpoint's names (the form's prefix not included)."""
     ours_to_theirs = {ours: theirs for theirs, ours in form.names(layer_config).items()}
     out = {ours_to_theirs[k[len("layers.0."):]]: v for k, v in state.items()
            if k[len("layers.0."):] in ours_to_theirs}
