@@ -47,8 +47,10 @@ def make_native(target, method: str, folder: str | Path, *, seed: int = 0, **opt
         form = form_of(text_config(target.config))
         config = mtp_config(target, **{"norm_output": bool(form and form.norm_output),
                                        "overrides": dict(form.overrides) if form else None, **options})
-    else:
+    elif method == "medusa":
         config = medusa_config(target, **{"num_heads": 3, "draft_vocab_size": 150, **options})
+    else:
+        raise ValueError(f"no random-weight {method} drafter is made here (tests/export_fixtures.py)")
     head = build_head(config)
     if config.uses_draft_vocab:
         _scatter_vocab(head, config.vocab_size, config.draft_vocab_size, seed)
