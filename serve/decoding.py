@@ -201,6 +201,10 @@ def _verify_inputs(pending: int, draft: Draft, cache, device):
 
 
 @torch.inference_mode()
+def _no_watch(cache) -> None:
+    """What a drafter that is not a `Drafter` (a benchmark's stand-in) does with the target's cache: nothing."""
+
+
 def speculative_generate(target: Target, drafter: Drafter, input_ids: torch.Tensor, *, max_new_tokens: int,
                          k: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                          seed: int | None = None,
@@ -221,8 +225,8 @@ def speculative_generate(target: Target, drafter: Drafter, input_ids: torch.Tens
     want_hidden = bool(layers)
     device = model.device
     cache = new_cache(model)
-    for part in drafter.parts():  # a hybrid's sides too
-        part.watch_cache(cache)
+    for part in drafter.parts() if hasattr(drafter, "parts") else (drafter,):  # a hybrid's sides too
+        getattr(part, "watch_cache", _no_watch)(cache)
     chains_only = not rolls_back_trees(cache)  # recurrent layers keep one state per position: no tree paths
     tree = tree_on(model, tree, recurrent=chains_only)
     probs = dict(temperature=temperature, top_k=top_k, top_p=top_p)
