@@ -200,11 +200,11 @@ def _verify_inputs(pending: int, draft: Draft, cache, device):
     return tokens[None].to(device), positions[None].to(device), masks
 
 
-@torch.inference_mode()
 def _no_watch(cache) -> None:
     """What a drafter that is not a `Drafter` (a benchmark's stand-in) does with the target's cache: nothing."""
 
 
+@torch.inference_mode()
 def speculative_generate(target: Target, drafter: Drafter, input_ids: torch.Tensor, *, max_new_tokens: int,
                          k: int | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                          seed: int | None = None,
