@@ -604,13 +604,16 @@ def _draft_once(draft, next_ids, positions, features):
 
 def _zeroes_position_zero(draft) -> bool:
     """Whether the draft's MTP layer zeroes the token embedding at position 0 (vLLM's DeepSeek and GLM MTP layers:
-    `torch.where(positions.unsqueeze(-1) == 0, 0, inputs_embeds)`, "not needed by MTP"), read from its forward's
+    `torch.where(positions.unsqueeze(-1) == 0, 0, inputs_embeds)`, "not needed by MTP"; ERNIE's:
+    `inputs_embeds[positions == 0] = 0`), read from its forward's
     source. Our MtpHead does not: the teacher-forced step then runs at positions 1..T (RoPE sees the same relative
     offsets), and the step from position 0 is reported beside it."""
     for module in draft.modules():
-        if hasattr(module, "enorm") and hasattr(module, "eh_proj"):
+        if any(hasattr(module, n) for n in ("enorm", "mtp_emb_norm")) and \
+                any(hasattr(module, n) for n in ("eh_proj", "mtp_linear_proj")):
             source = inspect.getsource(type(module).forward)
-            return re.search(r"positions\.unsqueeze\(-1\)\s*==\s*0", source) is not None
+            return re.search(r"positions\.unsqueeze\(-1\)\s*==\s*0|\[positions\s*==\s*0\]\s*=\s*0",
+                             source) is not None
     return False
 
 
