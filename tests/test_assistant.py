@@ -20,7 +20,7 @@ from draftsmith.serve.drafters import build_drafter
 from draftsmith.serve.drafters.spec import DrafterSpecError
 from draftsmith.serve.methods.gemma4_assistant.drafter import AssistantDrafter, store_layers
 from tests.cli_fixtures import cli_error
-from tests.decoder_fixtures import PROMPT, VOCAB, chi_square_p, exact_joint
+from tests.decoder_fixtures import PROMPT, VOCAB, sampled_first_tokens
 from tests.tiny_models import save_tiny_target, tiny_model, tiny_tokenizer
 
 WINDOW = 8  # the sliding window of the main tiny target: prompts and outputs run past it
@@ -152,16 +152,8 @@ def test_sampling_matches_the_targets_distribution():
     equals the target's enumerated one (chi-square)."""
     target = vocab8_target()
     drafter = AssistantDrafter(assistant_model(target.config, seed=2), target, folder="tiny")
-    settings, samples = dict(temperature=1.0, top_k=0, top_p=1.0), 600
-    counts: dict[tuple, int] = {}
-    accepted = 0
-    for seed in range(samples):
-        torch.manual_seed(seed)
-        res = speculative_generate(target, drafter, PROMPT, max_new_tokens=3, k=2, eos_token_ids=(), **settings)
-        counts[tuple(res.output_ids)] = counts.get(tuple(res.output_ids), 0) + 1
-        accepted += sum(res.stats.accepted_per_cycle)
-    assert accepted > samples * 0.1
-    assert chi_square_p(counts, exact_joint(target, settings), samples) > 1e-3
+    p, accepted = sampled_first_tokens(target, drafter)
+    assert accepted > 60 and p > 1e-3
 
 
 def test_the_batched_decoder_refuses_it_in_one_line(dirs, target):

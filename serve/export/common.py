@@ -299,3 +299,17 @@ def compare_drafts(target: Target, native: Drafter, readback: Drafter, prompts: 
         raise ExportError(f"{where}: μ read back {mu_readback:.4f}, expected the native μ {mu_native:.4f}")
     return DraftComparison(prompts=len(prompts), cycles=cycles, proposals_compared=compared, mu_native=mu_native,
                            mu_readback=mu_readback, new_tokens=new_tokens)
+
+
+def record_readback(report: Any, target: Target, native: Drafter, readback: Drafter, prompts, *, k: int,
+                    max_new_tokens: int, where: str, read_as: str) -> None:
+    """compare_drafts (default prompts when none are given) written into an ExportReport: its k, prompts, cycles,
+    proposals and μ, and the check line ("read back {read_as}: N proposed tokens ... identical")."""
+    comparison = compare_drafts(target, native, readback, prompts if prompts is not None else default_prompts(target),
+                                k=k, max_new_tokens=max_new_tokens, where=where)
+    report.k, report.prompts, report.cycles = k, comparison.prompts, comparison.cycles
+    report.proposals_compared = comparison.proposals_compared
+    report.mu_native, report.mu_readback = comparison.mu_native, comparison.mu_readback
+    report.checks.append(f"read back {read_as}: {comparison.proposals_compared} proposed tokens in "
+                         f"{comparison.cycles} cycles identical to the native drafter's; mu "
+                         f"{comparison.mu_readback:.3f} = {comparison.mu_native:.3f}")

@@ -71,7 +71,7 @@ def export_assistant(native_dir: str | Path, fmt: str, out_dir: str | Path, *, t
     from draftsmith.serve.core.whole_folder import whole_folder
     from draftsmith.serve.drafters.folder import load_head, make_drafter, read_config
     from draftsmith.serve.drafters.identity import check_target_identity
-    from draftsmith.serve.export.common import compare_drafts, default_prompts
+    from draftsmith.serve.export.common import record_readback
     from draftsmith.serve.export.destination import REPORT_NAME, check_destination
     from draftsmith.serve.export.report import ExportReport
     from draftsmith.serve.methods.gemma4_assistant.drafter import AssistantDrafter, load_assistant
@@ -97,15 +97,9 @@ def export_assistant(native_dir: str | Path, fmt: str, out_dir: str | Path, *, t
                              f"gemma4_assistant, architectures {head.assistant.config.architectures})")
         model, _ = load_assistant(folder, target)  # transformers' Gemma4AssistantForCausalLM.from_pretrained
         readback = AssistantDrafter(model, target, folder=out)
-        native = make_drafter(head, target)
-        comparison = compare_drafts(target, native, readback, prompts if prompts is not None
-                                    else default_prompts(target), k=k, max_new_tokens=max_new_tokens, where=str(out))
-        report.k, report.prompts, report.cycles = k, comparison.prompts, comparison.cycles
-        report.proposals_compared = comparison.proposals_compared
-        report.mu_native, report.mu_readback = comparison.mu_native, comparison.mu_readback
-        report.checks.append(f"read back by transformers (gemma4_assistant:OUT): {comparison.proposals_compared} "
-                             f"proposed tokens in {comparison.cycles} cycles identical to the native drafter's; mu "
-                             f"{comparison.mu_readback:.3f} = {comparison.mu_native:.3f}")
+        record_readback(report, target, make_drafter(head, target), readback, prompts, k=k,
+                        max_new_tokens=max_new_tokens, where=str(out),
+                        read_as="by transformers (gemma4_assistant:OUT)")
         report.notes.append(f"served as {serve_as}: " + command.format(target=target.path or target.name,
                                                                        out=out.resolve(), k=k, k1=k + 1))
         report.validate_seconds = time.perf_counter() - t1

@@ -147,7 +147,7 @@ def export_merged(native_dir: str | Path, fmt: str, out_dir: str | Path, *, targ
     from draftsmith.serve.core.whole_folder import whole_folder
     from draftsmith.serve.drafters.folder import load_head, make_drafter, read_config
     from draftsmith.serve.drafters.identity import check_target_identity
-    from draftsmith.serve.export.common import compare_drafts, default_prompts
+    from draftsmith.serve.export.common import record_readback
     from draftsmith.serve.export.destination import check_destination
     from draftsmith.serve.export.report import ExportReport
     from draftsmith.serve.methods.mtp.from_target import shipped_head
@@ -178,15 +178,8 @@ def export_merged(native_dir: str | Path, fmt: str, out_dir: str | Path, *, targ
                                 if changed["replaced"] else ""))
         merged = replace(target, path=str(folder))  # the same model; its MTP layer read from OUT
         readback = make_drafter(shipped_head(merged, num_speculative_tokens=config.num_speculative_tokens), target)
-        native = make_drafter(head, target)
-        comparison = compare_drafts(target, native, readback, prompts if prompts is not None
-                                    else default_prompts(target), k=k, max_new_tokens=max_new_tokens, where=str(out))
-        report.k, report.prompts, report.cycles = k, comparison.prompts, comparison.cycles
-        report.proposals_compared = comparison.proposals_compared
-        report.mu_native, report.mu_readback = comparison.mu_native, comparison.mu_readback
-        report.checks.append(f"read back as the checkpoint's MTP layer: {comparison.proposals_compared} proposed "
-                             f"tokens in {comparison.cycles} cycles identical to the native drafter's; mu "
-                             f"{comparison.mu_readback:.3f} = {comparison.mu_native:.3f}")
+        record_readback(report, target, make_drafter(head, target), readback, prompts, k=k,
+                        max_new_tokens=max_new_tokens, where=str(out), read_as="as the checkpoint's MTP layer")
         report.notes.append(f"served as {serve_as}: {command.format(out=out.resolve(), k=k, k1=k + 1)}")
         report.validate_seconds = time.perf_counter() - t1
         (folder / "export_report.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
