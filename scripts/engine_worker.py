@@ -314,33 +314,30 @@ class NativeExperts:
         return out.to(x.dtype)
 
 
-class _CpuRouting:
-    """The platform as vLLM's router factory sees it: a CPU, so it builds CPURouter (vLLM's plain-torch softmax /
-    grouped top-k) instead of routers that call CUDA ops (`_moe_C.topk_softmax`); all else is the real platform."""
+class _PlatformSaying:
+    """The real platform, except that the questions named in `answers` (method name -> what it returns) get those
+    answers; one module of vLLM at a time sees it."""
 
-    def __init__(self, platform):
-        self._platform = platform
-
-    def is_cpu(self) -> bool:
-        return True
+    def __init__(self, platform, **answers):
+        self._platform, self._answers = platform, answers
 
     def __getattr__(self, name):
+        if name in self._answers:
+            return lambda *args, **kwargs: self._answers[name]
         return getattr(self._platform, name)
 
 
-class _NonGatedExperts:
+def _cpu_routing(platform):
+    """The platform as vLLM's router factory sees it: a CPU, so it builds CPURouter (vLLM's plain-torch softmax /
+    grouped top-k) instead of routers that call CUDA ops (`_moe_C.topk_softmax`); all else is the real platform."""
+    return _PlatformSaying(platform, is_cpu=True)
+
+
+def _non_gated_experts(platform):
     """The platform as vLLM's fused-MoE config sees it: one whose kernels run experts without a gate (Nemotron-H's
     relu2 experts; FusedMoEConfig refuses them on a CPU), which NativeExperts runs; its other question (the fp8
     dtype) is the real platform's."""
-
-    def __init__(self, platform):
-        self._platform = platform
-
-    def is_cuda_alike(self) -> bool:
-        return True
-
-    def __getattr__(self, name):
-        return getattr(self._platform, name)
+    return _PlatformSaying(platform, is_cuda_alike=True)
 
 
 def _stand_in_moe() -> None:
@@ -354,8 +351,8 @@ def _stand_in_moe() -> None:
 
     method.select_unquantized_moe_backend = lambda *args, **kwargs: (UnquantizedMoeBackend.OOT, NativeExperts)
     method.UnquantizedFusedMoEMethod.forward_native = NativeExperts.forward_native
-    router_factory.current_platform = _CpuRouting(router_factory.current_platform)
-    moe_config.current_platform = _NonGatedExperts(moe_config.current_platform)
+    router_factory.current_platform = _cpu_routing(router_factory.current_platform)
+    moe_config.current_platform = _non_gated_experts(moe_config.current_platform)
 
 
 def _vllm_config(served: str, case: dict, k: int = 3):

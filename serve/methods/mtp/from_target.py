@@ -29,23 +29,29 @@ def shipped_head(target: Target, *, num_speculative_tokens: int = DEFAULT_K, cas
     if not target.path:
         raise DraftsmithError(f"the target {target.name} has no checkpoint folder to read its MTP layer from")
     prefix = form.prefix(text)
-    tensors = read_prefixed(target.path, prefix)
-    if not tensors:
+    if not holds_prefixed(target.path, prefix):
         raise DraftsmithError(f"the target {target.name}'s config says it ships {shipped_count(text)} MTP layer(s), "
                               f"but its checkpoint {target.path} holds no tensor under {prefix!r} ({form.title}); "
                               f"transformers drops them when it saves a model: use the original checkpoint")
     cfg = mtp_config(target, num_speculative_tokens=num_speculative_tokens, ttt_steps=num_speculative_tokens,
                      norm_output=form.norm_output, overrides=dict(form.overrides))
     head = MtpHead(cfg)
-    state = head_state_from_checkpoint(tensors, form, layer_config(cfg.layer_config))
-    _load(head, state, f"{target.path} ({form.title})")
+    _load_shipped(head, target)
     if not cast:
         return head
     param = next(target.model.parameters())
     return head.to(device=param.device, dtype=param.dtype)
 
 
-def _load(head: MtpHead, state: dict, source: str) -> None:
+def _load_shipped(head: MtpHead, target: Target) -> None:
+    """`head` given the layer `target`'s checkpoint holds (converted by its family's transformers model)."""
+    from draftsmith.serve.core.target import text_config
+
+    text = text_config(target.config)
+    form = form_of(text)
+    state = head_state_from_checkpoint(read_prefixed(target.path, form.prefix(text)), form,
+                                       layer_config(head.config.layer_config))
+    source = f"{target.path} ({form.title})"
     own = head.state_dict()
     wrong = sorted(k for k, v in state.items() if k in own and tuple(v.shape) != tuple(own[k].shape))
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
@@ -70,6 +76,5 @@ def start_from_shipped(head: MtpHead, target: Target) -> bool:
               f"them when it saves a model); a fresh layer starts. To start from the shipped one, copy the "
               f"original checkpoint's {form_of(text).prefix(text)}* tensors into it", file=sys.stderr)
         return False
-    shipped = shipped_head(target, num_speculative_tokens=head.config.num_speculative_tokens, cast=False)
-    _load(head, shipped.state_dict(), f"{target.path}")
+    _load_shipped(head, target)
     return True

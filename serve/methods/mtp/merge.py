@@ -18,7 +18,7 @@ import torch
 
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.target import Target
-from draftsmith.serve.methods.mtp.shipped import INDEX, checkpoint_files, form_of
+from draftsmith.serve.methods.mtp.shipped import FORMS, INDEX, checkpoint_files, form_of, tensor_names
 
 MTP_FILE = "model-mtp.safetensors"
 # what each format's engine calls the method, and how it is served from OUT
@@ -36,22 +36,13 @@ def check_merge(config, fmt: str) -> None:
     if fmt not in SERVING:
         raise DraftsmithError(f"--format {fmt} cannot export an MTP drafter: the engines serve MTP layers from the "
                               f"target's own checkpoint; use --format {' or '.join(SERVING)}")
-    from types import SimpleNamespace
-
-    if form_of(SimpleNamespace(model_type=config.target_model_type)) is None:
+    if config.target_model_type not in FORMS:
         family = family_of(config.target_model_type)
         raise DraftsmithError(f"--format {fmt} cannot export this MTP drafter: its target's family "
                               f"{config.target_model_type!r} ({family.causal_lm if family else 'unknown'}) has no MTP "
                               f"model in the engines (they serve MTP for DeepSeek-V3, GLM-4.5, Qwen3-Next, "
                               f"Qwen3.5, ERNIE-4.5 and Nemotron-H checkpoints); serve it with `draftsmith serve "
                               f"--drafter DIR`")
-
-
-def _tensor_names(path: Path) -> list[str]:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as handle:
-        return list(handle.keys())
 
 
 def merge_checkpoint(head, target: Target, folder: Path) -> dict:
@@ -76,7 +67,7 @@ def merge_checkpoint(head, target: Target, folder: Path) -> dict:
         if path.is_dir() or path.name == INDEX:
             continue
         if path in shards:
-            names = _tensor_names(path)
+            names = tensor_names(path)
             old = [n for n in names if _replaced(n, prefix, form)]
             if old:  # an earlier MTP layer: the shard again without it (its copies of the target's tensors kept)
                 kept = {k: v for k, v in load_file(str(path)).items() if not _replaced(k, prefix, form)}
@@ -95,7 +86,7 @@ def merge_checkpoint(head, target: Target, folder: Path) -> dict:
     index["weight_map"] = dict(sorted(weight_map.items()))
     (folder / INDEX).write_text(json.dumps(index, indent=2) + "\n")
     config = json.loads((folder / "config.json").read_text())
-    holder = config.get("text_config", config) if "text_config" in config else config
+    holder = config.get("text_config", config)
     key = form.counts[0]
     if int(holder.get(key) or 0) < 1:  # a target that shipped none now names the one it carries
         holder[key] = 1
@@ -111,24 +102,27 @@ def _replaced(name: str, prefix: str, form) -> bool:
 
 def check_unchanged(source: Path, out: Path, prefix: str, form) -> int:
     """Every tensor of the target's checkpoint outside its MTP layer is in OUT, bit for bit; returns their count."""
+    from contextlib import ExitStack
+
     from safetensors import safe_open
 
-    ours: dict[str, Path] = {}
-    for path in checkpoint_files(out):
-        ours.update({name: path for name in _tensor_names(path)})
     count = 0
-    for path in checkpoint_files(source):
-        with safe_open(str(path), framework="pt") as theirs:
-            for name in theirs.keys():
-                if _replaced(name, prefix, form):
-                    continue
-                if name not in ours:
-                    raise DraftsmithError(f"the merged checkpoint lost the target's tensor {name}")
-                with safe_open(str(ours[name]), framework="pt") as mine:
-                    a, b = theirs.get_tensor(name), mine.get_tensor(name)
-                if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(_bits(a), _bits(b)):
-                    raise DraftsmithError(f"the merged checkpoint changed the target's tensor {name}")
-                count += 1
+    with ExitStack() as files:  # each of OUT's shards opened once
+        ours = {}
+        for path in checkpoint_files(out):
+            handle = files.enter_context(safe_open(str(path), framework="pt"))
+            ours.update(dict.fromkeys(handle.keys(), handle))
+        for path in checkpoint_files(source):
+            with safe_open(str(path), framework="pt") as theirs:
+                for name in theirs.keys():
+                    if _replaced(name, prefix, form):
+                        continue
+                    if name not in ours:
+                        raise DraftsmithError(f"the merged checkpoint lost the target's tensor {name}")
+                    a, b = theirs.get_tensor(name), ours[name].get_tensor(name)
+                    if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(_bits(a), _bits(b)):
+                        raise DraftsmithError(f"the merged checkpoint changed the target's tensor {name}")
+                    count += 1
     return count
 
 

@@ -121,15 +121,17 @@ def checkpoint_files(folder: str | Path) -> list[Path]:
                           f"target's MTP layers from its safetensors files")
 
 
-def holds_prefixed(folder: str | Path, prefix: str) -> bool:
-    """Whether the checkpoint holds a tensor whose name starts with `prefix` (names read, no tensor)."""
+def tensor_names(path: Path) -> list[str]:
+    """The tensors one safetensors file holds (names read, no tensor)."""
     from safetensors import safe_open
 
-    for path in checkpoint_files(folder):
-        with safe_open(str(path), framework="pt") as handle:
-            if any(key.startswith(prefix) for key in handle.keys()):
-                return True
-    return False
+    with safe_open(str(path), framework="pt") as handle:
+        return list(handle.keys())
+
+
+def holds_prefixed(folder: str | Path, prefix: str) -> bool:
+    """Whether the checkpoint holds a tensor whose name starts with `prefix` (names read, no tensor)."""
+    return any(name.startswith(prefix) for path in checkpoint_files(folder) for name in tensor_names(path))
 
 
 def read_prefixed(folder: str | Path, prefix: str) -> dict[str, torch.Tensor]:
