@@ -6,6 +6,8 @@ Output folder (`out_dir`):
     build_info.json                               target identity, config hash, counts, throughput
     config.resolved.yaml                          the DataBuildConfig used
     .work/state.json, .work/part-NNNNN.jsonl      finished rows, batch_size per part (the resume point)
+    .work/part-NNNNN.states.safetensors           with `capture`: the hidden states of the part's rows, recorded
+                                                  while generating, until the cache holds them (data/capture_live.py)
 
 The folder is replaced whole when the dataset is saved (data/out_folder.py): a kill or a full disk then leaves the
 earlier dataset as it was. A dataset whose rows no .work keeps is replaced only with `overwrite`.
@@ -29,7 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from draftsmith.data.config import DataBuildConfig, validate
+from draftsmith.data.config import CaptureConfig, DataBuildConfig, validate
 from draftsmith.data.generate import Answer, ContinuousBatcher, Request
 from draftsmith.data.made_for import TargetRecord
 from draftsmith.data.masks import render_prompt, render_with_mask
@@ -65,6 +67,7 @@ class BuildResult:
     reused_batches: int  # part files of earlier runs read back from .work
     reused_rows: int  # rows those parts answered
     draft_vocab_coverage: float | None = None
+    capture: Any = None  # with `capture`: the cache's data.capture.CaptureResult
 
     @property
     def tokens_per_second(self) -> float:
@@ -292,13 +295,16 @@ def row_tokens(tokenizer: Any, record: dict, *, chat: bool, eos_token_ids: Seque
 def build_dataset(target: Target | str | Path, config: DataBuildConfig, *, out_dir: str | Path, progress: bool = True,
                   log: Callable[[str], None] = print,
                   on_batch: Callable[[int], None] | None = None, deadline: float | None = None,
-                  overwrite: bool = False) -> BuildResult:
+                  overwrite: bool = False, capture: CaptureConfig | None = None,
+                  cache_dir: str | Path | None = None) -> BuildResult:
     """Self-distil `config.prompts` with `target` (a serve.core.target.Target or a spec for load_target) into out_dir.
 
     on_batch(part) runs after each batch is saved as .work/part-<part>.jsonl (tests use it to interrupt a build).
     deadline: a time.monotonic() value (`demo --budget`): past it no new conversation starts, the ones in flight end
     their turn, and the dataset holds the rows answered so far (a rerun without it answers the others).
     overwrite: replace a dataset in out_dir whose rows no .work keeps (data/out_folder.py).
+    cache_dir: also write the hidden-state cache of offline training there (`--capture`, settings from `capture`),
+    from the states the generating forwards compute (data/capture_live.py): no second pass over the data.
     """
     validate(config)
     rows = gather_prompts(config)  # bad prompt files fail before the model loads
@@ -309,9 +315,9 @@ def build_dataset(target: Target | str | Path, config: DataBuildConfig, *, out_d
     if replaced:
         log(f"data build: {out} holds {replaced}; --overwrite replaces it once this build is saved")
     if isinstance(target, (str, Path)):
-        # a server generates: the tokenizer and config suffice
+        # a server generates: the tokenizer and config suffice (and the weights only to capture)
         target = load_configured(replace(config.target, spec=str(target)), require_chat_template=config.chat,
-                                 weights=not config.server.url)
+                                 weights=not config.server.url or cache_dir is not None)
     elif config.chat and not getattr(target.tokenizer, "chat_template", None):
         raise DraftsmithError(f"target {target.name!r} has no chat template; set data.chat=false to build plain "
                               f"prompt + completion data for a base model")
@@ -320,6 +326,11 @@ def build_dataset(target: Target | str | Path, config: DataBuildConfig, *, out_d
     if max_length <= config.max_new_tokens:
         raise DraftsmithError(f"the target's context ({context}) leaves no room for prompts with "
                               f"data.max_new_tokens={config.max_new_tokens}")
+    live = None
+    if cache_dir is not None:
+        from draftsmith.data.capture_live import plan_live_capture
+
+        live = plan_live_capture(target, capture or CaptureConfig(), cache_dir, dataset=out)
     counts = _Counts(prompts=len(rows))
     work = out / WORK
     _open_work(work, _fingerprint(target, config, rows, max_length))
@@ -330,21 +341,30 @@ def build_dataset(target: Target | str | Path, config: DataBuildConfig, *, out_d
         f"{config.max_new_tokens}, temperature {config.temperature}); skipped {counts.skipped_long_prompts} and "
         f"truncated {counts.truncated_prompts} prompts longer than {max_length - config.max_new_tokens} tokens")
     reused = {"reused_rows": len(records), "reused_batches": len(list(work.glob("part-*.jsonl")))}
-    stats = _run_rows(target, planned, config, max_length, work, records, progress, on_batch, log, deadline)
+    stats = _run_rows(target, planned, config, max_length, work, records, progress, on_batch, log, deadline, live)
     stats.update(reused)
     result = _write_dataset(target, config, rows, records, counts, out, max_length, stats, log)
     log(f"data build: {result.rows} rows, {result.tokens} tokens ({result.loss_tokens} in the loss), "
         f"{result.generated_batches} batches generated at {result.tokens_per_second:.1f} tok/s, "
         f"{result.reused_rows} rows reused -> {out}")
+    if live is not None:
+        from draftsmith.data.capture_live import finish_live_capture
+
+        result.capture = finish_live_capture(target, out, live, progress=progress, log=log)
     return result
 
 
-def _batcher(target: Target, config: DataBuildConfig, stats: dict, log: Callable[[str], None]):
-    """What writes the answers: the target in process (continuous batching), or the server of data.server."""
+def _batcher(target: Target, config: DataBuildConfig, stats: dict, log: Callable[[str], None], live=None):
+    """What writes the answers: the target in process (continuous batching, recording the states `live` asks
+    for), or the server of data.server."""
     if not config.server.url:
         stats["engine"] = {"kind": "in-process"}
         return ContinuousBatcher(target, slots=config.batch_size, max_new_tokens=config.max_new_tokens,
-                                 temperature=config.temperature, top_k=config.top_k, top_p=config.top_p)
+                                 temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
+                                 record=None if live is None else live.recording)
+    if live is not None:
+        log("data build: a server's answers carry no hidden states: the cache forwards every row once the "
+            "dataset is saved")
     from draftsmith.data.endpoint import Endpoint, EndpointBatcher, check_identity
 
     endpoint = Endpoint(config.server)
@@ -360,10 +380,10 @@ def _batcher(target: Target, config: DataBuildConfig, stats: dict, log: Callable
 
 def _run_rows(target: Target, planned: list[_Planned], config: DataBuildConfig, max_length: int, work: Path,
               records: dict[str, dict], progress: bool, on_batch, log: Callable[[str], None],
-              deadline: float | None = None) -> dict:
+              deadline: float | None = None, live=None) -> dict:
     """Answer every planned row, data.batch_size rows decoding at a time (or data.server.concurrency requests in
-    flight); every batch_size finished rows are saved as their own part file at once (the resume point).
-    Fills `records`."""
+    flight); every batch_size finished rows are saved as their own part file at once (the resume point), after
+    the states file of their recorded states (`live`, data/recorded.py). Fills `records`."""
     from tqdm.auto import tqdm
 
     engine = {"kind": "server", "url": config.server.url} if config.server.url else {"kind": "in-process"}
@@ -374,11 +394,18 @@ def _run_rows(target: Target, planned: list[_Planned], config: DataBuildConfig, 
                disable=not progress, dynamic_ncols=True)
     part = _next_part(work)
     ready: list[dict] = []
+    latest: dict[str, tuple[list[int], Any]] = {}  # conversation id -> its latest turn's tokens and recorded states
 
     def save() -> None:
         nonlocal part
-        write_text_atomic(work / f"part-{part:05d}.jsonl",
-                      "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ready))
+        path = work / f"part-{part:05d}.jsonl"
+        if live is not None:  # written first: a part without its states file has its rows forwarded by the capture
+            from draftsmith.data.recorded import states_path, write_states
+
+            kept = [(r["id"], *latest.pop(r["id"])) for r in ready if latest.get(r["id"], (0, None))[1] is not None]
+            if kept:
+                write_states(states_path(path), kept, live.origin)
+        write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ready))
         for record in ready:
             records[record["id"]] = record
         bar.update(len(ready))
@@ -394,7 +421,7 @@ def _run_rows(target: Target, planned: list[_Planned], config: DataBuildConfig, 
         if len(ready) == config.batch_size:
             save()
 
-    batcher = _batcher(target, config, stats, log)
+    batcher = _batcher(target, config, stats, log, live)
     states = {item.conversation.id: _InFlight(item.conversation) for item in planned}
     for item in planned:
         state = states[item.conversation.id]
@@ -417,6 +444,8 @@ def _run_rows(target: Target, planned: list[_Planned], config: DataBuildConfig, 
         for request, answer in batcher.step():
             state = states[request.key[0]]
             stats["generated_tokens"] += _answered(target, state, request.key[1], answer)
+            if live is not None:  # the row's states are its last turn's: prompt + answer
+                latest[state.conversation.id] = (list(request.prompt) + list(answer.token_ids), answer.recorded)
             if late:  # a conversation with turns left is not saved: a rerun answers it whole
                 if state.conversation.next_slot() is None:
                     complete.append(state)

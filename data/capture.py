@@ -4,7 +4,8 @@ Shard s holds dataset rows [s * rows_per_shard, (s + 1) * rows_per_shard); under
 `torchrun` rank r captures the shards s with s % world == r, and rank 0 merges their sidecars into the
 manifest. Because a shard's content does not depend on who wrote it, a capture resumed after a kill (with
 any number of processes) keeps every finished shard (checked against its sha256) and redoes the rest.
-Format: data/cache.py.
+Format: data/cache.py. `data build --capture` writes the same cache from the states its generating forwards kept
+(data/recorded.py: `recorded`), forwarding only the rows it has none for.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from draftsmith.data.cache import (FORMAT, MANIFEST, CacheError, CacheReader, Pa
 from draftsmith.data.config import CaptureConfig, validate
 from draftsmith.data.layers import CONVENTION, LayerSpec, resolve_layers
 from draftsmith.data.made_for import TargetRecord, check_made_for, dataset_record, describe, probe_target
+from draftsmith.data.recorded import RecordedStates
+from draftsmith.serve.batch.record import target_argmax
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.invariant import suspended
 from draftsmith.serve.core.layers import FINAL, pick_hidden_states
@@ -49,6 +52,7 @@ class CaptureResult:
     shards_reused: int  # by this process
     tokens_captured: int  # by this process
     seconds: float  # this process's capture time (forwards + writes)
+    tokens_recorded: int = 0  # of tokens_captured, taken from states recorded while generating (not forwarded)
 
     @property
     def tokens_per_second(self) -> float:
@@ -158,7 +162,7 @@ def _identity(record: TargetRecord, layers: LayerSpec, dtype: str, digest: str, 
 _LATER_KEYS = ("target_weights",)  # absent from the captures of earlier versions: not compared there
 
 
-def _check_existing(out: Path, identity: dict, run: TargetRecord) -> None:
+def check_existing(out: Path, identity: dict, run: TargetRecord) -> None:
     """Refuse to add shards to a folder holding another capture (other target, layers, dtype or data); another
     target is named, whatever --allow-other-target says: one cache never mixes two targets' states."""
     found = []
@@ -218,11 +222,13 @@ def check_disk(out: Path, needed: int, headroom: int) -> tuple[int, int]:
 
 def capture_hidden_states(target: Target | str | Path, dataset_dir: str | Path, out_dir: str | Path, config: CaptureConfig, *,
                           progress: bool = True, log: Callable[[str], None] = print,
-                          on_shard: Callable[[int], None] | None = None) -> CaptureResult:
+                          on_shard: Callable[[int], None] | None = None,
+                          recorded: RecordedStates | None = None) -> CaptureResult:
     """Capture `config.layers` of `target` over the dataset written by `data build` into `out_dir`.
 
     target: a draftsmith.serve.core.target.Target or a spec for load_target. on_shard(index) runs after each shard is
-    written (tests use it to interrupt a capture).
+    written (tests use it to interrupt a capture). recorded: states kept while the dataset was generated
+    (data/recorded.py), taken for the rows whose tokens they were read over; the other rows are forwarded.
     """
     import datasets
 
@@ -259,7 +265,7 @@ def capture_hidden_states(target: Target | str | Path, dataset_dir: str | Path, 
     max_length = min(config.max_length or context, context)
     out = Path(out_dir)
     identity = _identity(run, layers, dtype_name, digest, config, max_length)
-    _check_existing(out, identity, run)
+    check_existing(out, identity, run)
     if isinstance(target, (str, Path)):
         check_launch_inputs(recipe=asdict(config), spec=str(target), extra={"dataset": digest})
         device = str(dist.device) if config.device == "auto" else config.device
@@ -285,7 +291,7 @@ def capture_hidden_states(target: Target | str | Path, dataset_dir: str | Path, 
     check_disk(out, needed, int(config.disk_headroom_gib * GIB))
     dist.barrier()  # every rank has read what the folder held before any rank changes it
 
-    written, captured, seconds = 0, 0, 0.0
+    written, captured, seconds, from_records = 0, 0, 0.0, 0
     todo = [sh for sh in mine if sh[0] not in done]
     if todo:  # a manifest left by an earlier run no longer describes the folder until the merge below
         (out / MANIFEST).unlink(missing_ok=True)
@@ -296,7 +302,9 @@ def capture_hidden_states(target: Target | str | Path, dataset_dir: str | Path, 
     for index, start, end in todo:
         t0 = time.perf_counter()
         block = dataset.select(range(start, end))
-        packed = _capture_shard(target, block, layers.stored, max_length, config.batch_tokens, torch_dtype)
+        packed, taken = _capture_shard(target, block, layers.stored, max_length, config.batch_tokens, torch_dtype,
+                                       recorded)
+        from_records += taken
         info = write_shard(out, index, packed, row_start=start)
         del packed
         write_json_atomic(sidecar_path(out, index), {"shard": asdict(info), "identity": identity,
@@ -321,7 +329,8 @@ def capture_hidden_states(target: Target | str | Path, dataset_dir: str | Path, 
     dist.barrier()
     manifest = json.loads((out / MANIFEST).read_text())
     return CaptureResult(out_dir=out, rows=manifest["rows"], tokens=manifest["tokens"], bytes=manifest["bytes"],
-                         shards_written=written, shards_reused=len(done), tokens_captured=captured, seconds=seconds)
+                         shards_written=written, shards_reused=len(done), tokens_captured=captured, seconds=seconds,
+                         tokens_recorded=from_records)
 
 
 def _check_built_for(dataset_path: Path, run: TargetRecord, *, allow_other: bool) -> str | None:
@@ -335,35 +344,38 @@ def _check_built_for(dataset_path: Path, run: TargetRecord, *, allow_other: bool
 
 
 def _capture_shard(target: Target, block: Any, layer_ids: tuple[int, ...], max_length: int, batch_tokens: int,
-                   dtype: torch.dtype) -> PackedShard:
-    """Forward the shard's rows in token-budgeted batches, copying each row's states straight into the
-    preallocated shard (memory: one shard in the cache dtype plus one batch's activations)."""
+                   dtype: torch.dtype, recorded: RecordedStates | None = None) -> tuple[PackedShard, int]:
+    """The shard's rows: their recorded states where they have them, the others forwarded in token-budgeted
+    batches, each row's states copied straight into the preallocated shard (memory: one shard in the cache dtype
+    plus one batch's activations). Returns the shard and how many of its tokens came from `recorded`."""
     from draftsmith.serve.core.target import text_config
 
     ids = [list(x)[:max_length] for x in block["input_ids"]]
     masks = [list(x)[:max_length] for x in block["loss_mask"]]
     shard = PackedShard.allocate(block["id"], block["domain"], [len(x) for x in ids], layer_ids,
                                  text_config(target.config).hidden_size, dtype)
+    todo, taken = [], 0
+    for i, row_id in enumerate(block["id"]):
+        got = recorded.get(row_id, ids[i]) if recorded is not None else None
+        if got is None:
+            todo.append(i)
+        else:
+            shard.put(i, ids[i], masks[i], got.states, target_top1=got.top1)
+            taken += len(ids[i])
     if getattr(target, "sharded", None) is not None:
         # a TP group forwards its processes' batches together: each plans 1/tp of the budget
         budget = max(batch_tokens // target.sharded.layout.tp, 1)
-        for batch in plan_batches([len(x) for x in ids], budget):
-            for i, (hidden, top1) in zip(batch, forward_sharded(target, [ids[i] for i in batch], layer_ids)):
+        for batch in plan_batches([len(ids[i]) for i in todo], budget):
+            rows = [todo[j] for j in batch]
+            for i, (hidden, top1) in zip(rows, forward_sharded(target, [ids[i] for i in rows], layer_ids)):
                 shard.put(i, ids[i], masks[i], hidden, target_top1=top1)
-        return shard
+        return shard, taken
     head = target.model.get_output_embeddings()
-    for batch in plan_batches([len(x) for x in ids], batch_tokens):
-        states = forward_hidden_states(target, [ids[i] for i in batch], layer_ids)
-        for i, hidden in zip(batch, states):
+    for batch in plan_batches([len(ids[i]) for i in todo], batch_tokens):
+        rows = [todo[j] for j in batch]
+        for i, hidden in zip(rows, forward_hidden_states(target, [ids[i] for i in rows], layer_ids)):
             shard.put(i, ids[i], masks[i], hidden, target_top1=target_argmax(head, hidden[FINAL]))
-    return shard
-
-
-@torch.inference_mode()
-def target_argmax(lm_head: torch.nn.Module, final: torch.Tensor, *, chunk: int = 1024) -> torch.Tensor:
-    """(T, h) final normed states -> (T,) the target's top-1 after each position, in the capture's compute
-    dtype (stored once, so training never runs the full-vocabulary lm_head again). Chunked: (chunk, V) logits."""
-    return torch.cat([lm_head(final[s:s + chunk]).argmax(-1) for s in range(0, final.shape[0], chunk)])
+    return shard, taken
 
 
 def _merge_manifest(out: Path, shards: list[tuple[int, int, int]], target: Target, layers: LayerSpec, dtype: str,

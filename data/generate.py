@@ -23,10 +23,11 @@ build of the default target 1.7-1.8x faster on a 2-core AVX512-BF16 EPYC (script
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
 from draftsmith.serve.batch.decoder import BatchDecoder, Job
+from draftsmith.serve.batch.record import Recorded, Recording
 from draftsmith.serve.core.invariant import suspended
 from draftsmith.serve.core.target import Target
 
@@ -35,6 +36,7 @@ from draftsmith.serve.core.target import Target
 class Answer:
     token_ids: list[int]  # new tokens, up to and including the first EOS
     finished: bool  # ended with EOS (False: cut at max_new_tokens)
+    recorded: Recorded | None = field(default=None, compare=False)  # prompt + answer's states, where recorded
 
 
 @dataclass
@@ -73,16 +75,16 @@ class RequestQueue:
 class ContinuousBatcher(RequestQueue):
     """Answers queued prompts, `slots` at a time; `step()` advances every running row by one token.
 
-        batcher = ContinuousBatcher(target, slots=32, max_new_tokens=256)
+        batcher = ContinuousBatcher(target, slots=32, max_new_tokens=256)   # record=Recording(...): keep states
         batcher.add(Request("a", prompt_ids))
         while batcher.busy:
             for request, answer in batcher.step(): ...   # may add follow-up requests
     """
 
     def __init__(self, target: Target, *, slots: int, max_new_tokens: int, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0):
+                 top_k: int = 0, top_p: float = 1.0, record: Recording | None = None):
         super().__init__()
-        self.decoder = BatchDecoder(target, None, slots=slots)
+        self.decoder = BatchDecoder(target, None, slots=slots, record=record)
         self.max_new_tokens = max_new_tokens
         self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
 
@@ -101,5 +103,6 @@ class ContinuousBatcher(RequestQueue):
             free -= 1
         with suspended(self.decoder.model):  # the ordinary kernels (see the module docstring)
             finished = self.decoder.step()
-        return [(f.job.key, Answer(token_ids=f.result.output_ids, finished=f.reason == "stop")) for f in finished]
+        return [(f.job.key, Answer(token_ids=f.result.output_ids, finished=f.reason == "stop", recorded=f.recorded))
+                for f in finished]
 

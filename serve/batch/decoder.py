@@ -9,7 +9,9 @@ cache (serve/core/slots.py, inputs from serve/batch/masks.py) and keeps, per row
 target's next token (ragged acceptance: no row is cut back to another's count). Verification is the batch-1 decoder's (serve/decoding.py), row by row, on the row's own logits and
 generator, so a row's output does not depend on the rows beside it: at temperature 0 it is the plain batched
 decoder's, and sampled rows keep the target's distribution. Without a drafter every cycle is a plain step: the
-batched plain decoder, the baseline.
+batched plain decoder, the baseline. A plain decoder may also keep the hidden states its forwards compute
+(`record`, serve/batch/record.py: self-distillation that captures as it generates); each row then runs one closing
+step that reads its last token before it leaves.
 
     decoder = BatchDecoder(target, drafter, slots=8)
     decoder.add(Job("a", prompt_ids, max_new_tokens=128))
@@ -29,11 +31,12 @@ import torch
 from draftsmith.serve.batch.costs import BatchCosts, batch_bucket
 from draftsmith.serve.batch.gate import BatchGate
 from draftsmith.serve.batch.masks import verify_inputs
+from draftsmith.serve.batch.record import Recorded, Recording, RowRecord, stacked, target_argmax
 from draftsmith.serve.batch.width import batch_width, cut
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.invariant import is_invariant, whole_prompt
 from draftsmith.serve.core.kv import cache_kwargs, check_rollback, recurrent_layer_kinds
-from draftsmith.serve.core.layers import pick_hidden_states
+from draftsmith.serve.core.layers import FINAL, pick_hidden_states
 from draftsmith.serve.core.slots import SlotCache, check_fits
 from draftsmith.serve.core.target_config import text_config
 from draftsmith.serve.core.target_masks import config_masks, for_target
@@ -71,6 +74,7 @@ class Finished:
     job: Job
     result: GenerationResult
     reason: str  # "stop" (EOS or stop string), "length" (max_new_tokens), "context" (the target's), "cancelled"
+    recorded: Recorded | None = None  # prompt + output's states (`record`); None without, or where it could not close
 
 
 @dataclass
@@ -87,18 +91,27 @@ class _Row:
     stop: int | None = None
     draft: Draft | None = None
     cancelled: bool = False
+    record: RowRecord | None = None  # the states its forwards computed (`record`)
+    closing: bool = False  # ended; its closing step reads its last token (`record`)
+    closed: bool = False  # that step ran: it leaves
 
 
 class BatchDecoder:
     """Runs Jobs `slots` at a time. drafter None: plain batched decoding. k: None = the drafter's recorded K.
     costs: the batch-aware verify costs (serve/batch/costs.py) that the drafters' length policies, the batch's draft
     width and its drafting gate read (None: measured on the target, per power-of-two batch size, on first use;
-    False: none of the three, every row drafts as its drafter alone decides)."""
+    False: none of the three, every row drafts as its drafter alone decides). record: keep the states of every token
+    the rows' forwards read (serve/batch/record.py; plain decoding only)."""
 
     def __init__(self, target: Target, drafter: Drafter | None = None, *, slots: int, k: int | None = None,
-                 tree: TreeSpec | None = None, costs: BatchCosts | None | bool = None):
+                 tree: TreeSpec | None = None, costs: BatchCosts | None | bool = None,
+                 record: Recording | None = None):
         if slots < 1:
             raise DraftsmithError(f"the batch needs at least one slot, got {slots}")
+        if record is not None and drafter is not None:
+            raise DraftsmithError("the batched decoder records hidden states while decoding plainly only (a "
+                                  "drafter's verify forwards read tokens that are thrown away)")
+        self.record = record
         self.target, self.model = target, target.model
         if drafter is not None and any(part.reads_target_cache for part in drafter.parts()):
             raise DraftsmithError(f"the {drafter.kind} drafter attends to the target's own keys and values, which the "
@@ -111,7 +124,7 @@ class BatchDecoder:
             check_rollback(self.model)
         self.tree = tree_on(self.model, tree, recurrent=bool(self.recurrent))
         self.slots = slots
-        self.layers = tuple(drafter.target_layers) if drafter is not None else ()
+        self.layers = tuple(drafter.target_layers) if drafter is not None else record.layers if record else ()
         self.costs = (BatchCosts(self.model) if costs is None else costs or None) if drafter is not None else None
         pad = target.tokenizer.pad_token_id  # what padding holds does not matter (masked); it must embed
         self.pad = pad if pad is not None and pad < self.model.get_input_embeddings().num_embeddings else 0
@@ -228,6 +241,8 @@ class BatchDecoder:
             row = _Row(job=job, drafter=self._new_drafter(), generator=new_generator(job.seed),
                        stopper=stopper_for(self.target, job.eos_token_ids, job.stop_strings), started=started,
                        length=lengths[n])
+            if self.record is not None:
+                row.record = self._recorded_prompt(hidden, n, width - lengths[n])
             row.pending = next_token(out.logits[n, -1], row.generator, 0, **job.probs)
             row.output.append(row.pending)
             row.stats.target_forwards = 1
@@ -244,6 +259,14 @@ class BatchDecoder:
         for row in self.rows[first:]:
             row.stats.share_seconds += share
             row.stats.share_prefill_seconds = share
+
+    def _recorded_prompt(self, hidden: dict[int, torch.Tensor], n: int, start: int) -> RowRecord:
+        """Newcomer n's prompt states (from column `start` of the left-padded prefill) and the argmax after each."""
+        record = RowRecord()
+        top1 = target_argmax(self.model.get_output_embeddings(), hidden[FINAL][n, start:])  # (T,)
+        record.add(stacked({layer: h[n:n + 1, start:] for layer, h in hidden.items()}, self.record.layers,
+                           self.record.dtype)[0].cpu(), top1.cpu())
+        return record
 
     # ---- one speculative cycle ----------------------------------------------------------------------------
     def _budget(self, row: _Row, cap: int) -> int:
@@ -289,8 +312,16 @@ class BatchDecoder:
         self.cycle_rows += len(rows)
         hidden = pick_hidden_states(out.hidden_states, self.layers) if self.layers else {}
         seconds = time.perf_counter() - t1
+        if self.record is not None:  # one token a row (no drafts): its states and the target's argmax after it
+            states = stacked(hidden, self.record.layers, self.record.dtype).cpu()  # (A, 1, L, h)
+            top1 = out.logits[:, 0].argmax(-1).cpu()  # (A,)
+            for r, row in enumerate(rows):
+                row.record.add(states[r].clone(), top1[r:r + 1])
         for r, row in enumerate(rows):
-            self._settle(r, row, out.logits[r], hidden, seconds)
+            if row.closing:  # it only read its last token: it leaves at this step's end
+                row.closed = True
+            else:
+                self._settle(r, row, out.logits[r], hidden, seconds)
         seconds = time.perf_counter() - started
         for row in rows:
             row.stats.share_seconds += seconds / len(rows)
@@ -367,6 +398,11 @@ class BatchDecoder:
 
     def _retire_finished(self) -> list[Finished]:
         reasons = {id(row): self._reason(row) for row in self.rows}
+        if self.record is not None:  # an ended row first reads its last token (unless no position is left for it)
+            for row in self.rows:
+                if reasons[id(row)] is not None and row.length < self.max_positions and not row.closed:
+                    row.closing = True
+                    reasons[id(row)] = None
         return self._retire(lambda row: reasons[id(row)] is not None, None, reasons)
 
     def _retire(self, ends: Callable[[_Row], bool], reason: str | None, reasons: dict | None = None
@@ -381,8 +417,10 @@ class BatchDecoder:
             del row.output[min(row.stop or len(row.output), row.job.max_new_tokens):]
             row.stats.new_tokens = len(row.output)
             row.stats.seconds = time.perf_counter() - row.started
-            done.append(Finished(row.job, GenerationResult(row.output, row.stats),
-                                 reason or reasons[id(row)]))
+            recorded = None if row.record is None else \
+                row.record.take(self.record.layers, len(row.job.prompt) + len(row.output))
+            done.append(Finished(row.job, GenerationResult(row.output, row.stats), reason or reasons[id(row)],
+                                 recorded=recorded))
             if row.drafter is not None:
                 self._spare.append(row.drafter)
             last = len(self.rows) - 1
