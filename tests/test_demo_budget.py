@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from draftsmith.demo.budget import (MIN_PROMPTS_PER_DOMAIN, MIN_TRAIN_SECONDS, BudgetError, Rates, Workload,
-                                 least_budget, parse_budget, plan_demo, replan)
+from draftsmith.demo.budget import (MIN_PROMPTS_PER_DOMAIN, MIN_TRAIN_SECONDS, RECORDING_OVERHEAD, BudgetError, Rates,
+                                    Workload, data_seconds, least_budget, parse_budget, plan_demo, replan)
 from draftsmith.serve.core.config import ConfigError
 
 # what the probe measured for the demo target on the AVX2-only 2-core EPYC (fp32, 2 threads)
@@ -35,8 +35,7 @@ def test_budgets_parse_like_durations():
 def test_the_plan_fills_the_budget_and_no_more():
     plan = plan_demo(budget=1800, spent=20, rates=AVX2, work=DEMO)
     # the head given least trains first: what it leaves when it ends early goes to the next
-    assert [s.name for s in plan.stages] == ["data", "capture", "train medusa", "train eagle3", "eval", "exports",
-                                            "generate"]
+    assert [s.name for s in plan.stages] == ["data", "train medusa", "train eagle3", "eval", "exports", "generate"]
     assert 1800 - 30 <= plan.total <= 1800
     data = plan.stage("data").settings
     assert MIN_PROMPTS_PER_DOMAIN < data["per_domain_limit"] < 64 and data["rows"] == DEMO.rows(
@@ -78,8 +77,8 @@ def test_a_slower_stage_shrinks_training_and_says_so():
     later, slowdown, note = replan(plan, done={"data": 1.3 * data.seconds}, spent=20 + 1.3 * data.seconds,
                                    rates=AVX2, work=DEMO)
     assert slowdown == pytest.approx(1.3)
-    assert later.stage("data") is None and later.stage("capture").seconds == pytest.approx(
-        1.3 * plan.stage("capture").seconds)
+    assert later.stage("data") is None and later.stage("exports").seconds == pytest.approx(
+        1.3 * plan.stage("exports").seconds)
     assert later.stage("train eagle3").seconds < plan.stage("train eagle3").seconds
     assert "ran 1.30x their planned time (a busier machine, or a stage slower" in note
     assert 1800 - 30 <= later.total <= 1800 + 1
@@ -95,21 +94,27 @@ def test_a_slower_stage_shrinks_training_and_says_so():
     on_time, _, quiet = replan(plan, done={"data": data.seconds}, spent=20 + data.seconds, rates=AVX2, work=DEMO)
     assert quiet is None and on_time.stage("train eagle3").seconds == pytest.approx(
         plan.stage("train eagle3").seconds, rel=0.02)
-    spent = 20 + data.seconds + plan.stage("capture").seconds + 30
-    after, _, _ = replan(plan, done={"data": data.seconds, "capture": plan.stage("capture").seconds,
-                                        "train medusa": 30.0}, spent=spent, rates=AVX2, work=DEMO)
+    spent = 20 + data.seconds + 30
+    after, _, _ = replan(plan, done={"data": data.seconds, "train medusa": 30.0}, spent=spent, rates=AVX2, work=DEMO)
     assert after.stage("train eagle3").seconds > plan.stage("train eagle3").seconds + 0.9 * (
         plan.stage("train medusa").seconds - 30)
     assert after.total == pytest.approx(1800, abs=1)
 
 
-def test_the_capture_is_planned_again_from_the_data_built():
-    plan = plan_demo(budget=1800, spent=20, rates=AVX2, work=DEMO)
-    tokens = plan.stage("capture").settings["tokens"]
-    shorter, _, _ = replan(plan, done={"data": plan.stage("data").seconds}, spent=20 + plan.stage("data").seconds,
-                           rates=AVX2, work=DEMO, data_tokens=tokens / 2)
-    assert shorter.stage("capture").seconds == pytest.approx(plan.stage("capture").seconds / 2, rel=0.01)
-    assert shorter.stage("train eagle3").seconds > plan.stage("train eagle3").seconds
+def test_the_offline_data_stage_pays_for_recording_the_states():
+    """Offline, `data build --capture` records the hidden states as it answers: the data stage costs
+    RECORDING_OVERHEAD times the online one's for the same rows, and no capture stage follows it."""
+    online = replace(DEMO, records_states=False)
+    rows = DEMO.rows(20)
+    assert DEMO.records_states and RECORDING_OVERHEAD > 1
+    assert data_seconds(rows, DEMO, AVX2) == pytest.approx(RECORDING_OVERHEAD * data_seconds(rows, online, AVX2))
+    offline_plan, online_plan = (plan_demo(budget=1800, spent=20, rates=AVX2, work=w, per_domain=20)
+                                 for w in (DEMO, online))
+    assert offline_plan.stage("data").seconds == pytest.approx(
+        RECORDING_OVERHEAD * online_plan.stage("data").seconds)
+    assert offline_plan.stage("capture") is None and offline_plan.total == pytest.approx(online_plan.total, abs=1)
+    # the recording's seconds come out of training, not out of the budget
+    assert offline_plan.stage("train eagle3").seconds < online_plan.stage("train eagle3").seconds
 
 
 def test_an_interrupted_demo_keeps_its_data_and_what_is_left(tmp_path, monkeypatch):
@@ -133,20 +138,18 @@ def test_an_interrupted_demo_keeps_its_data_and_what_is_left(tmp_path, monkeypat
     assert any("resuming:" in line and "1 earlier run;" in line for line in lines)
     assert second.deadline_seconds() > 0  # its data was not built yet
     plan = second.plan
-    second.after("data", plan.stage("data").seconds, data_tokens=DEMO.rows(per_domain) * 250)
-    second.after("capture", second.plan.stage("capture").seconds)
+    second.after("data", plan.stage("data").seconds)
     second.after("train medusa", 50.0)
     second.ledger._stop.set()  # killed in EAGLE-3's training
 
     lines.clear()
-    third = Pacer.start(tmp_path, 1800, AVX2, DEMO, log=lines.append)  # the third run: three stages are done
-    assert third.earlier == {"data", "capture", "train medusa"}
+    third = Pacer.start(tmp_path, 1800, AVX2, DEMO, log=lines.append)  # the third run: two stages are done
+    assert third.earlier == {"data", "train medusa"}
     assert [s.name for s in third.plan.stages] == ["train eagle3", "eval", "exports", "generate"]
     assert third.plan.total == pytest.approx(1800, abs=2)  # EAGLE-3 gets what is left
-    assert "reused: capture, data, train medusa" in "\n".join(lines)
+    assert "reused: data, train medusa" in "\n".join(lines)
     assert third.planned_seconds("data") is None  # reused: no plan to keep to
     third.after("data", 0.5, reused=True)
-    third.after("capture", 0.4, reused=True)
     third.after("train medusa", 0.1, reused=True)
     assert third.slowdown == 1.0 and third.plan.stage("train eagle3").seconds == pytest.approx(
         1800 - third.ledger.spent - sum(s.seconds for s in third.plan.stages[1:]), abs=2)
@@ -204,20 +207,23 @@ def test_the_demo_refuses_a_budget_too_small_before_any_work(tiny_target_dir, tm
         main(["demo", "--budget", "1m", "--out", str(out), "--threads", "1", f"target.spec={tiny_target_dir}",
               "domains=[code,math]"])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "error: a 60 s budget is too small for any training on this machine: the least that works " \
-                          "is --budget " in err
+    assert exit_.value.code == 2 and ("error: a 60 s budget is too small for any training on this machine: the least "
+                                      "that works is --budget ") in err
     assert not (out / "data").exists()
 
 
 def test_every_replan_scales_the_first_predictions_by_all_that_finished():
-    """Data 1.2x slower, then the capture 0.76x: the rest is scaled by both together (1.03x), not by the last
-    stage alone nor twice over."""
+    """Data 1.2x slower, then the evaluation 0.76x: the rest is scaled by both together, not by the last stage alone
+    nor twice over."""
     plan = plan_demo(budget=1800, spent=20, rates=AVX2, work=DEMO)
-    d, c = plan.stage("data").seconds, plan.stage("capture").seconds
-    later, slowdown, _ = replan(plan, done={"data": 1.2 * d, "capture": 0.76 * c}, spent=20 + 1.2 * d + 0.76 * c,
-                                rates=AVX2, work=DEMO)
-    assert slowdown == pytest.approx((1.2 * d + 0.76 * c) / (d + c))
-    assert later.stage("eval").seconds == pytest.approx(plan.stage("eval").seconds * slowdown)
+    d, e = plan.stage("data").seconds, plan.stage("eval").seconds
+    trained = sum(plan.stage(f"train {m}").seconds for m in DEMO.methods)
+    done = {"data": 1.2 * d, **{f"train {m}": plan.stage(f"train {m}").seconds for m in DEMO.methods}, "eval": 0.76 * e}
+    later, slowdown, _ = replan(plan, done=done, spent=20 + 1.2 * d + trained + 0.76 * e, rates=AVX2, work=DEMO)
+    both = (1.2 * d + 0.76 * e) / (d + e)
+    assert slowdown == pytest.approx(both) and abs(both - 1.2) > 0.05 and abs(both - 0.76) > 0.05
+    assert later.stage("exports").seconds == pytest.approx(plan.stage("exports").seconds * both)
+    assert later.stage("generate").seconds == pytest.approx(plan.stage("generate").seconds * both)
 
 
 def test_a_resume_with_little_left_plans_what_is_left(tmp_path):
@@ -226,8 +232,7 @@ def test_a_resume_with_little_left_plans_what_is_left(tmp_path):
     from draftsmith.demo.pacer import Pacer
 
     budget = 900.0
-    done = {"data": {"planned": 230.0, "real": 249.0}, "capture": {"planned": 121.0, "real": 116.0},
-            "train medusa": {"planned": 94.0, "real": 49.0}}
+    done = {"data": {"planned": 324.0, "real": 340.0}, "train medusa": {"planned": 94.0, "real": 49.0}}
     (tmp_path / "budget.json").write_text(json.dumps({
         "budget": budget, "spent": 450.0, "runs": 1, "finished": False, "stages": done,
         "decisions": {"per_domain_limit": 14, "eval": [32, 1], "data_built": True}}))

@@ -2,10 +2,11 @@
 rates (scripts/demo/machine.py). Pure functions: no clock, no model.
 
 Two stages are elastic, the budget decides their size: self-distillation (how many prompts per domain the target
-answers; the capture of their tokens follows) and training (seconds per head, `optim.max_seconds`: the loop fits its
-steps and learning-rate schedule into them). The others are predicted from the rates: the evaluation (sized first,
-to at most EVAL_SHARE of the budget), the exports and the live generation. After every stage the rest is planned
-again from what is left of the budget and how much slower or faster the finished stages ran than predicted.
+answers; offline, the forwards that write the answers also record the hidden-state cache, so no capture stage
+follows) and training (seconds per head, `optim.max_seconds`: the loop fits its steps and learning-rate schedule
+into them). The others are predicted from the rates: the evaluation (sized first, to at most EVAL_SHARE of the
+budget), the exports and the live generation. After every stage the rest is planned again from what is left of the
+budget and how much slower or faster the finished stages ran than predicted.
 
     plan = plan_demo(budget_seconds=1800, spent=40, rates=rates, work=workload)
     print(plan.table())
@@ -21,11 +22,12 @@ from draftsmith.serve.core.errors import ConfigError, DraftsmithError
 # ---- the cost model's constants (measured on the demo target; docs/results.md "The demo on a budget")
 GENERATION_SLOWDOWN = 2.0  # continuous batching (newcomers' prefills, caches up to max_length, the last rows
                            # draining) against the probe's full batch over 64 cached tokens: 122 against 253 tok/s
-CAPTURE_OVERHEAD = 1.05  # padding, the argmax over the vocabulary and writing shards: 434 against 456 tok/s
+RECORDING_OVERHEAD = 1.05  # data build --capture: the states kept per step, the closing step of each row, the
+                           # parts' states files and the cache assembled from them
 DRAFTER_PASS = 0.85  # an evaluated drafter's time per prompt against plain decoding's
 EVAL_FIXED_SECONDS = 25.0  # verify-cost measurement and warm-up runs
 EXPORT_FIXED_SECONDS = 4.0  # writing and reading back one export, besides its check's decoding
-TRAIN_SHARE = 0.45  # of the elastic seconds, for training (the rest: self-distillation and capture)
+TRAIN_SHARE = 0.45  # of the elastic seconds, for training (the rest: self-distillation)
 EVAL_SHARE = 0.25  # the evaluation takes at most this share of the budget
 EVAL_CHOICES = ((96, 2), (64, 2), (96, 1), (64, 1), (48, 1), (32, 1))  # (new tokens, repeats), best first
 MIN_PROMPTS_PER_DOMAIN = 4  # less data than this trains nothing worth measuring
@@ -61,7 +63,7 @@ class Rates:
     """What the probe measured (draftsmith.demo.machine.TargetRates), in the units the plan needs."""
     step_seconds: float  # one plain decode step of one row
     generate_tokens_per_second: float  # batched self-distillation, data.batch_size rows
-    prefill_tokens_per_second: float  # capture
+    prefill_tokens_per_second: float  # reading the prompts
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class Workload:
     exports: int
     export_tokens: int  # tokens decoded per export check (prompts x tokens, native and read back)
     generate_tokens: int
+    records_states: bool = True  # the offline demo's data build writes the hidden-state cache; the online one does not
 
     def rows(self, per_domain: int) -> int:
         return sum(min(n, per_domain) for n in self.prompts_per_domain)
@@ -122,11 +125,8 @@ class Plan:
 
 def data_seconds(rows: int, work: Workload, rates: Rates) -> float:
     generate = rows * work.answer_tokens / rates.generate_tokens_per_second * GENERATION_SLOWDOWN
-    return generate + rows * work.prompt_tokens / rates.prefill_tokens_per_second
-
-
-def capture_seconds(tokens: float, rates: Rates) -> float:
-    return tokens / rates.prefill_tokens_per_second * CAPTURE_OVERHEAD
+    seconds = generate + rows * work.prompt_tokens / rates.prefill_tokens_per_second
+    return seconds * RECORDING_OVERHEAD if work.records_states else seconds
 
 
 def eval_seconds(new_tokens: int, repeats: int, work: Workload, rates: Rates) -> float:
@@ -158,7 +158,6 @@ def least_budget(work: Workload, rates: Rates, *, spent: float = 0.0, finished: 
     rows = work.rows(min(MIN_PROMPTS_PER_DOMAIN, max(work.prompts_per_domain)))
     tokens, repeats = EVAL_CHOICES[-1]
     least = {"data": data_seconds(rows, work, rates),
-             "capture": capture_seconds(rows * (work.prompt_tokens + work.answer_tokens), rates),
              **{f"train {m}": MIN_TRAIN_SECONDS for m in work.methods},
              "eval": eval_seconds(tokens, repeats, work, rates), "exports": export_seconds(work, rates),
              "generate": generate_seconds(work, rates)}
@@ -194,46 +193,35 @@ def plan_demo(*, budget: float, spent: float, rates: Rates, work: Workload, per_
                           f"{MIN_TRAIN_SECONDS:.0f} s per head"
                           + (f", {minutes(spent)} already spent" if spent else "") + ")")
 
-    def data_cost(rows: int) -> float:
-        return data_seconds(rows, work, rates) + capture_seconds(rows * (work.prompt_tokens + work.answer_tokens),
-                                                                 rates)
-
     most = max(work.prompts_per_domain)  # the recipe's own limit: never more
     if per_domain is None:
         room = min(elastic * (1 - TRAIN_SHARE), elastic - MIN_TRAIN_SECONDS * len(work.methods))
         fewest = min(MIN_PROMPTS_PER_DOMAIN, most)
-        per_domain = max([p for p in range(fewest, most + 1) if data_cost(work.rows(p)) <= room], default=fewest)
+        fits = [p for p in range(fewest, most + 1) if data_seconds(work.rows(p), work, rates) <= room]
+        per_domain = max(fits, default=fewest)
     per_domain = min(per_domain, most)
     data_rows = work.rows(per_domain)
     data = StagePlan("data", data_seconds(data_rows, work, rates), {"per_domain_limit": per_domain,
                                                                      "rows": data_rows}, elastic=True)
-    capture = StagePlan("capture", capture_seconds(data_rows * (work.prompt_tokens + work.answer_tokens), rates),
-                        {"tokens": round(data_rows * (work.prompt_tokens + work.answer_tokens))})
-    seconds = split_training(elastic - data.seconds - capture.seconds, work.method_weights)
+    seconds = split_training(elastic - data.seconds, work.method_weights)
     trains = sorted((StagePlan(f"train {m}", t, {"max_seconds": round(t)}, elastic=True)
                      for m, t in zip(work.methods, seconds)), key=lambda s: s.seconds)  # least first: see Pacer
-    return Plan(budget=budget, spent=spent, stages=(data, capture, *trains, *fixed))
+    return Plan(budget=budget, spent=spent, stages=(data, *trains, *fixed))
 
 
-def replan(plan: Plan, *, done: dict[str, float], spent: float, rates: Rates, work: Workload,
-           data_tokens: float | None = None) -> tuple[Plan, float, str | None]:
+def replan(plan: Plan, *, done: dict[str, float], spent: float, rates: Rates,
+           work: Workload) -> tuple[Plan, float, str | None]:
     """The stages not done yet, sized again to what is left of the budget. `plan`: the first plan (its
-    predictions); done: every finished stage's real seconds. Predicted stages are rates by how much slower (or
+    predictions); done: every finished stage's real seconds. Predicted stages are scaled by how much slower (or
     faster) the finished ones ran than predicted, training gets whatever remains (at least MIN_TRAIN_SECONDS a
-    head, even past the budget); data_tokens: what the data holds, once built (the capture's size). Returns (plan,
-    slowdown, a note when it changed course)."""
+    head, even past the budget). Returns (plan, slowdown, a note when it changed course)."""
     predicted = [s for s in plan.stages if s.name in done and not s.name.startswith("train ") and s.seconds > 0]
     planned = sum(s.seconds for s in predicted)
     # too short a stretch says more about start-up costs than about the machine
     slowdown = sum(done[s.name] for s in predicted) / planned if planned >= MIN_EVIDENCE_SECONDS else 1.0
     slowdown = min(max(slowdown, 0.5), 4.0)
     left = [s for s in plan.stages if s.name not in done]
-    scale = {s.name: slowdown for s in left if not s.elastic}
-    if data_tokens is not None and "capture" in scale:
-        real = capture_seconds(data_tokens, rates) * slowdown
-        left = [replace(s, seconds=real) if s.name == "capture" else s for s in left]
-        scale["capture"] = 1.0
-    fixed = [replace(s, seconds=s.seconds * scale[s.name]) for s in left if not s.elastic]
+    fixed = [replace(s, seconds=s.seconds * slowdown) for s in left if not s.elastic]
     trains = [s for s in left if s.elastic and s.name.startswith("train ")]
     room = plan.budget - spent - sum(s.seconds for s in fixed)
     evaluation = next((s for s in fixed if s.name == "eval"), None)

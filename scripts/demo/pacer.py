@@ -5,7 +5,7 @@ and real seconds in the ledger (scripts/demo/ledger.py) and plans the rest again
     pacer = Pacer.start(out, budget_seconds, rates, workload, log=print)   # prints the plan with each ETA
     given = pacer.before("data")       # {"per_domain_limit": 40, "rows": 520, ...}
     ...
-    pacer.after("data", seconds, data_tokens=built.tokens)
+    pacer.after("data", seconds)
 """
 from __future__ import annotations
 
@@ -54,7 +54,9 @@ def workload_of(config: Any, target: Target, train_prompts: Path) -> Workload:
                     method_weights=weights, eval_prompts=len(domains) * held_out,
                     eval_drafters=drafters, exports=exports,
                     export_tokens=config.export_check_prompts * config.export_check_tokens,
-                    generate_tokens=config.generate_max_new_tokens)
+                    generate_tokens=config.generate_max_new_tokens,
+                    # offline, `data build --capture` records the states the heads train from as it answers
+                    records_states=config.train_mode == "offline")
 
 
 def _exportable(config: Any, method: str, fmt: str) -> bool:
@@ -76,7 +78,6 @@ class Pacer:
                  log: Callable[[str], None]):
         self.ledger, self.plan, self.rates, self.work, self.log = ledger, plan, rates, work, log
         self.first = plan  # as printed at the start: what every re-plan scales
-        self.data_tokens: float | None = None
         self.earlier: set[str] = set()  # stages an earlier run of an interrupted demo finished
         self.done: dict[str, float] = {}
         self.planned: dict[str, float] = {s.name: s.seconds for s in plan.stages} if plan else {}
@@ -142,7 +143,7 @@ class Pacer:
         stage = self.plan.stage(name) if self.plan else None
         return stage.seconds if stage else self.planned.get(name)
 
-    def after(self, name: str, seconds: float, *, data_tokens: float | None = None, reused: bool = False) -> None:
+    def after(self, name: str, seconds: float, *, reused: bool = False) -> None:
         """Record the stage and plan the rest again; says so when the machine turned out slower than measured.
         reused: the stage found its work done (a rerun): it says nothing of this machine's speed."""
         if not self.plan:
@@ -158,9 +159,8 @@ class Pacer:
             self.ledger.decide("data_built", True)
         first = self.first.stage(name)
         self.done[name] = first.seconds if reused and first is not None else seconds
-        self.data_tokens = data_tokens if data_tokens is not None else self.data_tokens
         self.plan, self.slowdown, note = replan(self.first, done=self.done, spent=self.ledger.spent,
-                                                rates=self.rates, work=self.work, data_tokens=self.data_tokens)
+                                                rates=self.rates, work=self.work)
         for stage in self.plan.stages:
             self.planned[stage.name] = stage.seconds
         if note and not reused:  # a rerun's reused stages leave time that the reused heads do not need
