@@ -117,6 +117,22 @@ def test_the_offline_data_stage_pays_for_recording_the_states():
     assert offline_plan.stage("train eagle3").seconds < online_plan.stage("train eagle3").seconds
 
 
+def test_self_distillation_stops_starting_rows_when_the_rows_in_flight_need_the_rest(tmp_path):
+    from draftsmith.demo.budget import drain_seconds
+    from draftsmith.demo.pacer import Pacer
+
+    work = replace(DEMO, batch_rows=64, turn_tokens=150.0)
+    pacer = Pacer.start(tmp_path, 1800, AVX2, work, log=lambda _: None)
+    planned, drain = pacer.plan.stage("data").seconds, drain_seconds(work, AVX2)
+    # the rows in flight end within the plan: started until the plan's end less their drain
+    assert 0 < drain < planned and pacer.deadline_seconds() == pytest.approx(planned - drain)
+    # a longer answer needs a longer drain; never less than half the planned time to start rows
+    longer = Pacer.start(tmp_path / "b", 1800, AVX2, replace(work, turn_tokens=1e5), log=lambda _: None)
+    assert longer.deadline_seconds() == pytest.approx(0.5 * longer.plan.stage("data").seconds)
+    pacer.ledger._stop.set()
+    longer.ledger._stop.set()
+
+
 def test_an_interrupted_demo_keeps_its_data_and_what_is_left(tmp_path, monkeypatch):
     import draftsmith.demo.ledger as ledger_module
     from draftsmith.demo.ledger import BudgetLedger

@@ -22,8 +22,9 @@ from draftsmith.serve.core.errors import ConfigError, DraftsmithError
 # ---- the cost model's constants (measured on the demo target; docs/results.md "The demo on a budget")
 GENERATION_SLOWDOWN = 2.0  # continuous batching (newcomers' prefills, caches up to max_length, the last rows
                            # draining) against the probe's full batch over 64 cached tokens: 122 against 253 tok/s
-RECORDING_OVERHEAD = 1.05  # data build --capture: the states kept per step, the closing step of each row, the
+RECORDING_OVERHEAD = 1.08  # data build --capture: the states kept per step, the closing step of each row, the
                            # parts' states files and the cache assembled from them
+DRAIN_SHARE = 0.6  # of a full batch's steps over one answer, for the rows in flight to end after the deadline
 DRAFTER_PASS = 0.85  # an evaluated drafter's time per prompt against plain decoding's
 EVAL_FIXED_SECONDS = 25.0  # verify-cost measurement and warm-up runs
 EXPORT_FIXED_SECONDS = 4.0  # writing and reading back one export, besides its check's decoding
@@ -80,6 +81,8 @@ class Workload:
     export_tokens: int  # tokens decoded per export check (prompts x tokens, native and read back)
     generate_tokens: int
     records_states: bool = True  # the offline demo's data build writes the hidden-state cache; the online one does not
+    batch_rows: int = 64  # rows self-distillation decodes at once (data.batch_size: the probe's batched step)
+    turn_tokens: float = 0.0  # expected tokens of one answer (max_new_tokens x the share written before EOS)
 
     def rows(self, per_domain: int) -> int:
         return sum(min(n, per_domain) for n in self.prompts_per_domain)
@@ -127,6 +130,13 @@ def data_seconds(rows: int, work: Workload, rates: Rates) -> float:
     generate = rows * work.answer_tokens / rates.generate_tokens_per_second * GENERATION_SLOWDOWN
     seconds = generate + rows * work.prompt_tokens / rates.prefill_tokens_per_second
     return seconds * RECORDING_OVERHEAD if work.records_states else seconds
+
+
+def drain_seconds(work: Workload, rates: Rates) -> float:
+    """How long the rows in flight take to end their answer once self-distillation starts no new row (its
+    deadline): about one answer of steps of the whole batch, cheaper as rows leave (DRAIN_SHARE)."""
+    step = work.batch_rows / rates.generate_tokens_per_second * GENERATION_SLOWDOWN
+    return work.turn_tokens * step * DRAIN_SHARE
 
 
 def eval_seconds(new_tokens: int, repeats: int, work: Workload, rates: Rates) -> float:

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, TYPE_CHECKING
 
-from draftsmith.demo.budget import Plan, Rates, Workload, minutes, plan_demo, replan
+from draftsmith.demo.budget import Plan, Rates, Workload, drain_seconds, minutes, plan_demo, replan
 from draftsmith.demo.ledger import BudgetLedger
 from draftsmith.serve.methods.registry import method as method_of
 
@@ -21,7 +21,9 @@ if TYPE_CHECKING:  # annotations only: the target's module imports torch
     from draftsmith.serve.core.target import Target
 
 ANSWER_SHARE = 0.6  # of max_new_tokens, written before EOS on average (the demo target on the built-in prompts)
-DEADLINE_SLACK = (1.1, 20.0)  # self-distillation stops starting rows at 1.1x its planned time + 20 s
+# self-distillation stops starting rows when what is left of its planned time is what the rows in flight need to end
+# (budget.drain_seconds), but never before this share of it
+EARLIEST_DEADLINE = 0.5
 
 
 def workload_of(config: Any, target: Target, train_prompts: Path) -> Workload:
@@ -56,7 +58,8 @@ def workload_of(config: Any, target: Target, train_prompts: Path) -> Workload:
                     export_tokens=config.export_check_prompts * config.export_check_tokens,
                     generate_tokens=config.generate_max_new_tokens,
                     # offline, `data build --capture` records the states the heads train from as it answers
-                    records_states=config.train_mode == "offline")
+                    records_states=config.train_mode == "offline", batch_rows=config.data.batch_size,
+                    turn_tokens=config.data.max_new_tokens * ANSWER_SHARE)
 
 
 def _exportable(config: Any, method: str, fmt: str) -> bool:
@@ -182,7 +185,7 @@ class Pacer:
             return None
         if self.ledger.decisions.get("data_built"):
             return 0.0
-        return stage.seconds * DEADLINE_SLACK[0] + DEADLINE_SLACK[1]
+        return max(stage.seconds - drain_seconds(self.work, self.rates), EARLIEST_DEADLINE * stage.seconds)
 
     def finish(self) -> dict:
         """What demo_summary.json records of the budget."""

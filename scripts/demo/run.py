@@ -1,9 +1,9 @@
 """The main job end to end on the embedded default target: `draftsmith demo [--quick]`.
 
-fetch target -> self-distilled dataset from the built-in prompt sets -> hidden-state cache (offline mode) ->
-train EAGLE-3 (and Medusa) ->
-evaluate mu per domain and speed against plain decoding, the n-gram drafter and the hybrid of both -> export for vLLM and SGLang
-(validated by reading back) -> a short live generation. Every stage reuses finished work when rerun.
+fetch target -> self-distilled dataset from the built-in prompt sets, with its hidden-state cache recorded by the same
+forwards (offline mode: `data build --capture`) -> train EAGLE-3 (and Medusa) -> evaluate mu per domain and speed
+against plain decoding, the n-gram drafter and the hybrid of both -> export for vLLM and SGLang (validated by reading
+back) -> a short live generation. Every stage reuses finished work when rerun.
 """
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ class DemoConfig:
     export_check_tokens: int = 32  # tokens generated per read-back prompt
     generate_prompt: str = "Write a Python function that checks whether a string is a palindrome."
     generate_max_new_tokens: int = 64
-    # offline: capture the target's hidden states once, then every method and epoch trains from the cache
-    # (no target forward in the step); online: the target runs inside every training step.
+    # offline: the target's hidden states are kept while it answers (the cache), then every method and epoch trains
+    # from the cache (no target forward in the step); online: the target runs inside every training step.
     train_mode: str = "offline"
     data: DataBuildConfig = field(default_factory=DataBuildConfig)
     capture: CaptureConfig = field(default_factory=CaptureConfig)
@@ -124,21 +124,29 @@ def exactness_summary(block: dict) -> dict:
             "by_drafter": {name: {**b, **kinds.get(name, {})} for name, b in (block.get("by_drafter") or {}).items()}}
 
 
-def capture_if_needed(target: Target, dataset: Path, out: Path, config: CaptureConfig, log: Callable[[str], None]):
-    """The hidden-state cache of `dataset`; a cache the demo made from other data or settings is rebuilt."""
+def build_data(target: Target, config: DemoConfig, out: Path, deadline: float | None, log: Callable[[str], None]):
+    """The self-distilled dataset and, offline, its hidden-state cache from the same forwards (data build
+    --capture). A cache the demo made from other data or settings is made again: the rerun reuses every answered
+    row and the states recorded beside them, so it generates nothing."""
     import shutil
 
+    from draftsmith.data.build import build_dataset
     from draftsmith.data.cache import CacheError
-    from draftsmith.data.capture import capture_hidden_states
+
+    offline = config.train_mode == "offline"
+
+    def build():
+        return build_dataset(target, config.data, out_dir=out / "data", log=log, deadline=deadline,
+                             capture=config.capture if offline else None, cache_dir=out / "cache" if offline else None)
 
     try:
-        return capture_hidden_states(target, dataset, out, config, log=log)
+        return build()
     except CacheError as err:
-        if "refusing to mix shards" not in str(err):
+        if "refusing to mix shards" not in str(err) and "holds a capture" not in str(err):
             raise
-        log(f"[demo] {out} was captured from other data or settings; capturing again")
-        shutil.rmtree(out)
-        return capture_hidden_states(target, dataset, out, config, log=log)
+        log(f"[demo] {out / 'cache'} was captured from other data or settings; capturing again")
+        shutil.rmtree(out / "cache")
+        return build()
 
 
 def _spec_digest(spec: str) -> str:
@@ -226,7 +234,6 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     import datasets
     import torch
 
-    from draftsmith.data.build import build_dataset
     from draftsmith.data.capture import dataset_digest
     from draftsmith.eval.report import timing_line, write_report
     from draftsmith.eval.evaluate import evaluate
@@ -280,18 +287,15 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     t0 = time.perf_counter()
     config.data.prompts = [str(train_prompts)]
     deadline = pacer.deadline_seconds()
-    built = build_dataset(target, config.data, out_dir=out / "data", log=log,
-                          deadline=None if deadline is None else time.monotonic() + deadline)
-    stage("data", t0, f"({built.rows} rows, {built.tokens} tokens, {built.reused_batches} batches reused)",
-          data_tokens=built.tokens, reused=built.generated_batches == 0)
+    built = build_data(target, config, out, None if deadline is None else time.monotonic() + deadline, log)
+    cache = built.capture
+    stage("data", t0, f"({built.rows} rows, {built.tokens} tokens, {built.reused_batches} batches reused"
+                      + (f"; cache {cache.bytes / 2**20:.0f} MiB, {cache.tokens_recorded} of {cache.tokens_captured} "
+                         f"tokens' states recorded while generating)" if cache else ")"),
+          reused=built.generated_batches == 0 and (cache is None or cache.shards_written == 0))
     digest = dataset_digest(datasets.load_from_disk(str(out / "data")))  # drafters are reused for this data only
 
     offline = config.train_mode == "offline"
-    if offline:
-        t0 = time.perf_counter()
-        captured = capture_if_needed(target, out / "data", out / "cache", config.capture, log)
-        stage("capture", t0, f"({captured.tokens} tokens, {captured.bytes / 2**20:.0f} MiB, "
-                             f"{captured.shards_reused} shards reused)", reused=captured.shards_written == 0)
 
     drafters: dict[str, str] = {}
     for method in pacer.training_order(config.methods):
