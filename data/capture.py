@@ -28,6 +28,7 @@ from draftsmith.data.config import CaptureConfig, validate
 from draftsmith.data.layers import CONVENTION, LayerSpec, resolve_layers
 from draftsmith.data.made_for import TargetRecord, check_made_for, dataset_record, describe, probe_target
 from draftsmith.data.recorded import RecordedStates
+from draftsmith.serve.batch.prefill import plan_batches
 from draftsmith.serve.batch.record import target_argmax
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.invariant import suspended
@@ -89,19 +90,6 @@ def check_cache_current(reader: CacheReader, *, target_spec: str) -> None:
                          f"({len(dataset)} rows). Refresh the cache: draftsmith data capture --target {target_spec} "
                          f"--dataset {path} --out {reader.folder}.new --layers {layers} --storage-dtype {dtype}, then "
                          f"train with data.cache={reader.folder}.new (or delete {reader.folder} and capture into it)")
-
-
-def plan_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
-    """Indices grouped so that each batch's padded size (rows x longest) stays within batch_tokens
-    (a longer single row gets a batch of its own). Longest rows first, so padding stays small."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches: list[list[int]] = []
-    for i in order:
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= batch_tokens:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
 
 
 def right_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:

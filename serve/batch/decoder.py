@@ -31,6 +31,7 @@ import torch
 from draftsmith.serve.batch.costs import BatchCosts, batch_bucket
 from draftsmith.serve.batch.gate import BatchGate
 from draftsmith.serve.batch.masks import verify_inputs
+from draftsmith.serve.batch.prefill import PREFILL_TOKENS, plan_batches
 from draftsmith.serve.batch.record import Recorded, Recording, RowRecord, stacked, target_argmax
 from draftsmith.serve.batch.width import batch_width, cut
 from draftsmith.serve.core.errors import DraftsmithError
@@ -181,10 +182,13 @@ class BatchDecoder:
         if self.queue and free > 0:
             jobs = [self.queue.popleft() for _ in range(min(free, len(self.queue)))]
             # batch-invariant forwards prefill each prompt alone, as batch 1 does (serve/core/invariant.py), and so
-            # do recurrent layers (left padding would run through their state)
+            # do recurrent layers (left padding would run through their state); the others in groups of like
+            # lengths (serve/batch/prefill.py)
             alone = is_invariant(self.model) or self.recurrent
-            for group in ([job] for job in jobs) if alone else [jobs]:
-                self._admit(group)
+            groups = [[n] for n in range(len(jobs))] if alone else \
+                plan_batches([len(job.prompt) for job in jobs], PREFILL_TOKENS)
+            for group in groups:
+                self._admit([jobs[n] for n in group])
         elif self.rows:
             self._cycle()
         return done + self._retire_finished()
