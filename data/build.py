@@ -29,7 +29,7 @@ import time
 import zlib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from draftsmith.data.config import CaptureConfig, DataBuildConfig, validate
 from draftsmith.data.generate import Answer, ContinuousBatcher, Request
@@ -43,6 +43,10 @@ from draftsmith.serve.core.files import write_text_atomic
 from draftsmith.serve.core.target import Target, load_configured
 from draftsmith.serve.core.traffic import read_manifest, traffic_rows
 from draftsmith.serve.core.whole_folder import whole_folder
+
+if TYPE_CHECKING:  # annotations only
+    from draftsmith.data.capture import CaptureResult
+    from draftsmith.data.capture_live import LiveCapture
 
 BUILD_INFO = "build_info.json"
 # Settings that do not change what the target writes: a build may resume with other values (a smaller batch
@@ -67,7 +71,7 @@ class BuildResult:
     reused_batches: int  # part files of earlier runs read back from .work
     reused_rows: int  # rows those parts answered
     draft_vocab_coverage: float | None = None
-    capture: Any = None  # with `capture`: the cache's data.capture.CaptureResult
+    capture: CaptureResult | None = None  # with `cache_dir`: the cache written
 
     @property
     def tokens_per_second(self) -> float:
@@ -354,7 +358,8 @@ def build_dataset(target: Target | str | Path, config: DataBuildConfig, *, out_d
     return result
 
 
-def _batcher(target: Target, config: DataBuildConfig, stats: dict, log: Callable[[str], None], live=None):
+def _batcher(target: Target, config: DataBuildConfig, stats: dict, log: Callable[[str], None],
+             live: LiveCapture | None = None):
     """What writes the answers: the target in process (continuous batching, recording the states `live` asks
     for), or the server of data.server."""
     if not config.server.url:
@@ -380,7 +385,7 @@ def _batcher(target: Target, config: DataBuildConfig, stats: dict, log: Callable
 
 def _run_rows(target: Target, planned: list[_Planned], config: DataBuildConfig, max_length: int, work: Path,
               records: dict[str, dict], progress: bool, on_batch, log: Callable[[str], None],
-              deadline: float | None = None, live=None) -> dict:
+              deadline: float | None = None, live: LiveCapture | None = None) -> dict:
     """Answer every planned row, data.batch_size rows decoding at a time (or data.server.concurrency requests in
     flight); every batch_size finished rows are saved as their own part file at once (the resume point), after
     the states file of their recorded states (`live`, data/recorded.py). Fills `records`."""
