@@ -15,7 +15,7 @@ from typing import Callable
 from draftsmith.data.cache import storage_dtype
 from draftsmith.data.capture import CaptureResult, capture_hidden_states, check_existing
 from draftsmith.data.config import CaptureConfig, validate
-from draftsmith.data.layers import LayerSpec, resolve_layers
+from draftsmith.data.layers import resolve_layers
 from draftsmith.data.made_for import TargetRecord
 from draftsmith.data.out_folder import WORK
 from draftsmith.data.recorded import RecordedOrigin, RecordedStates, remove_states
@@ -29,7 +29,6 @@ class LiveCapture:
     """A capture made while generating: where it goes, its settings, and what the decoder records."""
     out: Path
     config: CaptureConfig
-    layers: LayerSpec
     origin: RecordedOrigin  # what the recorded states are (data/recorded.py)
     recording: Recording  # what the batched decoder keeps
 
@@ -51,7 +50,7 @@ def plan_live_capture(target: Target, config: CaptureConfig, out: str | Path, *,
     origin = RecordedOrigin(layers=layers.stored, dtype=dtype_name,
                             target={"config_hash": record.config_hash, "tokenizer_hash": record.tokenizer_hash,
                                     "weights": record.weights})
-    return LiveCapture(out=out, config=config, layers=layers, origin=origin,
+    return LiveCapture(out=out, config=config, origin=origin,
                        recording=Recording(layers=layers.stored, dtype=torch_dtype))
 
 
