@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench/capture_while_generating.py [--per-domain 6] [--max-new-tokens 128]
         [--slots 32] [--dtype bfloat16] [--layers eagle3] [--threads 1] [--repeats 2] [--json FILE]
 
-One process, one target, the arms alternating per repeat over the built-in prompts (greedy): `two passes` (data
+One process, one target, the arms alternating per repeat (each first in turn) over the built-in prompts (greedy): `two passes` (data
 build, then data capture of its dataset: what the demo and the README did before) and `one pass` (data build
 --capture: the cache from the generating forwards, data/capture_live.py). Reports each arm's build and capture
 seconds and the whole, the build's tokens/s, the rows whose answers differ between the arms (in bf16 a row's
@@ -79,7 +79,7 @@ def main() -> int:
                "load_before": os.getloadavg(), "arms": {"two passes": [], "one pass": []}}
     work = Path(tempfile.mkdtemp(prefix="capture-bench-"))
     for repeat in range(args.repeats):
-        for name in ("two passes", "one pass"):
+        for name in ("two passes", "one pass")[::1 if repeat % 2 == 0 else -1]:  # each arm first in turn
             folder = work / f"{repeat}-{name.replace(' ', '-')}"
             start = time.perf_counter()
             if name == "two passes":
