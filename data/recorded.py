@@ -76,9 +76,6 @@ class RecordedStates:
                 self.where[row_id] = (path, k)
         self._open: dict[Path, Any] = {}
 
-    def __len__(self) -> int:
-        return len(self.where)
-
     def get(self, row_id: str, input_ids: Sequence[int]) -> Recorded | None:
         """Row `row_id`'s states for these tokens: None when none were recorded or they were read over other
         tokens (the row's recorded tokens must begin with `input_ids`)."""

@@ -1,7 +1,8 @@
 """Rows forwarded together, grouped by length: each group right- or left-padded to its longest row, so a group's
 padded size (rows x longest) stays within a token budget. Capture (data/capture.py) forwards its rows this way, and
-the batched decoder prefills its newcomers this way: 64 prompts of 30-400 tokens padded to the longest as one
-forward spent more than a third of a self-distillation build (265 tokens/s against the probe's 462).
+the batched decoder prefills the newcomers it admits together this way, so a short prompt is not padded to a long
+one's length. (It did not speed a build up measurably: a third of the newcomers' prefill time was the lm_head's
+copy of its weight, serve/core/head_input.py, and most newcomers arrive one at a time.)
 """
 from __future__ import annotations
 
