@@ -2,16 +2,17 @@
 settings and stop; requests join at the next cycle and leave when done (continuous batching).
 
 Each cycle drafts for every running row (its own drafter: `Drafter.fork` of the one given; its length policy weighs
-drafts at the batch's verify costs, serve/batch/costs.py; EAGLE and Medusa heads run once for all rows per draft
-position, serve/drafters/base.py `propose_batch`), cuts the drafts to the batch's best common width
+drafts at the batch's verify costs, serve/batch/costs.py; EAGLE and Medusa heads and Gemma 4's assistant run once for
+all rows per draft position, serve/drafters/base.py `propose_batch`; a drafter attending to the target's own keys and
+values is handed its row of the slot cache, `Drafter.watch_cache`), cuts the drafts to the batch's best common width
 (serve/batch/width.py: every row pays for the widest), verifies all rows in one target forward over the slot
 cache (serve/core/slots.py, inputs from serve/batch/masks.py) and keeps, per row, the accepted prefix and the
-target's next token (ragged acceptance: no row is cut back to another's count). Verification is the batch-1 decoder's (serve/decoding.py), row by row, on the row's own logits and
-generator, so a row's output does not depend on the rows beside it: at temperature 0 it is the plain batched
-decoder's, and sampled rows keep the target's distribution. Without a drafter every cycle is a plain step: the
-batched plain decoder, the baseline. A plain decoder may also keep the hidden states its forwards compute
-(`record`, serve/batch/record.py: self-distillation that captures as it generates); each row then runs one closing
-step that reads its last token before it leaves.
+target's next token (ragged acceptance: no row is cut back to another's count). Verification is the batch-1
+decoder's (serve/decoding.py), row by row, on the row's own logits and generator, so a row's output does not
+depend on the rows beside it: at temperature 0 it is the plain batched decoder's, and sampled rows keep the target's
+distribution. Without a drafter every cycle is a plain step: the batched plain decoder, the baseline. A plain
+decoder may also keep the hidden states its forwards compute (`record`, serve/batch/record.py: self-distillation that
+captures as it generates); each row then runs one closing step that reads its last token before it leaves.
 
     decoder = BatchDecoder(target, drafter, slots=8)
     decoder.add(Job("a", prompt_ids, max_new_tokens=128))
@@ -114,10 +115,9 @@ class BatchDecoder:
                                   "drafter's verify forwards read tokens that are thrown away)")
         self.record = record
         self.target, self.model = target, target.model
-        if drafter is not None and any(part.reads_target_cache for part in drafter.parts()):
-            raise DraftsmithError(f"the {drafter.kind} drafter attends to the target's own keys and values, which the "
-                                  f"batched decoder's slot cache does not hand to drafters: use it at batch 1")
         self.template = drafter
+        # a drafter attending to the target's keys and values (Gemma 4's assistant) reads its row of the slot cache
+        self.hands_cache = drafter is not None and any(part.reads_target_cache for part in drafter.parts())
         self.k = resolve_k([drafter], k) if drafter is not None else 0
         # a hybrid target's recurrent layers: rows prefilled alone, drafts verified as chains (serve/core/kv.py)
         self.recurrent = recurrent_layer_kinds(self.model)
@@ -286,6 +286,10 @@ class BatchDecoder:
         gate = self._gate(len(rows))
         drafting = gate.should_draft() if gate is not None else self.template is not None
         started_drafts = time.perf_counter()
+        if drafting and self.hands_cache:  # rows move when others leave: each cycle, the row's view as it is now
+            for r, row in enumerate(rows):
+                for part in row.drafter.parts():
+                    part.watch_cache(self.cache.row(r, row.length))
         if drafting and len(rows) > 1:
             prepare_batch([row.drafter for row in rows])  # one head forward for all rows, where the kind can
         calls = []

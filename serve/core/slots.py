@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import mmap
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
@@ -100,6 +100,8 @@ class SlotCache:
         self.capacity = capacity
         self.keys: dict[int, torch.Tensor] = {}  # layer -> (slots, kv_heads, capacity, head_dim)
         self.values: dict[int, torch.Tensor] = {}
+        # layer -> (slots, 1, capacity, index_head_dim): DeepSeek-V3.2's lightning-indexer keys, kept as keys are
+        self.indexer_keys: dict[int, torch.Tensor] = {}
         self.recurrent = RecurrentSlots(slots) if recurrent else None
         self._plan: tuple = ()
 
@@ -128,7 +130,7 @@ class SlotCache:
     def grow(self, capacity: int) -> None:
         if capacity <= self.capacity:
             return
-        for store in (self.keys, self.values):
+        for store in self.stores():
             for layer, old in store.items():
                 new = reserve_zeros((old.shape[0], old.shape[1], capacity, old.shape[3]), old)
                 new[:, :, : self.capacity] = old
@@ -136,7 +138,7 @@ class SlotCache:
         self.capacity = capacity
 
     def move_row(self, src: int, dst: int, length: int) -> None:
-        for store in (self.keys, self.values):
+        for store in self.stores():
             for buffer in store.values():
                 buffer[dst, :, :length] = buffer[src, :, :length]
         if self.recurrent is not None:
@@ -151,31 +153,71 @@ class SlotCache:
         if list(offsets) == list(range(len(offsets))):
             return
         src = torch.tensor([start + o for o in offsets])
-        for store in (self.keys, self.values):
+        for store in self.stores():
             for buffer in store.values():
                 index = src.to(buffer.device)
                 buffer[row, :, start: start + len(offsets)] = buffer[row].index_select(1, index)
 
+    def stores(self) -> tuple[dict[int, torch.Tensor], ...]:
+        """Every per-layer buffer of (slots, heads, capacity, dim): keys, values, indexer keys."""
+        return self.keys, self.values, self.indexer_keys
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        if layer_idx not in self.keys:  # values may be narrower than keys (MiMo; DeepSeek's latent and RoPE key)
-            shape = (self.slots, key_states.shape[1], self.capacity)
-            self.keys[layer_idx] = reserve_zeros((*shape, key_states.shape[3]), key_states)
-            self.values[layer_idx] = reserve_zeros((*shape, value_states.shape[3]), value_states)
-        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        return self._write(self.keys, layer_idx, key_states), self._write(self.values, layer_idx, value_states)
+
+    def update_indexer(self, indexer_key_states: torch.Tensor, layer_idx: int) -> torch.Tensor:
+        """DeepSeek-V3.2's lightning indexer: its keys (N, W, index_head_dim) written as keys are -> the keys it
+        scores (N, columns, index_head_dim)."""
+        return self._write(self.indexer_keys, layer_idx, indexer_key_states[:, None])[:, 0]
+
+    def _write(self, store: dict[int, torch.Tensor], layer_idx: int, states: torch.Tensor) -> torch.Tensor:
+        """states (N, heads, W, dim) written where the plan says -> what the layer attends over. Each store has its own
+        width (values narrower than keys: MiMo; DeepSeek's latent and RoPE key)."""
+        if layer_idx not in store:
+            store[layer_idx] = reserve_zeros((self.slots, states.shape[1], self.capacity, states.shape[3]), states)
+        buffer = store[layer_idx]
+        width = states.shape[2]
         if self._plan[0] == "prefill":
             _, rows, lengths = self._plan
-            width = key_states.shape[2]
-            for n, (row, length) in enumerate(zip(rows, lengths)):  # key_states: (N, kv_heads, width, head_dim)
-                keys[row, :, :length] = key_states[n, :, width - length:]
-                values[row, :, :length] = value_states[n, :, width - length:]
-            return key_states, value_states  # the prefill attends within its own (padded) batch
+            for n, (row, length) in enumerate(zip(rows, lengths)):
+                buffer[row, :, :length] = states[n, :, width - length:]
+            return states  # the prefill attends within its own (padded) batch
         _, active, columns, window = self._plan
-        width = key_states.shape[2]
         rows = torch.arange(active, device=columns.device)[:, None]  # (A, 1)
         where = columns[:, None] + torch.arange(width, device=columns.device)[None, :]  # (A, W)
-        keys[rows, :, where] = key_states.transpose(1, 2)  # indexed: (A, W, kv_heads, head_dim)
-        values[rows, :, where] = value_states.transpose(1, 2)
-        return keys[:active, :, :window], values[:active, :, :window]  # (A, kv_heads, window, head_dim)
+        buffer[rows, :, where] = states.transpose(1, 2)  # indexed: (A, W, heads, dim)
+        return buffer[:active, :, :window]  # (A, heads, window, dim)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # positions are always passed explicitly
+
+    def row(self, row: int, length: int) -> "SlotRow":
+        """Row `row`'s first `length` columns, as a drafter that attends to the target's keys and values reads a
+        cache (Drafter.watch_cache)."""
+        return SlotRow(self, row, length)
+
+
+class SlotRow:
+    """One row of a SlotCache read as transformers' DynamicCache is: `layers[i].keys` / `.values` are layer i's keys
+    and values of the row's first `length` columns, (1, kv_heads, length, head_dim) views of the buffers taken when
+    read (rows move and buffers grow between cycles: the decoder hands a new view each cycle). A sliding layer's
+    columns are all there, not only its window's."""
+
+    def __init__(self, cache: SlotCache, row: int, length: int):
+        self.layers = _RowLayers(cache, row, length)
+
+
+class RowLayer(NamedTuple):
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+class _RowLayers:
+    def __init__(self, cache: SlotCache, row: int, length: int):
+        self.cache, self.row, self.length = cache, row, length
+
+    def __getitem__(self, layer: int) -> RowLayer:
+        if layer not in self.cache.keys:
+            raise KeyError(f"layer {layer} holds no keys in the slot cache (it reads another layer's, or none)")
+        rows, columns = slice(self.row, self.row + 1), slice(0, self.length)
+        return RowLayer(self.cache.keys[layer][rows, :, columns], self.cache.values[layer][rows, :, columns])

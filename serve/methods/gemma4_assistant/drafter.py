@@ -7,12 +7,15 @@ keys or values of their own) drafting K tokens from one position, as transformer
     d_{i+1} = argmax / a draw of out_i.logits;   x_{i+1} = cat(target.embed(d_{i+1}), out_i.last_hidden_state)
 
 `kv` are the target's own keys and values of its last full-attention and last sliding-attention layer (the layers
-Gemma 4's config marks "store"), read from the decoder's cache (`Drafter.watch_cache`) at each proposal: it then
-holds exactly the tokens the target has seen, the pending one not included. The sliding layer's are its last
-`sliding_window - 1` positions, those the target's own next query attends to besides itself.
+Gemma 4's config marks "store"), read from the decoder's cache (`Drafter.watch_cache`: the batch-1 decoder's
+DynamicCache, or the batched decoder's view of the row in its slot cache) at each proposal: it then holds exactly the
+tokens the target has seen, the pending one not included. The sliding layer's are its last `sliding_window - 1`
+positions, those the target's own next query attends to besides itself. The rows of a batch draft together
+(`propose_rows`): one assistant forward per draft position, each row's keys and values left-padded and masked.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,7 +27,7 @@ from draftsmith.serve.core.target import Target
 from draftsmith.serve.core.target_config import text_config
 from draftsmith.serve.drafters.base import Draft, Drafter
 from draftsmith.serve.drafters.heads_common import confidence_signal, sample_chain_token
-from draftsmith.serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
+from draftsmith.serve.drafters.length import FixedLength, LastDraft, LengthPolicy
 
 ASSISTANT_TYPE = "gemma4_assistant"
 TARGET_TYPES = ("gemma4_text",)  # a multimodal `gemma4` target's text config is one of these
@@ -128,6 +131,7 @@ class AssistantDrafter(Drafter):
     kind: ClassVar[str] = "gemma4_assistant"
     target_layers = (FINAL,)
     reads_target_cache: ClassVar[bool] = True
+    shared_state: ClassVar[tuple[str, ...]] = ("cache",)  # a fork is handed its own; never copied
 
     def __init__(self, model, target: Target, *, folder: str | Path, tokenizer=None,
                  policy: LengthPolicy | None = None):
@@ -135,6 +139,7 @@ class AssistantDrafter(Drafter):
         self.stores = check_pair(model.config, target.config, folder=folder, target_name=target.name)
         self.embed = target.model.get_input_embeddings()  # Gemma's scaled embedding, as the assistant was fed
         self.vocab = text_config(target.config).vocab_size
+        self.window = int(text_config(target.config).sliding_window)  # the target's sliding layers' window
         self.policy = policy or FixedLength()
         self.last = LastDraft()
         self.cache = None  # the target's cache of the running generation (watch_cache)
@@ -163,50 +168,114 @@ class AssistantDrafter(Drafter):
         self.seen += len(next_tokens)
 
     def shared_kv_states(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """{layer type: (keys, values)} (1, kv_heads, S, head_dim) of the target's store layers, from its cache."""
+        """{layer type: (keys, values)} (1, kv_heads, S, head_dim) of the target's store layers, from its cache: the
+        full layer's `seen` positions, the sliding layer's last `window - 1` of them."""
         if self.cache is None:
             raise DraftsmithError("the Gemma 4 assistant attends to the target's own keys and values, which this "
-                                  "decoder does not hand to drafters (Drafter.watch_cache): draft with it at batch 1")
+                                  "decoder does not hand to drafters (Drafter.watch_cache)")
         kv = {}
         for kind, index in self.stores.items():
             layer = self.cache.layers[index]
             keys, values = layer.keys, layer.values
-            if getattr(layer, "is_sliding", False):  # before the first crop it may still hold the whole prompt
-                keys, values = keys[:, :, -(layer.sliding_window - 1):], values[:, :, -(layer.sliding_window - 1):]
+            if kind == "sliding_attention":  # a batch-1 cache may still hold the whole prompt, a slot cache holds all
+                keys, values = keys[:, :, -(self.window - 1):], values[:, :, -(self.window - 1):]
             elif keys.shape[2] != self.seen:
                 raise DraftsmithError(f"the target's cache holds {keys.shape[2]} positions in layer {index}, but "
                                       f"it has seen {self.seen} tokens: the assistant was driven out of step")
             kv[kind] = (keys, values)
         return kv
 
-    @torch.inference_mode()
-    def propose(self, k, *, temperature=0.0, generator=None, tree=None) -> Draft:
-        if not self.last.open(self.policy):
-            return Draft.empty()
-        kv = self.shared_kv_states()
-        device = self.model.device
-        position_ids = torch.tensor([[self.seen]], device=device)  # every step at the pending token's position
-        token = torch.tensor([[self.pending]], device=device)
-        hidden = self.feature.to(device)[None, None]  # (1, 1, H)
+    def _chain(self, k: int, temperature: float, generator):
+        """A chain proposal as steps: yields (token, state (H,)) for the assistant to read next and is sent back that
+        step's (logits (V,), state (H,)); returns the Draft. `propose_rows` runs the steps of all rows at once."""
+        token, state = self.pending, self.feature
         drafted, dists, declined = [], [], []
         self.policy.start(k, sampled=temperature > 0)
         for i in range(k):
-            with Stopwatch(self.policy.record_step):
-                inputs_embeds = torch.cat([self.embed(token).to(hidden.dtype), hidden], dim=-1)  # (1, 1, 2H)
-                out = self.model(inputs_embeds=inputs_embeds, position_ids=position_ids, shared_kv_states=kv)
-                logits = out.logits[0, -1].float().cpu()  # (V,)
+            logits, state = yield token, state
             # decided from the draft distribution before sampling from it: a sampled chain stays exact
             if not self.policy.offer(confidence_signal(logits, min(i, 1))):
                 declined = [int(logits.argmax())] if temperature <= 0 else []
                 break
-            chosen, q = sample_chain_token(logits, temperature=temperature, generator=generator, d2t=None,
-                                           vocab_size=self.vocab)
-            drafted.append(chosen)
+            token, q = sample_chain_token(logits, temperature=temperature, generator=generator, d2t=None,
+                                          vocab_size=self.vocab)
+            drafted.append(token)
             if q is not None:
                 dists.append(q)
             if not self.policy.wants_more():
                 break
-            token = torch.tensor([[chosen]], device=device)
-            hidden = out.last_hidden_state  # (1, 1, H): post_projection of the assistant's last state
         self.last.tokens = drafted + declined  # a greedy draft left out is still learned from
         return Draft(torch.tensor(drafted, dtype=torch.long), q=torch.stack(dists) if dists else None)
+
+    def propose(self, k, *, temperature=0.0, generator=None, tree=None) -> Draft:
+        return self.propose_rows([self], [dict(k=k, temperature=temperature, generator=generator)])[0]
+
+    @classmethod
+    @torch.inference_mode()
+    def propose_rows(cls, drafters: list["AssistantDrafter"], calls: list[dict]) -> list[Draft]:
+        """Every row's chain (calls[i]: k, temperature, generator), one assistant forward per draft position for all
+        rows: each row's query at its own position over its own keys and values, the rows' left-padded to the longest
+        and masked (transformers' 2-D padding mask, which the assistant's forward cuts to each layer type's last
+        columns). A row whose chain ended idles in the batch until the longest one ends."""
+        drafts = [Draft.empty()] * len(drafters)
+        rows = [i for i, d in enumerate(drafters) if d.last.open(d.policy)]
+        if not rows:
+            return drafts
+        group = [drafters[i] for i in rows]
+        first = group[0]
+        device = first.model.device
+        kv, attention_mask = _left_padded([d.shared_kv_states() for d in group], [d.seen for d in group])
+        position_ids = torch.tensor([[d.seen] for d in group], device=device)  # (B, 1): every step at the pending's
+        chains, requests = {}, {}
+        for r, (d, i) in enumerate(zip(group, rows)):
+            call = calls[i]
+            chains[r] = d._chain(call["k"], call.get("temperature", 0.0), call.get("generator"))
+            try:
+                requests[r] = next(chains[r])
+            except StopIteration as done:
+                drafts[i] = done.value
+        token_ids = torch.zeros(len(group), 1, dtype=torch.long)
+        hidden = torch.zeros(len(group), 1, first.feature.shape[-1], device=device, dtype=first.feature.dtype)
+        while requests:
+            start = time.perf_counter()
+            for r, (token, state) in requests.items():
+                token_ids[r, 0], hidden[r, 0] = token, state
+            embeds = first.embed(token_ids.to(device)).to(hidden.dtype)  # (B, 1, H): Gemma's scaled embedding
+            inputs_embeds = torch.cat([embeds, hidden], dim=-1)  # (B, 1, 2H)
+            out = first.model(inputs_embeds=inputs_embeds, position_ids=position_ids, attention_mask=attention_mask,
+                              shared_kv_states=kv)
+            stepped = list(requests)
+            logits = out.logits[stepped, -1].float().cpu()  # (m, V)
+            share = (time.perf_counter() - start) / len(stepped)
+            for m, r in enumerate(stepped):
+                group[r].policy.record_step(share)
+                try:  # the next step reads the assistant's post_projection of this one
+                    requests[r] = chains[r].send((logits[m], out.last_hidden_state[r, -1]))
+                except StopIteration as done:
+                    drafts[rows[r]] = done.value
+                    del requests[r]
+        return drafts
+
+
+def _left_padded(kvs: list[dict], lengths: list[int]) -> tuple[dict, torch.Tensor | None]:
+    """Rows' {layer type: (keys, values) (1, kv_heads, S_r, head_dim)} -> {layer type: (B, kv_heads, max S_r,
+    head_dim)}, each row at the right end (left-padded with zeros), and the (B, max lengths) mask of the full layer's
+    real columns (None for one row). A row's sliding keys are the last min(length, window - 1) of its full ones', so
+    the mask's last columns are theirs, as the assistant's forward reads them."""
+    if len(kvs) == 1:
+        return kvs[0], None
+    stacked = {}
+    for kind in kvs[0]:
+        width = max(kv[kind][0].shape[2] for kv in kvs)
+        pair = []
+        for part in (0, 1):
+            like = kvs[0][kind][part]
+            out = like.new_zeros(len(kvs), like.shape[1], width, like.shape[3])  # (B, kv_heads, width, head_dim)
+            for r, kv in enumerate(kvs):
+                held = kv[kind][part]
+                out[r, :, width - held.shape[2]:] = held[0]
+            pair.append(out)
+        stacked[kind] = tuple(pair)
+    width = max(lengths)
+    mask = torch.arange(width)[None, :] >= width - torch.tensor(lengths)[:, None]  # (B, width)
+    return stacked, mask.long().to(kvs[0][next(iter(kvs[0]))][0].device)
