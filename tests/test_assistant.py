@@ -165,12 +165,10 @@ class Logged(AssistantDrafter):
         super().begin(prompt_ids, next_tokens, hidden_states)
         self.key = tuple(prompt_ids.tolist())
 
-    @classmethod
-    def propose_rows(cls, drafters, calls):
-        drafts = super().propose_rows(drafters, calls)
-        for d, draft in zip(drafters, drafts):
-            d.log.setdefault(d.key, []).append(draft.tokens.tolist())
-        return drafts
+    def _chain(self, k, temperature, generator):
+        draft = yield from super()._chain(k, temperature, generator)
+        self.log.setdefault(self.key, []).append(draft.tokens.tolist())
+        return draft
 
 
 def test_batched_rows_draft_what_they_draft_alone(dirs, target):
@@ -255,19 +253,22 @@ def test_an_assistant_that_cannot_draft_for_the_target_is_one_line(dirs, target)
 
 
 def test_cli_eval_reports_its_exactness(dirs, tmp_path, capsys):
+    """At batch 1, and swept to a batch of 4 (the batched decoder), every output is plain decoding's."""
     from draftsmith.cli import main
 
     prompts_file, out = tmp_path / "p.jsonl", tmp_path / "out.json"
     prompts_file.write_text("".join(json.dumps({"prompt": text, "domain": "d"}) + "\n"
-                                    for text in ("hello there, hello there", "a b c d e f g h")))
+                                    for text in ("hello there, hello there", "a b c d e f g h", "abc", "x y z")))
     spec = f"gemma4_assistant:{dirs['assistant']}:length=fixed"
     code = main(["eval", "--target", str(dirs["target"]), "--drafter", spec, "--prompts", str(prompts_file), "--k", "3",
                  "--max-new-tokens", "12", "--no-peers", "--no-cost-model", "--quiet", "--json", str(out),
-                 "bootstrap_samples=20"])
+                 "--sweep", "batch_size=1,4", "bootstrap_samples=20"])
     assert code == 0
-    assert "exactness: 2/2" in capsys.readouterr().out
+    assert "exactness: 4/4" in capsys.readouterr().out
     data = json.loads(out.read_text())
     assert [d["kind"] for d in data["drafters"]] == ["gemma4_assistant"]
+    four = data["sweeps"]["batch_size"][1]
+    assert four["value"] == 4 and four["exactness"]["identical"] == four["exactness"]["total"] == 4
     line = cli_error(capsys, "eval", "--target", dirs["llama"], "--drafter", f"gemma4_assistant:{dirs['assistant']}",
                      "--prompts", prompts_file, "--no-peers", "--no-cost-model", "--quiet")
     assert line.startswith("error: ") and "drafts for a Gemma 4 target" in line

@@ -7,9 +7,10 @@ columns (rejected drafts, another request's leftovers) are masked, then overwrit
 through the `update` call every attention layer makes (transformers' Cache API): `plan_prefill` /
 `plan_write` say what the next forward writes.
 
-Used by the batched decoder (serve/batch/decoder.py: a pending token and its drafts per row), which also runs
-self-distillation (data/generate.py, one new token per row). A hybrid target's recurrent layers keep their states per
-row beside the buffers (serve/core/recurrent_slots.py).
+Used by the batched decoder (serve/batch/decoder.py: a pending token and its drafts per row; a drafter attending to
+the target's keys and values reads its row through `row`), which also runs self-distillation (data/generate.py, one
+new token per row). A hybrid target's recurrent layers keep their states per row beside the buffers
+(serve/core/recurrent_slots.py).
 """
 from __future__ import annotations
 

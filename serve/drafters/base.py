@@ -78,7 +78,7 @@ class Drafter:
     default_tree: TreeSpec | None = None  # None: chains
     # attributes every fork shares with its origin (fork); weights, the target and tokenizers are always shared
     shared_state: ClassVar[tuple[str, ...]] = ()
-    # it attends to the target's own keys and values (watch_cache): drivers that cannot hand it the cache refuse it
+    # it attends to the target's own keys and values (watch_cache): the batched decoder hands it its row's each cycle
     reads_target_cache: ClassVar[bool] = False
 
     def begin(self, prompt_ids: torch.Tensor, next_tokens: torch.Tensor,
@@ -86,10 +86,12 @@ class Drafter:
         """prompt_ids: (T,); next_tokens: (T,) = prompt_ids[1:] + [t0]; hidden_states[l]: (T, h)."""
 
     def watch_cache(self, cache) -> None:
-        """The target's KV cache of the generation about to start (serve/core/kv.py), handed over before the prefill.
-        From each `begin` or `commit` to the next `propose` it holds exactly the tokens the target has seen (the
-        pending one not; sliding layers: the last of them), so a drafter that attends to the target's keys and
-        values (Gemma 4's assistant) reads them there rather than recomputing them. Ignored by default."""
+        """The target's KV cache: at batch 1 the generation's (serve/core/kv.py), handed over before the prefill; in
+        the batched decoder the row's view of its slot cache (serve/core/slots.py `SlotCache.row`), handed before each
+        cycle's drafting. Either reads as transformers' DynamicCache (`layers[i].keys`, `.values`) and holds, when
+        the drafter proposes, exactly the tokens the target has seen (the pending one not; sliding layers: at least
+        the last window - 1 of them), so a drafter that attends to the target's keys and values (Gemma 4's
+        assistant) reads them there rather than recomputing them. Ignored by default."""
 
     def draft_cap(self, k: int) -> int:
         """The most tokens a cycle of this drafter may draft when the decoder's K is k: k, unless the drafter's

@@ -1,7 +1,7 @@
 """Gemma 4's assistant: the small drafter Google ships beside a Gemma 4 target (transformers' gemma4_assistant), whose
 layers attend to the target's own keys and values and draft K tokens from one position. Its drafter (drafter.py) and
 how its spec `gemma4_assistant:DIR[:length=fixed]` reads and builds (below); the decoder hands it the target's cache
-(`Drafter.watch_cache`), so it drafts at batch 1 and the batched decoder refuses it.
+(`Drafter.watch_cache`; the batched decoder each row's view of its slot cache, the rows drafting together).
 
 Fine-tuned for a fine-tuned target (`train model.method=gemma4_assistant`, online only, from the shipped assistant
 `model.shipped_drafter=DIR` or fresh with `model.draft_layers` layers): its head (head.py), objective (objective.py),

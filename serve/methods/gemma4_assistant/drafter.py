@@ -208,53 +208,60 @@ class AssistantDrafter(Drafter):
         return Draft(torch.tensor(drafted, dtype=torch.long), q=torch.stack(dists) if dists else None)
 
     def propose(self, k, *, temperature=0.0, generator=None, tree=None) -> Draft:
-        return self.propose_rows([self], [dict(k=k, temperature=temperature, generator=generator)])[0]
+        return _draft_rows([self], [dict(k=k, temperature=temperature, generator=generator)])[0]
 
     @classmethod
-    @torch.inference_mode()
     def propose_rows(cls, drafters: list["AssistantDrafter"], calls: list[dict]) -> list[Draft]:
-        """Every row's chain (calls[i]: k, temperature, generator), one assistant forward per draft position for all
-        rows: each row's query at its own position over its own keys and values, the rows' left-padded to the longest
-        and masked (transformers' 2-D padding mask, which the assistant's forward cuts to each layer type's last
-        columns). A row whose chain ended idles in the batch until the longest one ends."""
-        drafts = [Draft.empty()] * len(drafters)
-        rows = [i for i, d in enumerate(drafters) if d.last.open(d.policy)]
-        if not rows:
-            return drafts
-        group = [drafters[i] for i in rows]
-        first = group[0]
-        device = first.model.device
-        kv, attention_mask = _left_padded([d.shared_kv_states() for d in group], [d.seen for d in group])
-        position_ids = torch.tensor([[d.seen] for d in group], device=device)  # (B, 1): every step at the pending's
-        chains, requests = {}, {}
-        for r, (d, i) in enumerate(zip(group, rows)):
-            call = calls[i]
-            chains[r] = d._chain(call["k"], call.get("temperature", 0.0), call.get("generator"))
-            try:
-                requests[r] = next(chains[r])
-            except StopIteration as done:
-                drafts[i] = done.value
-        token_ids = torch.zeros(len(group), 1, dtype=torch.long)
-        hidden = torch.zeros(len(group), 1, first.feature.shape[-1], device=device, dtype=first.feature.dtype)
-        while requests:
-            start = time.perf_counter()
-            for r, (token, state) in requests.items():
-                token_ids[r, 0], hidden[r, 0] = token, state
-            embeds = first.embed(token_ids.to(device)).to(hidden.dtype)  # (B, 1, H): Gemma's scaled embedding
-            inputs_embeds = torch.cat([embeds, hidden], dim=-1)  # (B, 1, 2H)
-            out = first.model(inputs_embeds=inputs_embeds, position_ids=position_ids, attention_mask=attention_mask,
-                              shared_kv_states=kv)
-            stepped = list(requests)
-            logits = out.logits[stepped, -1].float().cpu()  # (m, V)
-            share = (time.perf_counter() - start) / len(stepped)
-            for m, r in enumerate(stepped):
-                group[r].policy.record_step(share)
-                try:  # the next step reads the assistant's post_projection of this one
-                    requests[r] = chains[r].send((logits[m], out.last_hidden_state[r, -1]))
-                except StopIteration as done:
-                    drafts[rows[r]] = done.value
-                    del requests[r]
+        """The rows' chains drafted together (`_draft_rows`); a subclass that proposes otherwise, row by row."""
+        if any(type(d).propose is not AssistantDrafter.propose for d in drafters):
+            return super().propose_rows(drafters, calls)
+        return _draft_rows(drafters, calls)
+
+
+@torch.inference_mode()
+def _draft_rows(drafters: list[AssistantDrafter], calls: list[dict]) -> list[Draft]:
+    """Every row's chain (calls[i]: k, temperature, generator), one assistant forward per draft position for all rows:
+    each row's query at its own position over its own keys and values, left-padded to the longest row's and masked
+    (transformers' 2-D padding mask, which the assistant's forward cuts to each layer type's last columns). A row whose
+    chain ended idles in the batch until the longest one ends."""
+    drafts = [Draft.empty()] * len(drafters)
+    rows = [i for i, d in enumerate(drafters) if d.last.open(d.policy)]
+    if not rows:
         return drafts
+    group = [drafters[i] for i in rows]
+    first = group[0]
+    device = first.model.device
+    kv, attention_mask = _left_padded([d.shared_kv_states() for d in group], [d.seen for d in group])
+    position_ids = torch.tensor([[d.seen] for d in group], device=device)  # (B, 1): every step at the pending's
+    chains, requests = {}, {}
+    for r, (d, i) in enumerate(zip(group, rows)):
+        call = calls[i]
+        chains[r] = d._chain(call["k"], call.get("temperature", 0.0), call.get("generator"))
+        try:
+            requests[r] = next(chains[r])
+        except StopIteration as done:
+            drafts[i] = done.value
+    token_ids = torch.zeros(len(group), 1, dtype=torch.long)
+    hidden = torch.zeros(len(group), 1, first.feature.shape[-1], device=device, dtype=first.feature.dtype)
+    while requests:
+        start = time.perf_counter()
+        for r, (token, state) in requests.items():
+            token_ids[r, 0], hidden[r, 0] = token, state
+        embeds = first.embed(token_ids.to(device)).to(hidden.dtype)  # (B, 1, H): Gemma's scaled embedding
+        inputs_embeds = torch.cat([embeds, hidden], dim=-1)  # (B, 1, 2H)
+        out = first.model(inputs_embeds=inputs_embeds, position_ids=position_ids, attention_mask=attention_mask,
+                          shared_kv_states=kv)
+        stepped = list(requests)
+        logits = out.logits[stepped, -1].float().cpu()  # (m, V)
+        share = (time.perf_counter() - start) / len(stepped)
+        for m, r in enumerate(stepped):
+            group[r].policy.record_step(share)
+            try:  # the next step reads the assistant's post_projection of this one
+                requests[r] = chains[r].send((logits[m], out.last_hidden_state[r, -1]))
+            except StopIteration as done:
+                drafts[rows[r]] = done.value
+                del requests[r]
+    return drafts
 
 
 def _left_padded(kvs: list[dict], lengths: list[int]) -> tuple[dict, torch.Tensor | None]:
@@ -278,4 +285,4 @@ def _left_padded(kvs: list[dict], lengths: list[int]) -> tuple[dict, torch.Tenso
         stacked[kind] = tuple(pair)
     width = max(lengths)
     mask = torch.arange(width)[None, :] >= width - torch.tensor(lengths)[:, None]  # (B, width)
-    return stacked, mask.long().to(kvs[0][next(iter(kvs[0]))][0].device)
+    return stacked, mask.long().to(stacked["full_attention"][0].device)
