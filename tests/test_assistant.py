@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftsmith.serve.batch.decoder import BatchDecoder
+from draftsmith.serve.batch.decoder import BatchDecoder, Job
 from draftsmith.serve.core.target import Target, load_target
 from draftsmith.serve.core.target_config import text_config
 from draftsmith.serve.decoding import plain_generate, speculative_generate
@@ -21,7 +21,7 @@ from draftsmith.serve.drafters import build_drafter
 from draftsmith.serve.drafters.spec import DrafterSpecError
 from draftsmith.serve.methods.gemma4_assistant.drafter import AssistantDrafter, store_layers
 from tests.cli_fixtures import cli_error
-from tests.decoder_fixtures import PROMPT, VOCAB, sampled_first_tokens
+from tests.decoder_fixtures import PROMPT, VOCAB, chi_square_p, exact_joint, sampled_first_tokens
 from tests.tiny_models import save_tiny_target, tiny_model, tiny_tokenizer
 
 WINDOW = 8  # the sliding window of the main tiny target: prompts and outputs run past it
@@ -175,8 +175,6 @@ def test_batched_rows_draft_what_they_draft_alone(dirs, target):
     """Batch 4 over 6 prompts (slots reused, rows moved; lengths on both sides of the sliding window): greedy output
     is plain decoding's, every row's proposals are those it drafts alone at batch 1, and each draft position runs one
     assistant forward for all rows."""
-    from draftsmith.serve.batch.decoder import Job
-
     model = build_drafter(f"gemma4_assistant:{dirs['assistant']}:length=fixed", target).model
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (3, 20, 7, 12, 30, 5)]
@@ -206,9 +204,6 @@ def test_batched_rows_draft_what_they_draft_alone(dirs, target):
 def test_batched_sampling_matches_the_targets_distribution():
     """Sampled chains of 16 rows drafted together, verified row by row: the first three tokens' joint is the
     target's (chi-square)."""
-    from draftsmith.serve.batch.decoder import Job
-    from tests.decoder_fixtures import chi_square_p, exact_joint
-
     target = vocab8_target()
     drafter = AssistantDrafter(assistant_model(target.config, seed=2), target, folder="tiny")
     settings = dict(temperature=1.0, top_k=0, top_p=1.0)
