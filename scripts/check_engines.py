@@ -23,9 +23,12 @@ run before changing an export, like a benchmark; never in CI, never a dependency
    vLLM `method: mtp` with no draft model, the architecture its SpeculativeConfig maps the checkpoint to, loaded
    by its DefaultModelLoader; the verdict names that mapping, the class's file and the parameters the class's
    load_weights left unfilled (the loader's own check passes an unquantized model's linear and embedding layers).
-   Where SGLang's modules cannot be imported, its installed source is read instead, per family: the config keys its
-   draft module reads, and whether its class for the target has the hooks its EAGLE worker calls (NEXTN: the draft
-   class its ModelConfig maps the target's architecture to).
+   SGLang runs as its CPU engine: its ModelConfig (NEXTN: the draft class it maps the served checkpoint to),
+   DefaultModelLoader and classes, its target class handing the draft the states it captures. Each SGLang verdict
+   says which of the folder's tensors (a merged folder: of the drafter's layer) the class read and which parameters
+   it left unfilled. A draft whose step reads the target's keys and values from the engine's KV cache (the Gemma 4
+   assistant, vLLM's gemma4_mtp and SGLang's FROZEN_KV_MTP; SGLang's DFlash) is loaded, not stepped; a step that
+   needs a kernel with no CPU path stops at the load verdict, naming the kernel and where SGLang calls it.
 4. Compares that step with our head's: logits over the target vocabulary, the token ids after d2t, and the
    state fed back; prints family x format x method x vocabulary x engine -> loads / drafts identically / fails
    (error), and with `--json FILE` writes those rows.
@@ -54,7 +57,12 @@ EXTRAS = {
              "compressed-tensors", "loguru"],  # the last two: vLLM >= 0.34's quantization imports (Qwen3.5's GDN)
     "speculators": ["hs-connectors==0.9.0", "loguru", "pydantic-settings", "python-dotenv"],
     "sglang": ["orjson", "pyzmq", "aiohttp", "multidict", "attrs", "yarl", "propcache", "aiohappyeyeballs",
-               "aiosignal", "frozenlist", "msgspec", "pybase64"],
+               "aiosignal", "frozenlist", "msgspec", "pybase64",
+               # SGLang's import path: sglang.srt.utils imports triton (a 290 MB wheel, found in .../engines/wheels
+               # first); its quantization registry compressed-tensors (which imports loguru); its kernel ops
+               # apache-tvm-ffi; its function-call parsers partial-json-parser (the pins are sglang 0.5.23's)
+               "triton==3.9.0", "compressed-tensors==0.18.0", "loguru", "apache-tvm-ffi==0.1.11",
+               "partial-json-parser"],
 }
 FORMATS_OF = {"vllm": ("vllm", "speculators"), "speculators": ("speculators",), "sglang": ("sglang",)}
 # tests/tiny_models.py's families (gemma = gemma3_text), as the family table names them
@@ -80,6 +88,14 @@ def formats(method) -> tuple[str, ...]:
     return tuple(method.exports) or (tuple(FORMATS) if method.merge_export else ())
 
 
+def merged(folder: Path, target_dir: Path) -> bool:
+    """Whether an export is a copy of the target's checkpoint with the draft layer in it (MTP), served as the target
+    itself, rather than a draft model beside it (an EAGLE folder, the Gemma 4 assistant's): its architectures are
+    the target's."""
+    architectures = [json.loads((d / "config.json").read_text()).get("architectures") for d in (folder, target_dir)]
+    return architectures[0] == architectures[1]
+
+
 def family_bound(method) -> bool:
     """Whether what the engine loads depends on the target's family: a Llama decoder layer configured from it, or a
     layer of the family merged into its checkpoint (Medusa's heads share nothing with it)."""
@@ -93,7 +109,8 @@ PARALLEL_SLOTS = 2  # P-EAGLE's mask slots after the teacher-forced pairs (as en
 # --------------------------------------------------------------------------------------- environments
 
 def _pip(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "-q", *args], check=True)
+    """pip, finding the wheels cached in .../engines/wheels before the index's."""
+    subprocess.run([sys.executable, "-m", "pip", "-q", *args, "--find-links", str(CACHE / "wheels")], check=True)
 
 
 def ensure_env(name: str, version: str) -> Path:
@@ -137,6 +154,7 @@ def make_drafters(work: Path, family: str, head_options: dict | None = None,
 
     target_dir = (save_mtp_target(work / "target", family) if family in MTP_COUNT
                   else save_tiny_target(work / "target", family, num_hidden_layers=4))
+    as_released(target_dir)
     target = load_target(str(target_dir))
     natives = {}
     from draftsmith.serve.methods.registry import method as method_of
@@ -152,6 +170,26 @@ def make_drafters(work: Path, family: str, head_options: dict | None = None,
         except ValueError as err:  # a method whose random drafters are not made here (the Gemma 4 assistant)
             print(f"check_engines: {family} {method}: skipped ({err})", file=sys.stderr)
     return target_dir, natives
+
+
+def as_released(target_dir: Path) -> None:
+    """The tiny target's config.json in the form the family's released checkpoints ship it (which an MTP export
+    copies), where transformers writes another that SGLang 0.5.23's config readers refuse: DeepSeek-V3's and V3.2's
+    `moe_layer_freq` (its deepseek_v2.py reads it; transformers writes none), Nemotron-H's layer patterns as
+    NVIDIA's letters (`hybrid_override_pattern`; its NemotronHConfig refuses transformers' `layers_block_type`
+    names). transformers reads either form."""
+    from transformers import NemotronHConfig
+
+    path = target_dir / "config.json"
+    config = json.loads(path.read_text())
+    if config["model_type"] in ("deepseek_v3", "deepseek_v32"):
+        config.setdefault("moe_layer_freq", 1)
+    if config["model_type"] == "nemotron_h":
+        for types, pattern in (("layers_block_type", "hybrid_override_pattern"),
+                               ("mtp_layers_block_type", "mtp_hybrid_override_pattern")):
+            if types in config:
+                config[pattern] = NemotronHConfig._list_to_pattern(config.pop(types))  # noqa: SLF001
+    path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 # One process per family exports every (drafter, format): it imports the exporter of --exporter-repo, not ours.
@@ -233,6 +271,9 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
         for key, native in natives.items():
             head = load_head(native).eval()
             config = head.config
+            if not hasattr(head, "input_hidden") and not hasattr(head, "context_kv") and \
+                    family_bound(method_of(config.method)):  # drafts from the target's keys and values: loaded only
+                continue
             vocab = config.vocab_size
             if hasattr(head, "context_kv"):  # DFlash: one block [the last token, masks] after the whole context
                 block, length = config.block_size, input_ids.numel()
@@ -271,30 +312,25 @@ def reference_steps(natives: dict, target_dir: Path, input_ids) -> dict:
     return refs
 
 
-def source_verdict(got: dict) -> str:
-    """What SGLang's installed source says of one export (engine_worker.run_sglang): refusals first."""
-    if "nextn" in got:  # a merged checkpoint under NEXTN
-        nextn = got["nextn"]
-        if not nextn["draft"]:
-            return (f"REFUSED: ModelConfig._config_draft_model maps no draft class for {nextn['arch']} (it maps "
-                    f"{len(nextn['mapped'])} architectures)")
-        if not nextn["file"]:
-            return f"REFUSED: {nextn['arch']} maps to {nextn['draft']}, no class of sglang/srt/models"
-        return (f"NEXTN drafts {nextn['arch']} with {nextn['draft']} ({nextn['file']}, ModelConfig."
-                f"_config_draft_model); its load_weights and step not run")
-    target = got["target"]
-    if target["missing"]:
-        where = f" ({target['file']})" if target["file"] else " (no such class in sglang/srt/models)"
-        return f"REFUSED: SGLang's target class {target['class']}{where} lacks {', '.join(target['missing'])}"
-    parts = []
-    if got["draft_class"]:
-        parts.append(f"REFUSED: architectures {got['draft_class']!r} is no class of {got['module']}")
-    parts.append(f"target {target['class']} ({target['file']}) has the EAGLE hooks"
-                 + ("" if target["shifts_ids"] in (None, True) else "; it does NOT add 1 to the given aux ids"))
-    unwritten = ", ".join(f"{key}={default}" for key, default in got["missing"].items())
-    parts.append(f"every config key {got['module']} reads is written" if not unwritten
-                 else f"unwritten keys take SGLang's defaults: {unwritten}")
-    return "; ".join(parts)
+def load_verdict(load: dict) -> str:
+    """What SGLang's DefaultModelLoader and the class's load_weights did with a folder (engine_worker's record)."""
+    own = load.get("own")  # a merged folder: the drafter's layer (model-mtp.safetensors); the target's others
+    tensors = own or load["tensors"]
+    unread = [name for name in load["unread"] if name in tensors]
+    parts = [f"{load['class']} ({load['file']}) read {len(tensors) - len(unread)} of {len(tensors)} "
+             + ("tensors of the drafter's layer" if own else "tensors")
+             + (f" (unread: {', '.join(unread[:6])})" if unread else "")]
+    unfilled, after = load["unfilled"], load.get("unfilled_shared", load["unfilled"])
+    if not unfilled:
+        parts.append(f"all {load['parameters']} parameters filled")
+    else:
+        shared = sorted(set(unfilled) - set(after))
+        parts.append(f"{len(unfilled)} of {load['parameters']} parameters not in the folder"
+                     + (f" ({', '.join(shared)}: the target's, put there by the EAGLE worker)" if shared else "")
+                     + (f"; unfilled: {', '.join(after[:4])}" if after else ""))
+    if load.get("partly"):  # rows the class builds and its load_weights has nothing for
+        parts.append(f"filled in part: {', '.join(load['partly'][:4])}")
+    return ", ".join(parts)
 
 
 def _close(a, b) -> bool:
@@ -306,8 +342,8 @@ def _close(a, b) -> bool:
 def compare(ref: dict, got: dict) -> str:
     import torch
 
-    if got["status"] == "source":
-        return f"not built on CPU ({got['error']}); source check: {source_verdict(got)}"
+    if got["status"] == "load":  # loaded by the engine; its step needs what is not stood in here
+        return f"loads: {load_verdict(got['load'])}; step not run ({got['reason']})"
     if got["status"] != "loaded":
         return f"fails: {got['error']}"
     logits = ref["draft_logits"] if got.get("draft_vocab") else ref["logits"]
@@ -340,6 +376,8 @@ def compare(ref: dict, got: dict) -> str:
                     f"that token's embedding and our head does not (max |logit diff| {float(diff.max()):.2g} there)")
     if got.get("target_states"):  # the engine's target class could not run here: say whose states the draft read
         verdict += f" (draft checked with HF target states: {got['target_states']})"
+    if "load" in got:  # SGLang: what its loader did with the folder
+        verdict += f"; {load_verdict(got['load'])}"
     if "serve_dir" in got:  # speculators format in vLLM: the `vllm serve OUT` form too
         verdict += f"; `vllm serve OUT` {got['serve_dir']}"
     if "reads" in got:  # a merged checkpoint: what the engine mapped it to
@@ -399,7 +437,6 @@ def main(argv: list[str] | None = None) -> int:
     engines = [tuple(spec.split("==")) for spec in args.engines.split(",") if spec]
     families = [f for f in args.families.split(",") if f]
     sys.path.insert(0, str(ROOT))
-    from draftsmith.serve.methods.registry import method as method_of
     from tests.tiny_models import HYBRID_FAMILIES  # asked for by name: hybrid targets and Gemma 4
 
     known = [*FAMILIES, *HYBRID_FAMILIES]
@@ -426,8 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, version in engines:
         jobs = [{"name": f"{family}-{fmt}-{m}-{v}", "family": family, "target": str(targets[family]),
-                  "format": fmt, "method": m, "folder": str(folder),
-                  "merged": method_of(m).merge_export is not None}
+                  "format": fmt, "method": m, "folder": str(folder), "merged": merged(folder, targets[family])}
                  for (family, fmt, m, v), folder in exports.items()
                  if fmt in FORMATS_OF[name] and isinstance(folder, Path)]
         results = run_engine(pythons[name, version], name, jobs, inputs, work) if jobs else {}
@@ -435,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             if fmt not in FORMATS_OF[name]:
                 continue
             verdict = (f"refused by the exporter: {folder}" if not isinstance(folder, Path)
-                       else compare(refs[family, method, vocab], results[f"{family}-{fmt}-{method}-{vocab}"]))
+                       else compare(refs.get((family, method, vocab)), results[f"{family}-{fmt}-{method}-{vocab}"]))
             rows.append({"family": family, "format": fmt, "method": method, "vocabulary": vocab,
                          "engine": f"{name} {version}", "result": verdict})
     columns = ("family", "format", "method", "vocabulary", "engine")

@@ -10,8 +10,9 @@ drafts with the layer it finds there, vLLM `method: mtp`, SGLang NEXTN). FILE.pt
 (T,) of a prompt. The result FILE.pt maps each case name to {"status": "loaded", "logits" (T, V) over the target
 vocabulary, "token_ids" (T,) target ids, "hidden" (T, h) the state the engine feeds back, and "target_states"
 when the target's hidden states came from transformers rather than the engine's target class, "reads": what the
-engine mapped the folder to, for a merged one} or
-{"status": "failed", "error": one line}. Nothing here imports draftsmith: the engine's code is the only reader.
+engine mapped the folder to, for a merged one, "load": what SGLang's loader did with the folder}, or
+{"status": "load", "load", "reason": why no step ran}, or {"status": "failed", "error": one line}. Nothing here
+imports draftsmith: the engine's code is the only reader.
 
 Stand-ins, only for what cannot run on a CPU: vLLM's paged `Attention` (a CUDA/paged-KV kernel) is replaced, in
 every vLLM model module the target and draft classes use, by plain causal attention over the step's tokens
@@ -26,12 +27,13 @@ latent attention (DeepSeek's MLA, whose backends need a GPU) keeps vLLM's projec
 attention over the latent runs in torch (`LatentAttention`); the target's lm_head is also put in each MTP layer's
 `shared_head.head`, as vLLM's proposer does; torchvision, which vLLM's Qwen3.5 module imports for its vision
 processors and a text model never calls, is an importable stand-in where the project's torch
-has no build of it (`ABSENT_TORCHVISION`). Where the engine's target class still cannot be built or run on a CPU,
+has no build of it (`ABSENT_PACKAGE`). Where the engine's target class still cannot be built or run on a CPU,
 the hidden states come from the transformers target and the verdict says so; the engine's draft class and
 `load_weights` still load and run the export. An MTP layer that zeroes the token embedding at position 0 (vLLM's
 DeepSeek and GLM ones; our head does not) is compared at positions 1..T, its step from 0 reported beside it
-(`_zeroes_position_zero`). SGLang: see `run_sglang` (its modules cannot be imported on this CPU: the fallback reads
-its installed source).
+(`_zeroes_position_zero`). SGLang runs as its own CPU engine (`_sglang_setup`: its ops' forward_native; stand-ins
+for sgl-kernel's CPU kernels, its attention backend and its logits processor's pruning) and its loader is watched
+(`_recorded_loading`); see `run_sglang`.
 """
 from __future__ import annotations
 
@@ -50,6 +52,20 @@ import torch
 def one_line(err: BaseException) -> str:
     lines = [line.strip() for line in f"{type(err).__name__}: {err}".strip().splitlines() if line.strip()]
     return " ".join(lines[:3])[:400] if lines else type(err).__name__
+
+
+def _held_in(tensor, parameters) -> bool:
+    """Whether some parameter holds `tensor`'s values as consecutive rows (a fused projection, a stacked expert)."""
+    rows = tensor.shape[0] if tensor.dim() else 1
+    for param in parameters:
+        if tensor.dim() == 0 or param.dim() < tensor.dim() or param.shape[param.dim() - tensor.dim() + 1:] != \
+                tensor.shape[1:]:
+            continue
+        flat = param.detach().reshape(-1, *tensor.shape[1:])  # (rows of every leading index, *trailing)
+        if any(torch.equal(flat[start:start + rows], tensor.to(flat.dtype))
+               for start in range(flat.shape[0] - rows + 1)):
+            return True
+    return False
 
 
 class CausalAttention(torch.nn.Module):
@@ -173,11 +189,12 @@ class TorchOps:
 
 # ------------------------------------------------------------------------------------------------- vLLM
 
-# torchvision stands in where the project's torch has none built for it (a PyPI torchvision needs the CUDA torch it
-# was built with): vLLM's Qwen3.5 module imports Qwen-VL's image and video processors, which import it, and a text
-# model never calls them. A package on PYTHONPATH, so that vLLM's registry subprocess (which inspects a model class
-# by importing its module) sees it too; any name in it imports and fails when used.
-ABSENT_TORCHVISION = textwrap.dedent('''
+# A package that stands in where the engine imports one this environment cannot have (torchvision needs the CUDA torch
+# it was built with; SGLang's sgl_kernel is a CUDA or source-built CPU library; IPython is a notebook's): vLLM's Qwen3.5
+# module imports Qwen-VL's image and video processors, which import torchvision, and a text model never calls them;
+# SGLang's import path reaches all three. A package on PYTHONPATH, so that vLLM's registry subprocess (which inspects
+# a model class by importing its module) sees it too; any name in it imports and fails, naming itself, when used.
+ABSENT_PACKAGE = textwrap.dedent('''
     """A stand-in written by draftsmith's scripts/engine_worker.py: importable, never usable."""
     import importlib.abc, importlib.machinery, sys, types
 
@@ -194,7 +211,7 @@ ABSENT_TORCHVISION = textwrap.dedent('''
             return Absent(f"{self._name}.{attr}")
 
         def __call__(self, *args, **kwargs):
-            raise RuntimeError(f"{self._name}: torchvision is a stand-in in this environment")
+            raise RuntimeError(f"{self._name}: a stand-in in this environment (scripts/engine_worker.py)")
 
         def __mro_entries__(self, bases):
             return (object,)
@@ -230,22 +247,25 @@ ABSENT_TORCHVISION = textwrap.dedent('''
 ''')
 
 
-def _absent_torchvision() -> None:
+def _absent_packages(*names: str) -> None:
+    """ABSENT_PACKAGE under each name that does not import here."""
     import importlib.util
     import tempfile
 
-    if importlib.util.find_spec("torchvision") is not None:
+    names = [name for name in names if importlib.util.find_spec(name) is None]
+    if not names:
         return
     folder = tempfile.mkdtemp(prefix="draftsmith-absent-")
-    os.makedirs(os.path.join(folder, "torchvision"))
-    with open(os.path.join(folder, "torchvision", "__init__.py"), "w") as handle:
-        handle.write(ABSENT_TORCHVISION)
+    for name in names:
+        os.makedirs(os.path.join(folder, name))
+        with open(os.path.join(folder, name, "__init__.py"), "w") as handle:
+            handle.write(ABSENT_PACKAGE)
     sys.path.insert(0, folder)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))
 
 
 def _vllm_setup():
-    _absent_torchvision()
+    _absent_packages("torchvision")
     from vllm.distributed import destroy_model_parallel, init_distributed_environment, initialize_model_parallel
 
     _stand_in_moe()
@@ -366,14 +386,15 @@ def _vllm_config(served: str, case: dict, k: int = 3):
                                skip_tokenizer_init=True)
     parallel = ParallelConfig()
     method = {"eagle1": "eagle", "eagle3": "eagle3", "medusa": "medusa", "peagle": "eagle3",
-              "dflash": "dflash", "mtp": "mtp"}[case["method"]]
+              "dflash": "dflash", "mtp": "mtp", "gemma4_assistant": "mtp"}[case["method"]]
     parallel_drafting = {"parallel_drafting": True} if case["method"] == "peagle" else {}  # P-EAGLE (vLLM <= 0.33)
     speculative = SpeculativeConfig(model=None if case.get("merged") else case["folder"], method=method,
                                     num_speculative_tokens=k,
                                     target_model_config=model_config, target_parallel_config=parallel,
                                     **parallel_drafting)
     return VllmConfig(model_config=model_config, speculative_config=speculative, parallel_config=parallel,
-                      device_config=DeviceConfig(device="cpu"), compilation_config=CompilationConfig(mode=0, custom_ops=["none"]))  # forward_native
+                      device_config=DeviceConfig(device="cpu"),
+                      compilation_config=CompilationConfig(mode=0, custom_ops=["none"]))  # forward_native
 
 
 def _vllm_model(vllm_config, model_config, folder: str | None, *, checkpoint: bool = False):
@@ -428,6 +449,9 @@ def run_vllm(job: dict) -> dict:
                              distributed_init_method=f"tcp://127.0.0.1:{29500 + os.getpid() % 1000}")
                     initialized = True
                 init_parallel()
+                if case["method"] in KV_READERS:
+                    results[case["name"]] = _vllm_load_only(vllm_config, case)
+                    continue
                 draft_config = vllm_config.speculative_config.draft_model_config
                 target, states, fallback = _vllm_target_states(vllm_config, served, ids)
                 draft = _vllm_model(vllm_config, draft_config, case["folder"], checkpoint=case.get("merged", False))
@@ -445,6 +469,31 @@ def run_vllm(job: dict) -> dict:
             results[case["name"]] = {"status": "failed", "error": one_line(err),
                                      "trace": traceback.format_exc(limit=-3)}
     return results
+
+
+# drafts whose step attends to the target's own keys and values (the engine's paged KV cache, not stood in here):
+# loaded by the engine's loader and class, not stepped
+KV_READERS = {"gemma4_assistant": "its step reads the target's keys and values from the engine's KV cache, not "
+                                  "stood in here"}
+
+
+def _vllm_load_only(vllm_config, case: dict) -> dict:
+    """The draft class vLLM's SpeculativeConfig maps the folder to, loaded by its DefaultModelLoader: which of the
+    folder's tensors no parameter holds, which parameters its load_weights did not fill (its own account)."""
+    from safetensors import safe_open
+
+    draft = _vllm_model(vllm_config, vllm_config.speculative_config.draft_model_config, case["folder"],
+                        checkpoint=True)
+    tensors = {}
+    for path in sorted(glob.glob(os.path.join(case["folder"], "*.safetensors"))):
+        with safe_open(path, framework="pt") as handle:
+            tensors.update({name: handle.get_tensor(name) for name in handle.keys()})
+    parameters = dict(draft.named_parameters())
+    load = {"class": type(draft).__name__, "file": os.path.basename(inspect.getsourcefile(type(draft))),
+            "tensors": list(tensors), "parameters": len(parameters), "unfilled": draft.draftsmith_unfilled,
+            "unread": [name for name, tensor in tensors.items()
+                       if not _held_in(tensor, [*parameters.values(), *draft.buffers()])]}
+    return {"status": "load", "load": load, "reason": KV_READERS[case["method"]]}
 
 
 def _draft_context(vllm_config, num_tokens: int, *, merged: bool):
@@ -754,179 +803,317 @@ def _speculators_dflash_block(config, folder: str, ids, hidden_states) -> dict:
 
 # ------------------------------------------------------------------------------------------------ SGLang
 
-SGLANG_MODULES = {"eagle1": "sglang.srt.models.llama_eagle", "eagle3": "sglang.srt.models.llama_eagle3",
-                  "dflash": "sglang.srt.models.dflash"}
-# What SGLang's EAGLE workers call on the TARGET model: every draft shares its embeddings (eagle_worker_v2.py
-# `init_lm_head` -> `get_embed_and_head`); EAGLE-3 has it capture the aux states (attention_backend_setup.py).
-SGLANG_TARGET_HOOKS = {"eagle1": ("get_embed_and_head",),
-                       "eagle3": ("set_eagle3_layers_to_capture", "get_embed_and_head"),
-                       "dflash": ("set_dflash_layers_to_capture",)}  # its worker reads model.lm_head itself
+class AbsentKernels:
+    """Stands in for `torch.ops.sgl_kernel` where it lacks the kernels of sgl-kernel's CPU build (named `*_cpu`),
+    which SGLang's CPU engine calls and PyPI does not ship: a module that binds one at import (Qwen3.5's
+    `fused_sigmoid_mul_cpu`) imports, and a step that calls one fails naming it. Other names are the real namespace's
+    (SGLang asks it whether a GPU kernel exists before registering its fake)."""
+
+    def __init__(self, namespace):
+        self._namespace = namespace
+
+    def __getattr__(self, name):
+        try:
+            return getattr(self._namespace, name)
+        except AttributeError:
+            if name.endswith("_cpu"):
+                return AbsentKernel(name)
+            raise
 
 
+class AbsentKernel:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getattr__(self, overload):  # torch.ops.sgl_kernel.NAME.default
+        if overload.startswith("__"):
+            raise AttributeError(overload)
+        return self
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"SGLang's CPU kernel torch.ops.sgl_kernel.{self.name} (sgl-kernel's CPU build, not on "
+                           f"PyPI) is not installed here")
+
+
+class SglangAttention:
+    """Stands in for SGLang's attention backend (the ForwardContext's `attn_backend`, which every RadixAttention
+    calls; its backends need a GPU or sgl-kernel's CPU build and a paged KV pool): causal attention over the step's
+    tokens with the layer's own heads, scale, logit cap and sliding window (SGLang's `sliding_window_size` counts
+    the keys before the query's own)."""
+
+    def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        if kwargs.get("k_rope") is not None:  # DeepSeek's latent attention hands the rope part apart
+            raise NotImplementedError("the attention stand-in covers multi-head attention, not latent (MLA) layouts")
+        T, window = q.shape[0], layer.sliding_window_size
+        attend = CausalAttention(layer.tp_q_head_num, layer.qk_head_dim, layer.scaling, layer.tp_k_head_num,
+                                 per_layer_sliding_window=window + 1 if window >= 0 else None,
+                                 logits_soft_cap=layer.logit_cap or None)
+        return attend(q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1))
+
+
+class LogitsReader(torch.nn.Module):
+    """Stands in for a model's LogitsProcessor for one step: keeps the state the EAGLE worker hands on (the aux
+    states concatenated where the model captures them, else what its lm_head reads) and returns every position's
+    logits from the processor's own lm-head product (the processor prunes an extend batch to its last token)."""
+
+    def __init__(self, processor):
+        super().__init__()
+        self.processor, self.state = processor, None
+
+    def forward(self, input_ids, hidden_states, lm_head, forward_batch=None, aux_hidden_states=None, *args, **kwargs):
+        self.state = torch.cat(list(aux_hidden_states), dim=-1) if aux_hidden_states else hidden_states
+        return self.processor._compute_lm_head(hidden_states, lm_head)[:, :self.processor.vocab_size]  # noqa: SLF001
+
+
+def _sglang_setup() -> None:
+    """SGLang's CPU engine (`SGLANG_USE_CPU_ENGINE`): on a CPU without AMX tiles its ops run their forward_native
+    (sglang/kernels/fused_op.py `_platform_key`); the packages its import path needs and this environment cannot
+    have are stand-ins (`_absent_packages`, `AbsentKernels`); the distributed groups are SGLang's own for one
+    process on gloo (its test helper `init_single_process_dist`); `torch.cuda.synchronize`, which the MTP classes
+    call after taking the target's embeddings, does nothing."""
+    os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+    _absent_packages("torchvision", "IPython", "sgl_kernel")
+    torch.ops.sgl_kernel = AbsentKernels(torch.ops.sgl_kernel)
+    torch.cuda.synchronize = lambda *args, **kwargs: None  # the MTP classes' set_embed_and_head waits for the GPU
+    from sglang.test.layer_ut_utils import init_single_process_dist
+
+    init_single_process_dist(master_port=29500 + os.getpid() % 1000)
+
+
+def _sglang_batch(ids, hidden=None):
+    """One request's extend batch; `hidden`: the draft input's states (the EAGLE worker's spec_info)."""
+    import types
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    T = ids.numel()
+    batch = ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=1, input_ids=ids,
+                         req_pool_indices=torch.zeros(1, dtype=torch.long), seq_lens=torch.tensor([T]),
+                         out_cache_loc=torch.arange(T), seq_lens_sum=T, positions=torch.arange(T))
+    if hidden is not None:
+        batch.spec_info = types.SimpleNamespace(hidden_states=hidden)
+    return batch
+
+
+def _sglang_forward(model, ids, positions, hidden=None):
+    """(logits (T, V), the state handed on) of the model's own forward over one extend batch."""
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    reader = LogitsReader(model.logits_processor)
+    processor, model.logits_processor = model.logits_processor, reader
+    try:
+        with forward_context(ForwardContext(attn_backend=SglangAttention())):
+            logits = model(ids, positions, _sglang_batch(ids, hidden))
+    finally:
+        model.logits_processor = processor
+    return logits.float(), reader.state
+
+
+def _sglang_model(folder: str, *, draft: bool, algorithm: str | None = None):
+    """(SGLang's class for the folder as its ModelConfig reads it, loaded by its DefaultModelLoader, what the load
+    did: `_recorded_loading`)."""
+    from sglang.srt.configs.device_config import DeviceConfig
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader import get_model
+
+    config = ModelConfig(folder, is_draft_model=draft, dtype="float32", speculative_algorithm=algorithm)
+    with _recorded_loading() as record:
+        model = get_model(model_config=config, load_config=LoadConfig(), device_config=DeviceConfig("cpu"))
+    record["class"] = type(model).__name__
+    record["file"] = os.path.basename(inspect.getsourcefile(type(model)))
+    return model, record
+
+
+def _recorded_loading():
+    """While loading: every floating parameter is NaN first and every weight loader notes the checkpoint tensor it
+    is given (by its storage), so the record says which tensors the class's load_weights neither passed to a loader
+    nor holds in a parameter it fused them into (`_held_in`: DeepSeek's q_a and kv_a projections are concatenated
+    first) ("unread"), and which parameters it left unfilled, wholly or in part."""
+    import contextlib
+
+    from sglang.srt.model_loader.loader import DefaultModelLoader
+    from sglang.srt.model_loader.weight_utils import default_weight_loader
+
+    original = DefaultModelLoader.load_weights_and_postprocess
+    record = {}
+
+    def recorded(model, weights, target_device):
+        names, read = {}, set()
+
+        tensors = {}
+
+        def listed(weights):
+            for name, tensor in weights:
+                names[tensor.untyped_storage().data_ptr()] = name
+                tensors[name] = tensor
+                yield name, tensor
+
+        for param in model.parameters():
+            held = "_weight_loader" if isinstance(getattr(type(param), "weight_loader", None), property) \
+                else "weight_loader"
+            loader = getattr(param, held, None) or default_weight_loader
+
+            def noting(*args, _loader=loader, **kwargs):
+                given = kwargs.get("loaded_weight", args[1] if len(args) > 1 else None)
+                if isinstance(given, torch.Tensor):
+                    read.add(names.get(given.untyped_storage().data_ptr()))
+                return _loader(*args, **kwargs)
+
+            setattr(param, held, noting)
+            if param.is_floating_point():
+                param.data.fill_(float("nan"))
+        original(model, listed(weights), target_device)
+        parameters = dict(model.named_parameters())
+        held = [*parameters.values(), *model.buffers()]  # Gemma 4's layer_scalar is a buffer
+        record.update(tensors=list(tensors), parameters=len(parameters),
+                      unread=[n for n, t in tensors.items() if n not in read and not _held_in(t, held)],
+                      unfilled=sorted(n for n, p in parameters.items()
+                                      if p.is_floating_point() and bool(p.isnan().all())),
+                      partly=sorted(n for n, p in parameters.items()
+                                    if p.is_floating_point() and bool(p.isnan().any()) and not bool(p.isnan().all())))
+
+    DefaultModelLoader.load_weights_and_postprocess = staticmethod(recorded)
+
+    @contextlib.contextmanager
+    def scope():
+        try:
+            yield record
+        finally:
+            DefaultModelLoader.load_weights_and_postprocess = staticmethod(original)
+
+    return scope()
+
+
+@torch.no_grad()
 def run_sglang(job: dict) -> dict:
-    """SGLang's EAGLE modules import CUDA kernels and a torchvision built for its pinned torch; when they cannot
-    be imported here, fall back to their installed SOURCE: the config keys the draft module reads
-    (`getattr(config, KEY)`, `eagle_config.get(KEY)`), which the export must carry, since a missing one takes
-    SGLang's default; that the draft architecture the export names is a class of that module; and, per target
-    family, whether SGLang's class for the target (its `architectures`, methods inherited within sglang/srt/models
-    included) has the hooks the EAGLE worker calls, and whether it shifts given aux ids by one (`val + 1`)."""
-    import importlib
-
-    classes = _sglang_classes()
-    errors = {}  # module -> why it cannot be imported (None: it can)
+    """SGLang's own ModelConfig, classes and DefaultModelLoader load each export (an EAGLE draft beside the target;
+    a merged MTP folder as the served target, its NEXTN draft the class ModelConfig maps it to, from the same
+    folder), and the draft's own forward runs one teacher-forced step on the states SGLang's target class hands it
+    (`_sglang_target`); the target's embeddings and lm_head go to the draft as the EAGLE worker's init_lm_head
+    puts them."""
+    _sglang_setup()
+    ids = torch.load(job["inputs"])["input_ids"]
     results = {}
     for case in job["cases"]:
-        if case.get("merged"):
-            results[case["name"]] = _sglang_nextn(case, classes, errors)
-            continue
-        module = SGLANG_MODULES[case["method"]]
-        failed = [e for e in errors.values() if e]
-        if module not in errors and failed:  # the package failed to import once: a retry sees it half-imported
-            errors[module] = failed[0]
-        if module not in errors:
-            try:
-                importlib.import_module(module)
-                errors[module] = None
-            except Exception as err:  # noqa: BLE001 (the reason it cannot be built here is the result)
-                errors[module] = one_line(err)
-        error = errors[module]
-        keys = _source_config_keys(_sglang_source(module))
-        config = json.loads(open(os.path.join(case["folder"], "config.json")).read())
-        present = set(config) | set(config.get("eagle_config") or {})
-        missing = {k: default for k, default in sorted(keys.items()) if k not in present}
-        draft_arch = (config.get("architectures") or ["?"])[0]
-        draft_file = classes.get(draft_arch, {}).get("file")
-        target_arch = json.loads(open(os.path.join(case["target"], "config.json")).read())["architectures"][0]
-        results[case["name"]] = {"status": "source", "module": module, "error": error or "imported (not run)",
-                                 "keys": sorted(keys), "missing": missing,
-                                 "draft_class": None if draft_file == _sglang_source(module) else draft_arch,
-                                 "target": _target_hooks(classes, target_arch, SGLANG_TARGET_HOOKS[case["method"]])}
+        try:
+            results[case["name"]] = _sglang_case(case, ids)
+        except Exception as err:  # the engine's own error is the result
+            results[case["name"]] = {"status": "failed", "error": one_line(err),
+                                     "trace": traceback.format_exc(limit=-3)}
     return results
 
 
-def _sglang_nextn(case: dict, classes: dict, errors: dict) -> dict:
-    """A merged folder under NEXTN, from SGLang's installed source: the draft architecture ModelConfig gives the
-    served checkpoint's (`_config_draft_model` rewrites `architectures[0]` for a draft model: the MTP class of the
-    family), that class's file, and whether its module imports here (SGLang then builds it from the same
-    checkpoint, the draft path defaulting to the model's)."""
-    import importlib
-
-    arch = json.loads(open(os.path.join(case["folder"], "config.json")).read())["architectures"][0]
-    mapping = _sglang_draft_archs()
-    draft = mapping.get(arch)
-    file = classes.get(draft, {}).get("file") if draft else None
-    if file:
-        module = "sglang.srt.models." + os.path.basename(file)[:-3]
-        failed = [e for e in errors.values() if e]
-        if module not in errors and failed:  # as run_sglang: a retry would see the package half-imported
-            errors[module] = failed[0]
-        if module not in errors:
-            try:
-                importlib.import_module(module)
-                errors[module] = None
-            except Exception as err:  # noqa: BLE001 (the reason it cannot be built here is the result)
-                errors[module] = one_line(err)
-    error = (errors.get(module) if file else None) or "imported (not run)"
-    return {"status": "source", "error": error, "nextn": {"arch": arch, "draft": draft,
-                                                         "file": os.path.basename(file) if file else None,
-                                                         "mapped": sorted(mapping)}}
+SGLANG_ALGORITHMS = {"eagle1": "EAGLE", "eagle3": "EAGLE3", "dflash": "DFLASH", "mtp": "NEXTN",
+                     "gemma4_assistant": "FROZEN_KV_MTP"}
 
 
-def _sglang_draft_archs() -> dict[str, str]:
-    """target architecture -> draft architecture, as ModelConfig._config_draft_model (sglang/srt/configs/
-    model_config.py) rewrites a draft model's `architectures[0]`: every `if is_draft_model and
-    ...architectures[0] == X` (or `in [X, ...]`) whose body assigns `...architectures[0] = Y`."""
-    import ast
+def _sglang_case(case: dict, ids) -> dict:
+    method = case["method"]
+    draft, record = _sglang_model(case["folder"], draft=True, algorithm=SGLANG_ALGORITHMS[method])
+    layer_file = os.path.join(case["folder"], "model-mtp.safetensors")  # a merged folder: the drafter's own layer
+    if case.get("merged") and os.path.isfile(layer_file):
+        from safetensors import safe_open
 
-    path = _sglang_source("sglang.srt.configs.model_config")
-    tree = ast.parse(open(path).read())
-    found = {}
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.If) or "is_draft_model" not in ast.unparse(node.test):
-            continue
-        sources = []
-        for test in ast.walk(node.test):
-            if isinstance(test, ast.Compare) and "architectures" in ast.unparse(test.left):
-                for right in test.comparators:
-                    items = right.elts if isinstance(right, (ast.List, ast.Tuple, ast.Set)) else [right]
-                    sources += [i.value for i in items if isinstance(i, ast.Constant)]
-        targets = [stmt.value.value for stmt in node.body if isinstance(stmt, ast.Assign)
-                   and isinstance(stmt.value, ast.Constant) and "architectures" in ast.unparse(stmt.targets[0])]
-        for source in sources:
-            if targets:
-                found.setdefault(source, targets[-1])
-    return found
-
-
-def _sglang_source(module: str) -> str:
-    """The installed file of an sglang module, found without importing the package (its __init__ needs CUDA)."""
-    import importlib.util
-
-    root = importlib.util.find_spec(module.split(".")[0]).submodule_search_locations[0]
-    return os.path.join(root, *module.split(".")[1:]) + ".py"
-
-
-def _sglang_classes() -> dict[str, dict]:
-    """Every class of sglang/srt/models/*.py by name: its file, base names and methods; where a name is defined
-    twice, the module whose EntryClass lists it (what SGLang's registry loads) wins."""
-    import ast
-
-    folder = os.path.dirname(_sglang_source("sglang.srt.models.llama"))
-    found = {}
-    for path in sorted(glob.glob(os.path.join(folder, "*.py"))):
-        tree = ast.parse(open(path).read())
-        entry = {n.id for node in tree.body if isinstance(node, ast.Assign)
-                 and any(getattr(t, "id", "") == "EntryClass" for t in node.targets)
-                 for n in ast.walk(node.value) if isinstance(n, ast.Name)}
-        for node in tree.body:
-            if isinstance(node, ast.ClassDef) and (node.name not in found or node.name in entry):
-                bases = [getattr(b, "id", getattr(b, "attr", "")) for b in node.bases]
-                found[node.name] = {"file": path, "bases": bases,
-                                    "methods": {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}}
-    return found
+        with safe_open(layer_file, framework="pt") as handle:
+            record["own"] = sorted(handle.keys())
+    if method in KV_READERS:
+        return {"status": "load", "load": record, "reason": KV_READERS[method]}
+    if method == "dflash":  # its block attends to the context's keys and values, stored by SGLang's DFlash worker
+        return {"status": "load", "load": record, "reason": "its block reads the context's keys and values from "
+                                                            "SGLang's KV pool, not stood in here"}
+    served = case["folder"] if case.get("merged") else case["target"]
+    aux_ids = (getattr(draft.config, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
+    target, states, fallback = _sglang_target(served, ids, eagle3=method == "eagle3", aux_ids=aux_ids)
+    embed, head = _sglang_embed_and_head(target, draft, served)
+    if method == "eagle3" and not getattr(draft, "load_lm_head_from_target", False):
+        draft.set_embed(embed)  # eagle_worker_v2.init_lm_head: an EAGLE-3 draft keeps its own lm_head
+    else:
+        draft.set_embed_and_head(embed, head)
+    hot = getattr(draft, "hot_token_id", None)
+    if hot is not None:  # d2t is read into the draft-to-target map, no parameter
+        record["unread"] = [name for name in record["unread"] if name != "d2t"]
+    record["unfilled_shared"] = [name for name, p in draft.named_parameters()
+                                 if p.is_floating_point() and bool(p.isnan().all())]
+    next_ids = torch.cat([ids[1:], ids[-1:]])  # teacher forcing: the draft at t reads token t+1
+    positions = torch.arange(ids.numel())
+    shift = int(case.get("merged", False) and _zeroes_position_zero(draft))
+    try:
+        logits, fed_back = _sglang_forward(draft, next_ids, positions + shift, states)
+    except Exception as err:  # noqa: BLE001 (loaded; what stops its step here is the rest of the verdict)
+        return {"status": "load", "load": record, "reason": f"its step fails at {_engine_frame(err)}: "
+                                                             f"{one_line(err)[:200]}"}
+    draft_ids = logits.argmax(-1)
+    result = {"status": "loaded", "logits": logits, "token_ids": hot[draft_ids] if hot is not None else draft_ids,
+              "hidden": fed_back.float(), "draft_vocab": hot is not None, "load": record}
+    if shift:
+        result["from_position_0"] = {"logits": _sglang_forward(draft, next_ids, positions, states)[0],
+                                     "file": record["file"]}
+    if fallback:
+        result["target_states"] = fallback
+    return result
 
 
-def _target_hooks(classes: dict, arch: str, hooks: tuple[str, ...]) -> dict:
-    """{"class", "file", "missing": hooks no class of its MRO (within sglang/srt/models) defines, "shifts_ids"}."""
-    import ast
-
-    if arch not in classes:
-        return {"class": arch, "file": None, "missing": list(hooks), "shifts_ids": None}
-    methods, queue, seen = {}, [arch], set()
-    while queue:  # breadth-first over the bases: a subclass's own method wins
-        name = queue.pop(0)
-        if name in seen or name not in classes:
-            continue
-        seen.add(name)
-        for method, node in classes[name]["methods"].items():
-            methods.setdefault(method, node)
-        queue += classes[name]["bases"]
-    shifts = None
-    if "set_eagle3_layers_to_capture" in methods:
-        shifts = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add) and isinstance(n.right, ast.Constant)
-                     and n.right.value == 1 for n in ast.walk(methods["set_eagle3_layers_to_capture"]))
-    return {"class": arch, "file": os.path.basename(classes[arch]["file"]),
-            "missing": [h for h in hooks if h not in methods], "shifts_ids": shifts}
+def _engine_frame(err: BaseException) -> str:
+    """Where in SGLang's own code the failing call was made: its innermost frame under sglang/."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if f"{os.sep}sglang{os.sep}" in f.filename]
+    if not frames:
+        return "?"
+    frame = frames[-1]
+    return f"{frame.filename.split(os.sep + 'sglang' + os.sep, 1)[1]}:{frame.lineno} {frame.name}"
 
 
-def _source_config_keys(path: str) -> dict[str, str]:
-    """KEY -> its default as source text ("-" where none: a missing key raises) for every config key read."""
-    import ast
+def _sglang_target(folder: str, ids, *, eagle3: bool, aux_ids):
+    """(target or None, the states the draft reads, fallback reason or None): what SGLang's class for the target
+    hands its EAGLE worker (the aux states its capture hook collects, concatenated, for EAGLE-3; else the state its
+    lm_head reads). If the class cannot be built or run here, transformers' target gives them (SGLang's aux id i =
+    the output of layer i = HF hidden_states[i + 1])."""
+    target, reason = None, None
+    try:
+        target, _ = _sglang_model(folder, draft=False)
+    except Exception as err:  # noqa: BLE001 (why SGLang's target cannot be built here goes into the verdict)
+        reason = f"SGLang's target class builds not on CPU ({one_line(err)[:160]})"
+    if target is not None:
+        if eagle3:  # outside the try: SGLang's refusal of the target is the result
+            from sglang.srt.model_executor.model_runner_components.attention_backend_setup import \
+                configure_aux_hidden_state_capture
 
-    tree = ast.parse(open(path).read())
-    keys = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and node.args:
-            func = node.func
-            name = getattr(func, "id", None) or getattr(func, "attr", None)
-            args = node.args
-            if name == "getattr" and len(args) >= 2 and getattr(args[0], "id", "") == "config" \
-                    and isinstance(args[1], ast.Constant):
-                keys.setdefault(args[1].value, ast.unparse(args[2]) if len(args) > 2 else "-")
-            if name == "get" and isinstance(func, ast.Attribute) and getattr(func.value, "id", "") == "eagle_config" \
-                    and isinstance(args[0], ast.Constant):
-                keys.setdefault(args[0].value, ast.unparse(args[1]) if len(args) > 1 else "None")
-    return keys
+            configure_aux_hidden_state_capture(model=target, eagle_use_aux_hidden_state=True,
+                                               eagle_aux_hidden_state_layer_ids=aux_ids,
+                                               dflash_use_aux_hidden_state=False, dflash_target_layer_ids=None,
+                                               is_dspark=False)
+        try:
+            return target, _sglang_forward(target, ids, torch.arange(ids.numel()))[1], None
+        except Exception as err:  # noqa: BLE001 (as above)
+            reason = f"SGLang's {type(target).__name__} runs not on CPU ({one_line(err)[:160]})"
+    from transformers import AutoModelForCausalLM
+
+    hs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()(
+        ids[None], output_hidden_states=True).hidden_states
+    if eagle3:
+        if not aux_ids:
+            raise ValueError("the export names no eagle_aux_hidden_state_layer_ids and SGLang's target class, whose "
+                             "default they would be, did not run")
+        return target, torch.cat([hs[i + 1][0] for i in aux_ids], dim=-1), reason
+    return target, hs[-1][0], reason
+
+
+def _sglang_embed_and_head(target, draft, folder: str):
+    """The target's embedding and lm_head weights as SGLang's worker resolves them (`resolve_draft_embed_and_head`),
+    or, where its target class could not be built, as its checkpoint holds them."""
+    if target is not None:
+        from sglang.srt.configs.load_config import LoadConfig
+        from sglang.srt.speculative.pp_draft_embedding import resolve_draft_embed_and_head
+
+        return resolve_draft_embed_and_head(target_model=target, draft_model=draft, model_path=folder,
+                                            revision=None, load_config=LoadConfig())
+    from safetensors.torch import load_file
+
+    weights = {}
+    for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
+        weights.update(load_file(path))
+    embed = weights["model.embed_tokens.weight"]
+    return embed, weights.get("lm_head.weight", embed)
 
 
 RUNNERS = {"vllm": run_vllm, "speculators": run_speculators, "sglang": run_sglang}

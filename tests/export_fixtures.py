@@ -49,6 +49,10 @@ def make_native(target, method: str, folder: str | Path, *, seed: int = 0, **opt
                                        "overrides": dict(form.overrides) if form else None, **options})
     elif method == "medusa":
         config = medusa_config(target, **{"num_heads": 3, "draft_vocab_size": 150, **options})
+    elif method == "gemma4_assistant":  # a fresh assistant reading the target's store layers (sliding, then full)
+        from draftsmith.serve.methods.gemma4_assistant.head import assistant_head_config
+
+        config = assistant_head_config(target, **{"num_speculative_tokens": 3, "ttt_steps": 1, "layers": 2, **options})
     else:
         raise ValueError(f"no random-weight {method} drafter is made here (tests/export_fixtures.py)")
     head = build_head(config)
