@@ -1,6 +1,7 @@
 """MTP: a target's own multi-token-prediction layer as a drafter. A tiny target of each family with an MTP form ships
 a layer in its checkpoint under the family's names; `--drafter mtp` reads it back (equal to what was written) and
-decodes with output identical to plain greedy decoding at batch 1 and 4, and samples exactly in distribution;
+decodes with output identical to plain greedy decoding at batch 1 and 4, and samples exactly in distribution; MiMo-V2's
+sliding-window layer drafts as transformers' sliding layer does past its window;
 `train model.method=mtp` starts from the shipped layer (a fresh layer of the target's own family where it ships none);
 a target without one, or a layer that does not fit, is refused in one line."""
 from __future__ import annotations
@@ -101,7 +102,7 @@ def test_sampling_with_an_mtp_layer_matches_the_targets_distribution():
     assert accepted > 60 and p > 1e-3
 
 
-@pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h"])
+@pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h", "mimo_v2_flash"])
 def test_training_starts_from_the_shipped_layer(mtp_dirs, tmp_path, family):
     from draftsmith.serve.core.config import load_config
     from draftsmith.serve.methods.mtp.from_target import shipped_head
@@ -113,7 +114,8 @@ def test_training_starts_from_the_shipped_layer(mtp_dirs, tmp_path, family):
     config = load_config(TrainConfig, overrides=[f"target={mtp_dirs[family]}", "model.method=mtp",
                                                  "model.num_speculative_tokens=2", f"out_dir={tmp_path}"])
     cfg = head_config(config, target)
-    assert cfg.norm_output and cfg.ttt_steps == 2  # Qwen3-Next's and Nemotron-H's next step reads the normed output
+    assert cfg.norm_output and cfg.ttt_steps == 2  # the next step reads the normed output (MiMo's config names no
+    # count: its checkpoint's tensors say it ships the layer)
     head, _ = init_head(cfg, target, [], [], vocab_rows=0, seed=0)
     shipped = shipped_head(target).state_dict()
     assert all(torch.equal(v, shipped[k]) for k, v in head.state_dict().items())
@@ -260,11 +262,108 @@ def test_a_nemotron_h_export_replaces_the_steps_blocks(mtp_dirs, tmp_path):
         assert shipped == {k for k in handle.keys() if k.startswith("mtp.")}
 
 
-def test_a_family_whose_mtp_form_is_not_read_yet_says_so(tmp_path):
-    family = "mimo_v2_flash"
-    target = load_target(save_tiny_target(tmp_path / family, family, num_mtp_layers=1))
+def test_a_family_whose_mtp_form_is_not_read_says_so(tmp_path):
+    """A config that names MTP layers of a family draftsmith keeps no form for (a Llama config given a count)."""
+    target = load_target(save_tiny_target(tmp_path / "llama", "llama", num_nextn_predict_layers=1))
     with pytest.raises(DrafterSpecError) as refused:
         build_drafter("mtp", target)
     assert "does not read" in str(refused.value) and "model.method=mtp" in str(refused.value)
-    assert "Nemotron-H" in str(refused.value)  # among the forms it reads
+    assert "Nemotron-H" in str(refused.value) and "MiMo-V2" in str(refused.value)  # among the forms it reads
     assert "\n" not in str(refused.value)
+
+
+def test_mimo_ships_its_layer_under_model_mtp_layers_without_a_count(mtp_dirs, tmp_path):
+    """MiMo-V2-Flash keeps MTP layer i as model.mtp.layers.{i} (vLLM's mimo_v2_mtp.py names: pre_mlp_layernorm,
+    attention_sink_bias, final_layernorm) and its config names no count: the checkpoint's tensors say it ships one.
+    Read back, each tensor is the head's, and written again, the checkpoint's; a MiMo target without them ships
+    none."""
+    from safetensors import safe_open
+
+    from draftsmith.serve.methods.mtp.from_target import shipped_head
+    from draftsmith.serve.methods.mtp.head import layer_config
+    from draftsmith.serve.methods.mtp.shipped import MIMO, checkpoint_files, head_state_to_checkpoint, named_count
+
+    folder = mtp_dirs["mimo_v2_flash"]
+    target = load_target(folder)
+    assert named_count(target.config) == 0
+    with safe_open(str(checkpoint_files(folder)[0]), "pt") as handle:
+        written = {k[len("model.mtp.layers.0."):]: handle.get_tensor(k) for k in handle.keys()
+                   if k.startswith("model.mtp.")}
+    assert {"enorm.weight", "hnorm.weight", "eh_proj.weight", "final_layernorm.weight", "input_layernorm.weight",
+            "pre_mlp_layernorm.weight", "self_attn.attention_sink_bias", "self_attn.k_proj.weight",
+            "mlp.gate_proj.weight"} <= set(written)
+    head = shipped_head(target)
+    state = head.state_dict()
+    assert torch.equal(state["layers.0.post_norm.weight"], written["final_layernorm.weight"])
+    assert torch.equal(state["layers.0.mtp_block.post_attention_layernorm.weight"], written["pre_mlp_layernorm.weight"])
+    assert torch.equal(state["layers.0.mtp_block.self_attn.sinks"], written["self_attn.attention_sink_bias"])
+    assert head.window == 16 and head.config.norm_output  # the sliding layers' window; final_layernorm fed back
+    again = head_state_to_checkpoint(state, MIMO, layer_config(head.config.layer_config))
+    assert set(again) == set(written) and all(torch.equal(again[k], v) for k, v in written.items())
+    bare = load_target(save_tiny_target(tmp_path / "bare", "mimo_v2_flash"))
+    with pytest.raises(DrafterSpecError, match="ships no MTP layer .its checkpoint holds no tensor under"):
+        build_drafter("mtp", bare)
+
+
+def test_mimos_layer_attends_within_its_window(mtp_dirs):
+    """MiMo-V2's MTP layer is one of its sliding-window layers (window 16 in the tiny target, the query's own
+    included). Past the window, a row's chain and the rows of a batch drafting together propose what transformers'
+    own sliding layer proposes (a one-layer MiMoV2FlashModel holding the MTP block, its mask from transformers'
+    sliding-window mask, run over the whole sequence of pairs at every step), and the first draft's logits differ from
+    that layer's without its window."""
+    from transformers import AutoModel
+
+    from draftsmith.serve.core.layers import FINAL
+    from draftsmith.serve.drafters.eagle_drafter import EagleDrafter
+    from draftsmith.serve.methods.mtp.head import layer_config
+
+    target = load_target(mtp_dirs["mimo_v2_flash"])
+    drafter = build_drafter("mtp:length=fixed,leaves=0", target)
+    head = drafter.head
+    lm_head, embed = target.model.get_output_embeddings(), target.model.get_input_embeddings()
+
+    def reference(window: int | None):
+        config = layer_config(head.config.layer_config)
+        config._attn_implementation = "eager"
+        config.sliding_window = window or 10 ** 6
+        model = AutoModel.from_config(config).eval()
+        block = {f"layers.0.{k}": v for k, v in head.layers[0].mtp_block.state_dict().items()}
+        missing, unexpected = model.load_state_dict({**block, "norm.weight": head.layers[0].post_norm.weight},
+                                                    strict=False)
+        assert missing == ["embed_tokens.weight"] and not unexpected
+        return model
+
+    def chain(model, features, tokens, k=3):
+        """The layer over every pair (feature t, token t+1) so far, drafting k tokens: (tokens, first logits)."""
+        layer, drafted, first = head.layers[0], [], None
+        for _ in range(k):
+            x = layer.eh_proj(torch.cat([layer.enorm(embed(tokens)), layer.hnorm(features)], dim=-1))[None]
+            out = model(inputs_embeds=x, position_ids=torch.arange(tokens.numel())[None]).last_hidden_state[0]
+            logits = lm_head(out[-1])
+            first = logits if first is None else first
+            drafted.append(int(logits.argmax()))
+            features, tokens = torch.cat([features, out[-1:]]), torch.cat([tokens, torch.tensor(drafted[-1:])])
+        return drafted, first
+
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 256, (n,), generator=gen) for n in (30, 21)]
+    rows, together, expected = [], [], []
+    with torch.no_grad():
+        for prompt in prompts:
+            out = target.model(prompt[None], output_hidden_states=True)
+            features, pending = out.hidden_states[-1][0], out.logits[0, -1].argmax()[None]
+            next_tokens = torch.cat([prompt[1:], pending])
+            rows.append(drafter.fork())
+            rows[-1].begin(prompt, next_tokens, {FINAL: features})
+            together.append(drafter.fork())  # its cache holds all but the last 4 pairs, which it runs with the batch
+            together[-1].begin(prompt[:-4], next_tokens[:-4], {FINAL: features[:-4]})
+            assert together[-1]._logits is not None
+            together[-1].commit(next_tokens[-4:], {FINAL: features[-4:]})
+            tokens, logits = chain(reference(16), features, next_tokens)
+            expected.append(tokens)
+            assert torch.allclose(rows[-1]._logits, logits.float(), atol=1e-5)
+            _, unwindowed = chain(reference(None), features, next_tokens, k=1)
+            assert (rows[-1]._logits - unwindowed).abs().max() > 1e-2  # the window matters here
+    assert [d.propose(3).tokens.tolist() for d in rows] == expected
+    drafts = EagleDrafter.propose_rows(together, [{"k": 3}, {"k": 3}])
+    assert [d.tokens.tolist() for d in drafts] == expected

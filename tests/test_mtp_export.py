@@ -1,6 +1,7 @@
 """An MTP drafter exports as a copy of the target's checkpoint with its layer merged in (vLLM `method: mtp`, SGLang
-NEXTN): every other tensor bit-identical, the target's own folder untouched, the layer read back from OUT drafting as
-the native drafter does; the formats and families that cannot carry it are refused in one line, nothing written."""
+NEXTN): every other tensor bit-identical (MiMo-V2's other MTP layers too), the target's own folder untouched, the
+layer read back from OUT drafting as the native drafter does; the formats and families that cannot carry it are
+refused in one line, nothing written."""
 from __future__ import annotations
 
 import hashlib
@@ -150,3 +151,30 @@ def test_a_deepseek_export_keeps_the_layers_copies_of_the_targets_tensors(tmp_pa
         merged.update(load_file(str(shard)))
     assert all(torch.equal(merged[k], v) for k, v in copies.items())
     assert not torch.equal(merged[prefix + "eh_proj.weight"], weights[prefix + "eh_proj.weight"])
+
+
+def test_a_mimo_export_replaces_layer_0_and_keeps_the_others(tmp_path):
+    """MiMo-V2-Flash ships three MTP layers (model.mtp.layers.{0,1,2}) and the engines draft every step with layer 0:
+    the export replaces layer 0 with the drafter's and keeps the others bit for bit; its config, which names no MTP
+    count (the tensors say it ships them), is copied as it is."""
+    from safetensors.torch import load_file, save_file
+
+    from draftsmith.serve.methods.mtp.shipped import MIMO, checkpoint_files
+
+    folder = save_mtp_target(tmp_path / "target", "mimo_v2_flash")
+    path = folder / "model.safetensors"
+    weights = load_file(str(path))
+    second = {k.replace(".layers.0.", ".layers.1."): v.clone() for k, v in weights.items() if ".mtp.layers.0." in k}
+    save_file({**weights, **second}, str(path), metadata={"format": "pt"})
+    target = load_target(folder)
+    torch.manual_seed(3)
+    cfg = mtp_config(target, num_speculative_tokens=2, ttt_steps=2, norm_output=True, overrides=dict(MIMO.overrides))
+    drafter = save_drafter(MtpHead(cfg), cfg, tmp_path / "drafter")
+    report = export_drafter(drafter, "vllm", tmp_path / "out", target=target, max_new_tokens=12)
+    assert report.mu_native == report.mu_readback and report.proposals_compared > 0
+    merged = {}
+    for shard in checkpoint_files(tmp_path / "out"):
+        merged.update(load_file(str(shard)))
+    assert all(torch.equal(merged[k], v) for k, v in second.items())
+    assert not torch.equal(merged["model.mtp.layers.0.eh_proj.weight"], weights["model.mtp.layers.0.eh_proj.weight"])
+    assert (tmp_path / "out" / "config.json").read_bytes() == (folder / "config.json").read_bytes()

@@ -7,10 +7,11 @@ after them, padded to the widest (W); a row attends to its own columns only:
 
     columns   [0, n_r)  real pairs    [n_r, P) padding    [P, P + L_r) this catch-up    then one column per step
 
-A padding query sees itself only. The chains then step together, each row's `_chain` deciding its own tokens
-(length policy, sampling, leaves) from its own logits; a row that stops drafting idles in the batch (a query that
-sees itself) until the longest chain ends. Each row's cache gets back its real pairs; its drafts are dropped, as a
-row's own next catch-up would drop them.
+A padding query sees itself only. A head that records its keys' positions in its cache (a sliding-window layer:
+serve/drafters/masks.py) gets the rows' records stacked the same way, and each row's own back. The chains then step
+together, each row's `_chain` deciding its own tokens (length policy, sampling, leaves) from its own logits; a row
+that stops drafting idles in the batch (a query that sees itself) until the longest chain ends. Each row's cache gets
+back its real pairs; its drafts are dropped, as a row's own next catch-up would drop them.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from draftsmith.serve.drafters.base import Draft
-from draftsmith.serve.drafters.masks import additive
+from draftsmith.serve.drafters.masks import additive, cache_key_positions
 from draftsmith.serve.core.kv import rollback
 
 
@@ -79,11 +80,18 @@ def _catch_up(drafters: list) -> tuple[DynamicCache, torch.Tensor]:
     stacked = _stacked_past([d._cache for d in drafters], lengths, hidden)
     if stacked:
         cache.update(*stacked, 0)
+        records = [cache_key_positions(d._cache) for d in drafters]
+        if any(record is not None for record in records):
+            cache.key_positions = torch.zeros(rows, past, dtype=torch.long, device=device)  # padding: never seen
+            for r, (record, n) in enumerate(zip(records, lengths)):
+                if n:
+                    cache.key_positions[r, :n] = record[0, :n]
     embeds = first.embed(token_ids.to(first.embed.weight.device)).to(device, dtype)  # (B, W, h)
     with torch.no_grad():
         out = first.head(hidden, embeds, position_ids=positions.to(device),
                          attention_mask=additive(allowed.to(device), dtype), cache=cache)  # (B, W, h)
     keys, values = cache.layers[0].keys, cache.layers[0].values  # (B, kv_heads, P + W, head_dim)
+    record = cache_key_positions(cache)  # (B, P + W) where the head records its keys' positions
     ran = [r for r, count in enumerate(counts) if count]
     if ran:
         last = torch.stack([out[r, counts[r] - 1] for r in ran])  # (m, h)
@@ -94,6 +102,8 @@ def _catch_up(drafters: list) -> tuple[DynamicCache, torch.Tensor]:
             own = DynamicCache()
             own.update(torch.cat([keys[r: r + 1, :, :n], keys[r: r + 1, :, past: past + count]], dim=2),
                        torch.cat([values[r: r + 1, :, :n], values[r: r + 1, :, past: past + count]], dim=2), 0)
+            if record is not None:
+                own.key_positions = torch.cat([record[r: r + 1, :n], record[r: r + 1, past: past + count]], dim=1)
             d._cache, d.n = own, n + count
             d._last_out, d._last_logits = last[i], logits[i]
     return cache, visible

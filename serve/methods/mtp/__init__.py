@@ -1,7 +1,7 @@
 """MTP: the target's own multi-token-prediction layer as a drafter (DeepSeek-V3, GLM-4.5, Qwen3-Next, Qwen3.5,
-ERNIE-4.5 and Nemotron-H ship one), read from the target's checkpoint (`--drafter mtp`), fine-tuned here for a
-fine-tuned target (`train model.method=mtp`, starting from the shipped layer where the target has one, from a fresh
-layer of the target's own family where it has none), and loaded from the drafter folder that training writes
+ERNIE-4.5, Nemotron-H and MiMo-V2-Flash ship one), read from the target's checkpoint (`--drafter mtp`), fine-tuned
+here for a fine-tuned target (`train model.method=mtp`, starting from the shipped layer where the target has one, from
+a fresh layer of the target's own family where it has none), and loaded from the drafter folder that training writes
 (`--drafter DIR`). Its head (head.py), where checkpoints keep it (shipped.py), its objective (objective.py), and what
 the project asks of it (below)."""
 from __future__ import annotations
@@ -22,7 +22,8 @@ from draftsmith.serve.methods.registry import Method, register
 def _config(model, target: Target):
     from draftsmith.serve.core.target import text_config
 
-    form = form_of(text_config(target.config)) if shipped_count(text_config(target.config)) else None
+    text = text_config(target.config)
+    form = form_of(text) if shipped_count(text, target.path) else None
     return mtp_config(target, num_speculative_tokens=model.num_speculative_tokens,
                       ttt_steps=min(model.ttt_steps, model.num_speculative_tokens),
                       norm_output=form.norm_output if form is not None else False,

@@ -23,9 +23,11 @@ def shipped_head(target: Target, *, num_speculative_tokens: int = DEFAULT_K, cas
                               f"draftsmith does not read {text.model_type}'s MTP checkpoint form yet (it reads "
                               f"{', '.join(sorted({f.title for f in FORMS.values()}))}): train one with "
                               f"`draftsmith train model.method=mtp`, then --drafter DIR")
-    if not shipped_count(text):
-        raise DraftsmithError(f"the target {target.name} ({text.model_type}) ships no MTP layer (its config names "
-                              f"none): train one with `draftsmith train model.method=mtp`, then --drafter DIR")
+    if not shipped_count(text, target.path):
+        where = ("its config names none" if form is None or form.counts or not target.path else
+                 f"its checkpoint holds no tensor under {form.prefix(text)!r}, where {form.title} keeps it")
+        raise DraftsmithError(f"the target {target.name} ({text.model_type}) ships no MTP layer ({where}): train one "
+                              f"with `draftsmith train model.method=mtp`, then --drafter DIR")
     if not target.path:
         raise DraftsmithError(f"the target {target.name} has no checkpoint folder to read its MTP layer from")
     prefix = form.prefix(text)
@@ -69,7 +71,7 @@ def start_from_shipped(head: MtpHead, target: Target) -> bool:
     from draftsmith.serve.core.target import text_config
 
     text = text_config(target.config)
-    if not shipped_count(text):
+    if not shipped_count(text, target.path):
         return False
     if not target.path or not holds_prefixed(target.path, form_of(text).prefix(text)):
         print(f"train: {target.name}'s config names an MTP layer its checkpoint does not hold (transformers drops "

@@ -1,17 +1,20 @@
 """MTP head: the target's own multi-token-prediction layer (DeepSeek-V3 §2.2; Qwen3-Next, Qwen3.5, GLM-4.5,
-ERNIE-4.5, Nemotron-H), as the target ships it or fresh, drafting K tokens by running its one layer K times (as
-vLLM's `*_mtp` drafters do).
+ERNIE-4.5, Nemotron-H, MiMo-V2-Flash), as the target ships it or fresh, drafting K tokens by running its one layer K
+times (as vLLM's `*_mtp` drafters do).
 
     x = eh_proj(cat([enorm(embed(token t+1)), hnorm(feature t)]))   (h, 2h), no bias
     y = mtp_block(x)                                                 one decoder layer of the target's own family
     logits = target.lm_head(post_norm(y))                            the target's frozen lm_head, not stored
-    the next step reads post_norm(y) (norm_output: Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5, Nemotron-H)
+    the next step reads post_norm(y) (norm_output: Qwen3-Next, Qwen3.5, DeepSeek-V3, GLM-4.5, Nemotron-H, MiMo-V2)
     ERNIE-4.5's layer has no post_norm (its layer config's mtp_post_norm: false): the lm_head and the next step
     read y, as vLLM and SGLang draft with it
 
 Nemotron-H's step is several of its blocks (`mtp_layers_block_type`, e.g. attention then experts: vLLM's
 nemotron_h_mtp.py): mtp_block is then that stack (MtpBlocks), the projections before its first block and post_norm
 (vLLM's final_layernorm) after its last, the blocks' tensors under layers.0.mtp_block.{i}.*.
+
+MiMo-V2's layer is one of its sliding-window layers: it attends to the keys of the last `window` positions of its
+cache (its layer config's sliding_window, the query's own included), as transformers' sliding layers and SGLang do.
 
 Features are the target's final normed hidden states (layer id FINAL = -1), what the engines hand their MTP layers.
 The layer is transformers' `MtpLayer` (modeling_layers.py) around the family's decoder layer class, so its tensors
@@ -20,16 +23,18 @@ transformers holds them; shipped.py converts to and from a checkpoint's names).
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
 from torch import nn
 
 from draftsmith.serve.core.errors import DraftsmithError
-from draftsmith.serve.core.kv import cache_argument
+from draftsmith.serve.core.kv import cache_argument, seq_length
 from draftsmith.serve.core.layers import FINAL
 from draftsmith.serve.core.target import Target
 from draftsmith.serve.drafters.head_config import HeadConfig
+from draftsmith.serve.drafters.masks import cache_key_positions, windowed
 from draftsmith.serve.methods.mtp.blocks import STEP_BLOCKS, MtpBlocks, step_blocks
 
 # what a layer config drops from the target's text config: it describes one decoder layer, not the whole model
@@ -125,6 +130,13 @@ class MtpHead(nn.Module):
                 initialize(module)
         self.rope = rope_cls(config=built) if rope_cls is not None else None
         self.hidden_first = bool(getattr(built, "mtp_hidden_states_first", False))
+        # a family whose RoPE differs per layer type (MiMo-V2) is asked for its layer's
+        self.rope_kwargs = ({"layer_type": built.layer_types[0]} if rope_cls is not None and "layer_type" in
+                            inspect.signature(rope_cls.forward).parameters else {})
+        # a sliding-window layer (MiMo-V2's) sees the keys of its last `window` positions only: its cache records its
+        # keys' positions and forward hides the older ones in the mask (the eager attention such families run reads
+        # the window from the mask alone), the cache itself kept whole
+        self.window = getattr(getattr(self.layers[0].mtp_block, "self_attn", None), "sliding_window", None)
 
     def input_hidden(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
         """The target features the layer starts from: the final normed state."""
@@ -138,11 +150,25 @@ class MtpHead(nn.Module):
         layer = self.layers[0]
         parts = [layer.enorm(inputs_embeds), layer.hnorm(hidden_states)]
         x = layer.eh_proj(torch.cat(parts[::-1] if self.hidden_first else parts, dim=-1))  # (B, T, h)
-        position_embeddings = self.rope(x, position_ids) if self.rope is not None else None
+        position_embeddings = self.rope(x, position_ids, **self.rope_kwargs) if self.rope is not None else None
+        if self.window is not None:
+            attention_mask = self._windowed(attention_mask, position_ids, cache)
         out = layer.mtp_block(x, attention_mask=attention_mask, position_ids=position_ids,
                               position_embeddings=position_embeddings, **cache_argument(layer.mtp_block, cache))
         out = out[0] if isinstance(out, tuple) else out
         return layer.post_norm(out) if self.config.norm_output and layer.post_norm is not None else out
+
+    def _windowed(self, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache: Any) -> torch.Tensor:
+        """attention_mask (B|1, 1, T, S + T) hiding the keys `window` or more positions behind their query; the
+        cache's record of its keys' positions grows by this forward's."""
+        past = cache_key_positions(cache)
+        if past is None and cache is not None and seq_length(cache):
+            raise DraftsmithError("an MTP layer with a sliding window was given a cache whose keys' positions were not "
+                                  "recorded (key_positions): its window cannot be applied")
+        keys = position_ids if past is None else torch.cat([past.to(position_ids.device), position_ids], dim=1)
+        if cache is not None:
+            cache.key_positions = keys  # (B, S + T)
+        return windowed(attention_mask, position_ids, keys, self.window)
 
     def lm_head_input(self, out: torch.Tensor) -> torch.Tensor:
         """(…, h) what forward returned -> the state the target's lm_head reads."""

@@ -41,8 +41,8 @@ def check_merge(config, fmt: str) -> None:
         raise DraftsmithError(f"--format {fmt} cannot export this MTP drafter: its target's family "
                               f"{config.target_model_type!r} ({family.causal_lm if family else 'unknown'}) has no MTP "
                               f"model in the engines (they serve MTP for DeepSeek-V3, GLM-4.5, Qwen3-Next, "
-                              f"Qwen3.5, ERNIE-4.5 and Nemotron-H checkpoints); serve it with `draftsmith serve "
-                              f"--drafter DIR`")
+                              f"Qwen3.5, ERNIE-4.5, Nemotron-H and MiMo-V2-Flash checkpoints); serve it with "
+                              f"`draftsmith serve --drafter DIR`")
 
 
 def merge_checkpoint(head, target: Target, folder: Path) -> dict:
@@ -87,8 +87,8 @@ def merge_checkpoint(head, target: Target, folder: Path) -> dict:
     (folder / INDEX).write_text(json.dumps(index, indent=2) + "\n")
     config = json.loads((folder / "config.json").read_text())
     holder = config.get("text_config", config)
-    key = form.counts[0]
-    if int(holder.get(key) or 0) < 1:  # a target that shipped none now names the one it carries
+    key = form.counts[0] if form.counts else None  # MiMo-V2's configs name none: its tensors say it ships one
+    if key and int(holder.get(key) or 0) < 1:  # a target that shipped none now names the one it carries
         holder[key] = 1
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return {"replaced": sorted(replaced), "added": sorted(tensors), "rewritten": rewritten}

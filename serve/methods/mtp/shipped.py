@@ -1,8 +1,8 @@
 """The MTP layers a target ships: where its checkpoint keeps them (one form per family, read from the engines'
 loaders: vLLM `qwen3_next_mtp.py` / `qwen3_5_mtp.py` (`mtp.*`), `deepseek_mtp.py` / `glm4_moe_mtp.py`
 (`model.layers.{num_hidden_layers}.*`), `ernie_mtp.py` (`model.mtp_*.0.*`), `nemotron_h_mtp.py` (`mtp.layers.{i}.*`,
-one per block of the step), and transformers' `MtpModel` conversions), and the conversions between that form and the
-head's tensors.
+one per block of the step), `mimo_v2_mtp.py` (`model.mtp.layers.{i}.*`), and transformers' `MtpModel` conversions),
+and the conversions between that form and the head's tensors.
 
 The decoder layer inside (a step's blocks) is converted by transformers itself: a one-layer model of the target's
 family (a model of the step's blocks) is loaded from the layer's checkpoint tensors (its weight conversions fuse the
@@ -31,7 +31,9 @@ POST_NORM = "mtp_post_norm"  # a layer-config key: False for a layer whose outpu
 class ShippedForm:
     """How one family's checkpoint holds MTP layer 0."""
     title: str                                   # as messages name the form
-    counts: tuple[str, ...]                      # text-config keys that say how many MTP layers it ships
+    # text-config keys that say how many MTP layers it ships (none: the family's configs name none, and the
+    # checkpoint's tensors under the prefix say whether it ships one, as the engines load it: MiMo-V2)
+    counts: tuple[str, ...]
     prefix: Callable[[Any], str]                 # text config -> the checkpoint prefix of MTP layer 0
     # checkpoint name after the prefix -> the head's name after layers.0. ({last}: the index of a step's last block)
     parts: Mapping[str, str]
@@ -39,6 +41,7 @@ class ShippedForm:
     shared: tuple[str, ...] = ()                 # copies of the target's embeddings / head kept there (not read)
     norm_output: bool = False                    # the next draft step reads the normed output
     overrides: Mapping[str, Any] = field(default_factory=dict)  # layer-config keys that differ from the target's
+    renames: Mapping[str, str] = field(default_factory=dict)  # the block's checkpoint names -> transformers' names
 
     def names(self, layer_config: Any) -> dict[str, str]:
         """parts, a step's last block named (the layer config's last layer)."""
@@ -83,15 +86,30 @@ NEMOTRON = ShippedForm(
            "layers.0.eh_proj.weight": "eh_proj.weight", "layers.{last}.final_layernorm.weight": "post_norm.weight"},
     block="layers.", norm_output=True)
 
+# vLLM's mimo_v2_mtp.py and SGLang's mimo_v2_nextn.py: MTP layer i is model.mtp.layers.{i} (the checkpoints ship 3;
+# the engines draft every step with layer 0, as the head does); its decoder layer is one of the family's sliding-window
+# layers (twice the key/value heads, attention sinks, the sliding layers' RoPE; transformers' attention_sink_bias ->
+# sinks renaming applies) with a dense MLP, its pre_mlp_layernorm transformers' post_attention_layernorm;
+# final_layernorm's output is what the lm_head and the next step read. Its window is the layer config's
+# sliding_window: transformers' and SGLang's (sliding_window_size + 1, the query included); vLLM's flash-attention
+# window is sliding_window_size, one key fewer
+MIMO = ShippedForm(
+    title="MiMo-V2 (model.mtp.layers.*)", counts=(), prefix=lambda text: "model.mtp.layers.0.",
+    parts={"enorm.weight": "enorm.weight", "hnorm.weight": "hnorm.weight", "eh_proj.weight": "eh_proj.weight",
+           "final_layernorm.weight": "post_norm.weight"},
+    block="", renames={"pre_mlp_layernorm.": "post_attention_layernorm."}, norm_output=True,
+    overrides={"layer_types": ["sliding_attention"], "mlp_layer_types": ["dense"]})
+
 FORMS: dict[str, ShippedForm] = {
     "qwen3_next": QWEN, "qwen3_5_text": QWEN, "qwen3_5_moe_text": QWEN,
     "deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK,
     "ernie4_5_moe": ERNIE,
     "nemotron_h": NEMOTRON,
+    "mimo_v2_flash": MIMO,
 }
 
 
-# every config key a family names its MTP layers with (MiMo-V2's too, whose form is not read yet)
+# every config key a family names its MTP layers with
 COUNT_KEYS = ("mtp_num_hidden_layers", "num_nextn_predict_layers", "num_mtp_layers")
 
 
@@ -104,9 +122,20 @@ def named_count(text: Any) -> int:
     return max(int(getattr(text, key, 0) or 0) for key in COUNT_KEYS)
 
 
-def shipped_count(text: Any) -> int:
-    """How many MTP layers the target's config says its checkpoint ships in a form draftsmith reads (0: none)."""
-    return named_count(text) if form_of(text) is not None else 0
+def shipped_count(text: Any, folder: str | Path | None = None) -> int:
+    """How many MTP layers the target ships in a form draftsmith reads (0: none), as its config says; for a family
+    whose configs name none (MiMo-V2), at least the one its checkpoint at `folder` holds under the form's prefix."""
+    form = form_of(text)
+    if form is None:
+        return 0
+    if form.counts or not folder or named_count(text):
+        return named_count(text)
+    return int(holds_prefixed(folder, form.prefix(text)))
+
+
+def rename(names: Mapping[str, str], name: str) -> str:
+    """`name` with the first of `names` (old part -> new part) it holds replaced."""
+    return next((name.replace(old, new, 1) for old, new in names.items() if old in name), name)
 
 
 def checkpoint_files(folder: str | Path) -> list[Path]:
@@ -153,7 +182,7 @@ def _one_layer_config(layer_config: Any) -> Any:
     cfg = layer_config.__class__.from_dict({**layer_config.to_dict(), "vocab_size": 1, "pad_token_id": None,
                                             "bos_token_id": None, "eos_token_id": None,
                                             "tie_word_embeddings": False})
-    cfg._attn_implementation = layer_config._attn_implementation
+    cfg._attn_implementation = "eager"  # every family has it (MiMo-V2 has no SDPA); the conversions run no forward
     return cfg
 
 
@@ -247,7 +276,7 @@ def head_state_from_checkpoint(tensors: dict[str, torch.Tensor], form: ShippedFo
     if missing:
         raise DraftsmithError(f"the checkpoint's MTP layer lacks {missing} ({form.title})")
     state = {f"layers.0.{ours}": tensors[theirs] for theirs, ours in parts.items()}
-    block = {k[len(form.block):]: v for k, v in tensors.items()
+    block = {rename(form.renames, k[len(form.block):]): v for k, v in tensors.items()
              if k.startswith(form.block) and k not in parts and k not in form.shared}
     state.update({f"layers.0.mtp_block.{k}": v for k, v in block_from_checkpoint(block, layer_config).items()})
     return state
@@ -260,5 +289,6 @@ def head_state_to_checkpoint(state: dict[str, torch.Tensor], form: ShippedForm,
     out = {ours_to_theirs[k[len("layers.0."):]]: v for k, v in state.items()
            if k[len("layers.0."):] in ours_to_theirs}
     block = {k[len("layers.0.mtp_block."):]: v for k, v in state.items() if k.startswith("layers.0.mtp_block.")}
-    out.update({f"{form.block}{k}": v for k, v in block_to_checkpoint(block, layer_config).items()})
+    back = {ours: theirs for theirs, ours in form.renames.items()}
+    out.update({f"{form.block}{rename(back, k)}": v for k, v in block_to_checkpoint(block, layer_config).items()})
     return out
