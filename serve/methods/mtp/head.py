@@ -24,7 +24,7 @@ transformers holds them; shipped.py converts to and from a checkpoint's names).
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -76,10 +76,17 @@ def layer_config(config: dict) -> Any:
     return built
 
 
-def family_parts(config: Any) -> tuple[type, type, Any, Any]:
-    """(decoder layer class, RMSNorm class, rotary embedding class or None, the family's weight initializer: module ->
-    None) of the family `config` describes, read from its transformers model built on the meta device (nothing
-    allocated), as transformers' MtpModel reads them."""
+class FamilyParts(NamedTuple):
+    layer: type                   # the decoder layer class
+    norm: type                    # its RMSNorm class
+    rope: Any                     # its rotary embedding class, or None
+    initialize: Any               # the family's weight initializer: module -> None
+    fp32: tuple[str, ...]         # tensor-name globs it keeps in float32 in half precision (MoE routers' gates)
+
+
+def family_parts(config: Any) -> FamilyParts:
+    """The parts of the family `config` describes, read from its transformers model built on the meta device
+    (nothing allocated), as transformers' MtpModel reads them."""
     from transformers import AutoModel
 
     try:
@@ -100,7 +107,20 @@ def family_parts(config: Any) -> tuple[type, type, Any, Any]:
     norm_cls = type(norm) if isinstance(norm, nn.Module) else next(
         type(m) for name, m in layers[-1].named_modules() if "norm" in name)
     rope = getattr(base, "rotary_emb", None)
-    return type(layers[-1]), norm_cls, type(rope) if rope is not None else None, base._init_weights
+    fp32 = tuple(sorted(getattr(base, "_keep_in_fp32_modules_strict", None) or ()))
+    return FamilyParts(type(layers[-1]), norm_cls, type(rope) if rope is not None else None, base._init_weights, fp32)
+
+
+def float32_names(module: nn.Module, globs: tuple[str, ...]) -> list[str]:
+    """The parameters and buffers of `module` that the globs name, matched as transformers' loader matches its
+    `_keep_in_fp32_modules_strict` (a search of each glob, `*` for any run of characters)."""
+    if not globs:
+        return []
+    from transformers.core_model_loading import build_glob_alternation
+
+    pattern = build_glob_alternation(list(globs))[0]
+    named = [*module.named_parameters(), *module.named_buffers()]
+    return [name for name, tensor in named if tensor.is_floating_point() and pattern.search(name)]
 
 
 class MtpHead(nn.Module):
@@ -116,7 +136,7 @@ class MtpHead(nn.Module):
 
         self.config = config
         built = layer_config(config.layer_config)
-        layer_cls, norm_cls, rope_cls, initialize = family_parts(built)
+        layer_cls, norm_cls, rope_cls, initialize, self.fp32 = family_parts(built)
         if step_blocks(built):
             block_cls = layer_cls
             layer_cls = lambda config, layer_idx: MtpBlocks(config, block_cls)  # noqa: E731
@@ -137,6 +157,21 @@ class MtpHead(nn.Module):
         # keys' positions and forward hides the older ones in the mask (the eager attention such families run reads
         # the window from the mask alone), the cache itself kept whole
         self.window = getattr(getattr(self.layers[0].mtp_block, "self_attn", None), "sliding_window", None)
+
+    def to(self, *args, **kwargs):
+        """nn.Module.to, except that the tensors the family keeps in float32 in half precision (its transformers
+        class's `_keep_in_fp32_modules_strict`: the MoE router's gate and score bias) stay in float32, as transformers
+        loads the target and vLLM builds its MTP layers; the router computes in float32 from them."""
+        _, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        kept = float32_names(self, self.fp32) if dtype in (torch.float16, torch.bfloat16) else []
+        tensors = dict([*self.named_parameters(), *self.named_buffers()])
+        before = {name: tensors[name].detach().float() for name in kept}  # exact when the head is in float32
+        super().to(*args, **kwargs)
+        for name, value in before.items():
+            owner, _, leaf = name.rpartition(".")
+            current = getattr(self.get_submodule(owner), leaf)
+            current.data = value.to(current.device)
+        return self
 
     def input_hidden(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
         """The target features the layer starts from: the final normed state."""
