@@ -374,6 +374,13 @@ def compare(ref: dict, got: dict) -> str:
         diff = (early["logits"].to(logits.dtype) - ref["logits"]).abs()[torch.isfinite(ref["logits"])]
         verdict += (f"; compared at positions 1..T: from position 0 the engine's layer ({early['file']}) zeroes "
                     f"that token's embedding and our head does not (max |logit diff| {float(diff.max()):.2g} there)")
+    if "window_plus_one" in got:  # a sliding-window MTP layer: vLLM's window against ours (the layer's + 1 key)
+        wider = got["window_plus_one"]
+        diff = (wider["logits"].to(logits.dtype) - ref["logits"]).abs()[torch.isfinite(ref["logits"])]
+        verdict += (f"; its sliding windows hold {wider['window']} keys, the query's own included (flash-attention's "
+                    f"(W - 1, 0)); with every window one key wider (the target's too) its step "
+                    + ("matches ours" if float(diff.max()) <= 1e-4 else "still differs from ours")
+                    + f" (max |logit diff| {float(diff.max()):.2g})")
     if got.get("target_states"):  # the engine's target class could not run here: say whose states the draft read
         verdict += f" (draft checked with HF target states: {got['target_states']})"
     if "load" in got:  # SGLang: what its loader did with the folder

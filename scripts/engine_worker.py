@@ -71,14 +71,16 @@ def _held_in(tensor, parameters) -> bool:
 class CausalAttention(torch.nn.Module):
     """Stands in for vLLM's paged Attention: causal attention over the tokens of one step, (T, H*D) in and out.
 
-    Honours what the families' layers pass it: a per-layer sliding window (Gemma-3, gpt-oss: the last `window`
-    tokens, the query's own included, as flash-attention's (window - 1, 0)), a logits soft cap, and gpt-oss's
-    attention sinks (one learned logit per head that joins the softmax and is then dropped)."""
+    Honours what the families' layers pass it: a per-layer sliding window (Gemma-3, gpt-oss, MiMo-V2: the last
+    `window` tokens, the query's own included, as flash-attention's (window - 1, 0)), a logits soft cap, gpt-oss's and
+    MiMo-V2's attention sinks (one learned logit per head that joins the softmax and is then dropped), and values
+    narrower than keys (MiMo-V2's head_size_v)."""
 
     def __init__(self, num_heads, head_size, scale, num_kv_heads=None, *args, per_layer_sliding_window=None,
-                 logits_soft_cap=None, sinks=None, **kwargs):
+                 logits_soft_cap=None, sinks=None, head_size_v=None, **kwargs):
         super().__init__()
         self.num_heads, self.head_size, self.scale = num_heads, head_size, scale
+        self.head_size_v = head_size_v or head_size
         self.num_kv_heads = num_kv_heads or num_heads
         self.window, self.soft_cap = per_layer_sliding_window, logits_soft_cap
         self._sinks = (sinks,)  # a tuple: the owner registers (and loads) the parameter, not this stand-in
@@ -88,7 +90,7 @@ class CausalAttention(torch.nn.Module):
         q = query.view(T, self.num_heads, self.head_size).transpose(0, 1)  # (H, T, D)
         rep = self.num_heads // self.num_kv_heads
         k = key.view(T, self.num_kv_heads, self.head_size).transpose(0, 1).repeat_interleave(rep, 0)
-        v = value.view(T, self.num_kv_heads, self.head_size).transpose(0, 1).repeat_interleave(rep, 0)
+        v = value.view(T, self.num_kv_heads, self.head_size_v).transpose(0, 1).repeat_interleave(rep, 0)
         scores = (q @ k.transpose(1, 2)).float() * self.scale  # (H, T, T)
         if self.soft_cap:
             scores = self.soft_cap * torch.tanh(scores / self.soft_cap)
@@ -103,8 +105,8 @@ class CausalAttention(torch.nn.Module):
             probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]  # (H, T, T)
         else:
             probs = scores.softmax(-1)
-        out = probs.to(v.dtype) @ v  # (H, T, D)
-        return out.transpose(0, 1).reshape(T, self.num_heads * self.head_size)
+        out = probs.to(v.dtype) @ v  # (H, T, Dv)
+        return out.transpose(0, 1).reshape(T, self.num_heads * self.head_size_v)
 
 
 class LatentAttention(torch.nn.Module):
@@ -461,6 +463,9 @@ def run_vllm(job: dict) -> dict:
                                                        vllm_config.speculative_config.num_speculative_tokens)
                 if case.get("merged"):
                     results[case["name"]]["reads"] = _vllm_reads(vllm_config, draft)
+                    wider = _one_key_wider(vllm_config, case, target, draft, ids, states, engine_states=not fallback)
+                    if wider is not None:
+                        results[case["name"]]["window_plus_one"] = wider
                 if fallback:
                     results[case["name"]]["target_states"] = fallback
                 if case["format"] == "speculators":
@@ -638,6 +643,31 @@ def _vllm_step(method, target, draft, ids, states, draft_hf_config=None, k: int 
         result["from_position_0"] = {"logits": _draft_once(draft, next_ids, positions, features)[0],
                                      "file": os.path.basename(inspect.getsourcefile(type(draft)))}
     return result
+
+
+def _one_key_wider(vllm_config, case: dict, target, draft, ids, states, *, engine_states: bool) -> dict | None:
+    """A sliding-window MTP layer (MiMo-V2): the case again with every window of the draft and of the engine's target
+    one key wider (transformers' and SGLang's window is sliding_window_size + 1 keys, vLLM's sliding_window_size);
+    {"logits", "window": the draft's own}, None where the draft has no window."""
+    from vllm.forward_context import set_forward_context
+
+    drafts = [m for m in draft.modules() if isinstance(m, CausalAttention) and m.window]
+    if not drafts:
+        return None
+    windows = [m for model in (target, draft) for m in model.modules() if isinstance(m, CausalAttention) and m.window]
+    for attention in windows:
+        attention.window += 1
+    try:
+        if engine_states:  # the engine's target attends within its windows too
+            with set_forward_context(None, vllm_config, num_tokens=ids.numel()):
+                out = target.model(ids, torch.arange(ids.numel()), None)
+            states = (out[0] if isinstance(out, tuple) else out, None)
+        with _draft_context(vllm_config, ids.numel(), merged=True):
+            step = _vllm_step(case["method"], target, draft, ids, states)
+    finally:
+        for attention in windows:
+            attention.window -= 1
+    return {"logits": step["logits"], "window": drafts[0].window}
 
 
 def _draft_once(draft, next_ids, positions, features):

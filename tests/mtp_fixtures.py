@@ -21,9 +21,10 @@ MTP_COUNT = {"qwen3_next": "mtp_num_hidden_layers", "qwen3_5": "mtp_num_hidden_l
 MTP_CONFIG = {"nemotron_h": dict(mtp_hybrid_override_pattern="*E", n_routed_experts=4, num_experts_per_tok=2,
                                  moe_intermediate_size=16, moe_shared_expert_intermediate_size=16)}
 # MiMo-V2-Flash's config.json also names its layers the way vLLM's and SGLang's classes read them (transformers reads
-# its own keys, and sliding_window_size + 1 as its window): written to agree with the tiny target's own
+# its own keys, and sliding_window_size + 1 as its window): written to agree with the tiny target's own, its window 8,
+# so that the engine check's 12-token step runs past it
 MTP_CONFIG["mimo_v2_flash"] = dict(
-    swa_num_attention_heads=4, swa_num_key_value_heads=4, swa_head_dim=12, swa_v_head_dim=8, sliding_window_size=15,
+    swa_num_attention_heads=4, swa_num_key_value_heads=4, swa_head_dim=12, swa_v_head_dim=8, sliding_window_size=7,
     hybrid_layer_pattern=[0, 1], moe_layer_freq=[0, 1], add_swa_attention_sink_bias=True,
     add_full_attention_sink_bias=False, layernorm_epsilon=1e-5, rope_theta=5000000.0, swa_rope_theta=10000.0,
     partial_rotary_factor=0.334, topk_method="noaux_tc", scoring_func="sigmoid")

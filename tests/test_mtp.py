@@ -297,7 +297,7 @@ def test_mimo_ships_its_layer_under_model_mtp_layers_without_a_count(mtp_dirs, t
     assert torch.equal(state["layers.0.post_norm.weight"], written["final_layernorm.weight"])
     assert torch.equal(state["layers.0.mtp_block.post_attention_layernorm.weight"], written["pre_mlp_layernorm.weight"])
     assert torch.equal(state["layers.0.mtp_block.self_attn.sinks"], written["self_attn.attention_sink_bias"])
-    assert head.window == 16 and head.config.norm_output  # the sliding layers' window; final_layernorm fed back
+    assert head.window == 8 and head.config.norm_output  # the sliding layers' window; final_layernorm fed back
     again = head_state_to_checkpoint(state, MIMO, layer_config(head.config.layer_config))
     assert set(again) == set(written) and all(torch.equal(again[k], v) for k, v in written.items())
     bare = load_target(save_tiny_target(tmp_path / "bare", "mimo_v2_flash"))
@@ -306,7 +306,7 @@ def test_mimo_ships_its_layer_under_model_mtp_layers_without_a_count(mtp_dirs, t
 
 
 def test_mimos_layer_attends_within_its_window(mtp_dirs):
-    """MiMo-V2's MTP layer is one of its sliding-window layers (window 16 in the tiny target, the query's own
+    """MiMo-V2's MTP layer is one of its sliding-window layers (window 8 in the tiny target, the query's own
     included). Past the window, a row's chain and the rows of a batch drafting together propose what transformers'
     own sliding layer proposes (a one-layer MiMoV2FlashModel holding the MTP block, its mask from transformers'
     sliding-window mask, run over the whole sequence of pairs at every step), and the first draft's logits differ from
@@ -359,7 +359,7 @@ def test_mimos_layer_attends_within_its_window(mtp_dirs):
             together[-1].begin(prompt[:-4], next_tokens[:-4], {FINAL: features[:-4]})
             assert together[-1]._logits is not None
             together[-1].commit(next_tokens[-4:], {FINAL: features[-4:]})
-            tokens, logits = chain(reference(16), features, next_tokens)
+            tokens, logits = chain(reference(head.window), features, next_tokens)
             expected.append(tokens)
             assert torch.allclose(rows[-1]._logits, logits.float(), atol=1e-5)
             _, unwindowed = chain(reference(None), features, next_tokens, k=1)
