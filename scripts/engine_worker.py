@@ -868,17 +868,29 @@ class AbsentKernel:
 class SglangAttention:
     """Stands in for SGLang's attention backend (the ForwardContext's `attn_backend`, which every RadixAttention
     calls; its backends need a GPU or sgl-kernel's CPU build and a paged KV pool): causal attention over the step's
-    tokens with the layer's own heads, scale, logit cap and sliding window (SGLang's `sliding_window_size` counts
-    the keys before the query's own)."""
+    tokens with the layer's own heads, head sizes (values may be narrower than keys: DeepSeek's expanded latent),
+    scale, logit cap and sliding window (SGLang's `sliding_window_size` counts the keys before the query's own). It
+    names no backend, so a model that picks its attention path by backend takes SGLang's default for the device, and
+    holds no KV pool: a layer that writes its cache through the pool itself (DeepSeek's latent) stops there."""
+
+    prefill_attention_backend_str = decode_attention_backend_str = None
 
     def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        if kwargs.get("k_rope") is not None:  # DeepSeek's latent attention hands the rope part apart
-            raise NotImplementedError("the attention stand-in covers multi-head attention, not latent (MLA) layouts")
-        T, window = q.shape[0], layer.sliding_window_size
-        attend = CausalAttention(layer.tp_q_head_num, layer.qk_head_dim, layer.scaling, layer.tp_k_head_num,
-                                 per_layer_sliding_window=window + 1 if window >= 0 else None,
-                                 logits_soft_cap=layer.logit_cap or None)
-        return attend(q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1))
+        if kwargs.get("k_rope") is not None:  # the absorbed latent (MLA) layout hands the rope part apart
+            raise NotImplementedError("the attention stand-in covers multi-head attention, not the latent layout")
+        T, heads, kv_heads = q.shape[0], layer.tp_q_head_num, layer.tp_k_head_num
+        q = q.reshape(T, heads, -1).transpose(0, 1)  # (H, T, D)
+        k = k.reshape(T, kv_heads, -1).transpose(0, 1).repeat_interleave(heads // kv_heads, 0)  # (H, T, D)
+        v = v.reshape(T, kv_heads, -1).transpose(0, 1).repeat_interleave(heads // kv_heads, 0)  # (H, T, Dv)
+        scores = (q @ k.transpose(1, 2)).float() * layer.scaling  # (H, T, T)
+        if layer.logit_cap:
+            scores = layer.logit_cap * torch.tanh(scores / layer.logit_cap)
+        pos = torch.arange(T)
+        allowed = pos[None, :] <= pos[:, None]  # (T, T): key <= query
+        if layer.sliding_window_size >= 0:
+            allowed &= pos[:, None] - pos[None, :] <= layer.sliding_window_size
+        probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+        return (probs.to(v.dtype) @ v).transpose(0, 1).reshape(T, -1)  # (T, H * Dv)
 
 
 class LogitsReader(torch.nn.Module):
@@ -919,7 +931,9 @@ def _sglang_batch(ids, hidden=None):
     T = ids.numel()
     batch = ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=1, input_ids=ids,
                          req_pool_indices=torch.zeros(1, dtype=torch.long), seq_lens=torch.tensor([T]),
-                         out_cache_loc=torch.arange(T), seq_lens_sum=T, positions=torch.arange(T))
+                         out_cache_loc=torch.arange(T), seq_lens_sum=T, positions=torch.arange(T),
+                         extend_seq_lens=torch.tensor([T]), extend_seq_lens_cpu=[T],
+                         extend_prefix_lens=torch.tensor([0]), extend_prefix_lens_cpu=[0])  # no cached prefix
     if hidden is not None:
         batch.spec_info = types.SimpleNamespace(hidden_states=hidden)
     return batch

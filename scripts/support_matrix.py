@@ -100,8 +100,9 @@ def check_family(family: str, work: Path, *, prompts: int = 3, new_tokens: int =
 
 
 def _engine_cells(rows: list[dict]) -> dict[str, str]:
-    """check_engines rows (family-bound methods only: Medusa is family-independent) -> family -> one cell, per engine release:
-    how many exports its own loader drafted identically, how many it could only source-read, refusals, failures."""
+    """check_engines rows (family-bound methods only: Medusa is family-independent) -> family -> one cell, per engine
+    release: how many exports its own loader drafted identically, how many it loaded without a step, refusals,
+    failures."""
     tally: dict[str, dict[str, dict[str, int]]] = {}
     family_bound = set(matrix_methods())
     for row in rows:
@@ -110,7 +111,7 @@ def _engine_cells(rows: list[dict]) -> dict[str, str]:
         result = row["result"]
         kind = ("identical" if result.startswith("loads, drafts identically") else
                 "refused" if result.startswith("refused by the exporter") else
-                "source-read" if result.startswith("not built on CPU") else
+                "loaded, step not run" if result.startswith("loads: ") else
                 # the engine cannot even inspect the target's class on a machine without its GPU kernels
                 "target class not importable on CPU" if "failed to be inspected" in result else "FAILS")
         counts = tally.setdefault(row.get("family", "llama"), {}).setdefault(row["engine"], {})
@@ -189,10 +190,10 @@ def main(argv: list[str] | None = None) -> int:
             "native drafter's."
             + (" Engine-checked: `scripts/check_engines.py` loads each export with the engine's own config readers, "
                "draft classes and `load_weights`, runs the family's own target class for the aux states and compares "
-               "one draft step (identical = logits, token ids and fed-back state within 1e-4); SGLang's modules need "
-               "triton to import on a CPU, so its target classes' EAGLE hooks and draft classes are read from its "
-               "installed source (source-read); where vLLM cannot import the target's own class without its GPU "
-               "kernels (target class not importable on CPU), its loader was not reached." if engine_rows else "")
+               "one draft step (identical = logits, token ids and fed-back state within 1e-4); SGLang runs as its "
+               "CPU engine, and an export whose step needs a kernel with no CPU path is loaded, every tensor read, "
+               "without a step (loaded, step not run); where vLLM cannot import the target's own class without its "
+               "GPU kernels (target class not importable on CPU), its loader was not reached." if engine_rows else "")
             + " The draft layer is a Llama layer for every family (serve/drafters/draft_layer.py). Refused exports, "
               "each before anything is written:\n" + "\n".join(f"- {r}" for r in refusals))
     if args.json:
