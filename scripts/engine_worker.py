@@ -123,7 +123,12 @@ class LatentAttention(torch.nn.Module):
         self.num_heads, self.scale = num_heads, scale
         self.nope, self.rope, self.v_head_dim = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
         self._kv_b_proj = (kv_b_proj,)  # a tuple: the attention module owns (and loads) it, not this stand-in
+        self._indexer = (kwargs.get("indexer"),)  # DeepSeek-V3.2's lightning indexer (indexer_stand_in), when sparse
         self.layer_name = kwargs.get("prefix", "")
+        object.__setattr__(self, "impl", self)  # the sparse wrapper tells its impl the top-k is ready (no-op here)
+
+    def record_logical_topk_ready(self) -> None:
+        pass
 
     def forward(self, q, kv_c_normed, k_pe, *args, output_shape=None, **kwargs):
         T, H = q.shape[0], self.num_heads
@@ -132,9 +137,33 @@ class LatentAttention(torch.nn.Module):
         k = torch.cat([k_nope, k_pe.view(T, 1, self.rope).expand(T, H, self.rope)], dim=-1)  # (T, H, nope + rope)
         scores = (q.view(T, H, -1).transpose(0, 1) @ k.permute(1, 2, 0)).float() * self.scale  # (H, T, T)
         allowed = torch.ones(T, T, dtype=torch.bool).tril()
+        indexer = self._indexer[0]
+        if indexer is not None:  # each query attends to the keys its layer's indexer kept
+            allowed = allowed & torch.zeros(T, T, dtype=torch.bool).scatter_(1, indexer.draftsmith_topk, True)
         probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
         out = probs.to(v.dtype) @ v.transpose(0, 1)  # (H, T, v)
         return out.transpose(0, 1).reshape(T, H * self.v_head_dim)
+
+
+def indexer_stand_in(self, hidden_states, qr, positions, rotary_emb):
+    """Stands in for vLLM's DeepSeek-V3.2 `Indexer.forward` (deepseek_v2.py), whose scoring is an fp8 kernel
+    (SparseAttnIndexer: DeepGEMM on a GPU) writing the top-k into a paged buffer: from vLLM's own wq_b, fused
+    wk_weights_proj, k_norm and RoPE (the split and rotation of its plain path), the scores transformers'
+    DeepseekV32Indexer computes, sum over heads of w * relu(q . k) * scale, causal, and each query's top index_topk
+    keys, kept on the module for LatentAttention (T, k)."""
+    T = hidden_states.shape[0]
+    q = self.wq_b(qr)[0].view(T, self.n_head, self.head_dim)
+    kw = self.wk_weights_proj(hidden_states)[0]
+    k, weights = self.k_norm(kw[:, : self.head_dim]), kw[:, self.head_dim:]
+    q_pe, q_nope = q.split([self.rope_dim, self.head_dim - self.rope_dim], dim=-1)
+    k_pe, k_nope = k.split([self.rope_dim, self.head_dim - self.rope_dim], dim=-1)
+    q_pe, k_pe = rotary_emb(positions, q_pe.contiguous(), k_pe.unsqueeze(1).contiguous())
+    q = torch.cat([q_pe.reshape(T, self.n_head, self.rope_dim), q_nope], dim=-1)  # (T, H, D)
+    k = torch.cat([k_pe.reshape(T, self.rope_dim), k_nope], dim=-1)  # (T, D)
+    scores = (q.float() @ k.float().t()).relu() * self.softmax_scale  # (T, H, T)
+    index = (weights.float()[:, None, :] * self.n_head_scale @ scores)[:, 0]  # (T, T)
+    index = index.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    self.draftsmith_topk = index.topk(min(self.topk_tokens, T), dim=-1).indices
 
 
 class ContextAttention(CausalAttention):
@@ -295,6 +324,13 @@ def _stand_in_attention() -> None:
         if (name.startswith("vllm.model_executor.models.") or name == "vllm.model_executor.layers.mla") and \
                 getattr(module, "MLAAttention", None) is MLAAttention:
             module.MLAAttention = LatentAttention
+        # DeepSeek-V3.2's lightning indexer: its scoring in torch; its buffers on the CPU (the platform vLLM finds
+        # here, none, names no device)
+        if name.endswith((".deepseek_v2", ".deepseek_mtp")) and hasattr(module, "current_platform"):
+            if hasattr(module, "Indexer"):
+                module.Indexer.forward = indexer_stand_in
+            if not module.current_platform.device_type:
+                module.current_platform = _PlatformOnCpu(module.current_platform)
 
 
 class NativeExperts:
@@ -347,6 +383,13 @@ class _PlatformSaying:
         if name in self._answers:
             return lambda *args, **kwargs: self._answers[name]
         return getattr(self._platform, name)
+
+
+class _PlatformOnCpu(_PlatformSaying):
+    """The real platform, whose device is the CPU (vLLM's DeepSeek-V3.2 modules allocate their top-k buffers on
+    `current_platform.device_type`, empty for the platform vLLM finds here)."""
+
+    device_type = "cpu"
 
 
 def _cpu_routing(platform):

@@ -14,6 +14,7 @@ from tests.tiny_models import save_tiny_target
 # the count key each family's config names its MTP layers with
 MTP_COUNT = {"qwen3_next": "mtp_num_hidden_layers", "qwen3_5": "mtp_num_hidden_layers",
              "qwen3_5_moe": "mtp_num_hidden_layers", "deepseek_v3": "num_nextn_predict_layers",
+             "deepseek_v32": "num_nextn_predict_layers",
              "glm4_moe": "num_nextn_predict_layers", "ernie4_5_moe": "num_nextn_predict_layers",
              "nemotron_h": "num_nextn_predict_layers", "mimo_v2_flash": None}  # MiMo-V2's configs name none
 # what else a family's config names for its MTP layer: Nemotron-H's step is an attention block then an MoE block (its

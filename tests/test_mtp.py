@@ -163,10 +163,11 @@ def test_bad_mtp_options_are_one_line(mtp_dirs):
         assert words in str(refused.value) and "\n" not in str(refused.value)
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v32", "glm4_moe"])
 def test_deepseek_forms_ship_the_layer_after_the_last_one(mtp_dirs, family):
-    """DeepSeek-V3 and GLM-4.5 keep MTP layer 0 as model.layers.{num_hidden_layers}: its own norms and projection,
-    the shared head's norm, and a decoder layer with experts (as the real checkpoints' layer 61 and 92)."""
+    """DeepSeek-V3, V3.2 and GLM-4.5 keep MTP layer 0 as model.layers.{num_hidden_layers}: its own norms and
+    projection, the shared head's norm, and a decoder layer with experts (as the real checkpoints' layer 61 and 92),
+    V3.2's with its lightning indexer."""
     from safetensors import safe_open
 
     from draftsmith.serve.methods.mtp.from_target import shipped_head
@@ -183,6 +184,46 @@ def test_deepseek_forms_ship_the_layer_after_the_last_one(mtp_dirs, family):
     assert torch.equal(state["layers.0.eh_proj.weight"], names["eh_proj.weight"])
     assert torch.equal(state["layers.0.post_norm.weight"], names["shared_head.norm.weight"])
     assert shipped_head(target).config.norm_output  # the next step reads the normed output, as the engines recycle it
+    if family == "deepseek_v32":
+        assert torch.equal(state["layers.0.mtp_block.self_attn.indexer.wk.weight"],
+                           names["self_attn.indexer.wk.weight"])
+
+
+def test_a_deepseek_v32_layer_fine_tunes_and_drafts_exactly(mtp_dirs, tmp_path):
+    """`train model.method=mtp` on a DeepSeek-V3.2 target starts from its shipped layer and moves it, all but its
+    lightning indexer (transformers computes it without gradients: DSA trains it by a loss of its own), through an
+    unroll whose cache keeps the indexer's keys; the tuned layer drafts exactly at batch 1 and 4."""
+    from draftsmith.serve.core.config import load_config
+    from draftsmith.serve.drafters.folder import load_head
+    from draftsmith.serve.methods.mtp.from_target import shipped_head
+    from draftsmith.train.config import TrainConfig
+    from draftsmith.train.run import train_drafter
+    from tests.train_fixtures import save_rows
+
+    folder = mtp_dirs["deepseek_v32"]
+    gen = torch.Generator().manual_seed(0)
+    rows = [{"id": f"row{i}", "domain": "chat", "input_ids": torch.randint(0, 256, (24,), generator=gen).tolist(),
+             "loss_mask": [0] * 4 + [1] * 20} for i in range(8)]
+    config = load_config(TrainConfig, overrides=[
+        f"target={folder}", f"data.dataset={save_rows(rows, tmp_path / 'data')}", f"out_dir={tmp_path / 'out'}",
+        "model.method=mtp", "model.num_speculative_tokens=2", "model.ttt_steps=2", "optim.batch_size=4",
+        "optim.max_steps=2", "optim.lr=1e-2", "data.eval_rows=2", "tracking=none", "log.progress=false",
+        "checkpoint.every=0"])
+    tuned = train_drafter(config)
+    target = load_target(folder)
+    before, after = shipped_head(target).state_dict(), load_head(tuned).state_dict()
+    still = {k for k, v in before.items() if torch.equal(v, after[k].to(v.dtype))}
+    assert {k for k in still if ".indexer." in k} == {k for k in before if ".indexer." in k}
+    assert still - {k for k in before if ".indexer." in k} <= {"layers.0.mtp_block.mlp.gate.e_score_correction_bias"}
+    prompts = _prompts(4, seed=1)
+    plain = [plain_generate(target, torch.tensor([p]), max_new_tokens=16).output_ids for p in prompts]
+    spec = speculative_generate(target, build_drafter(f"{tuned}:length=fixed", target), torch.tensor([prompts[0]]),
+                                max_new_tokens=16, k=2)
+    assert spec.output_ids == plain[0] and sum(spec.stats.drafted_per_cycle) > 0
+    decoder = BatchDecoder(target, build_drafter(f"{tuned}:length=fixed", target), slots=4, k=2)
+    for i, prompt in enumerate(prompts):
+        decoder.add(Job(i, prompt, max_new_tokens=16))
+    assert [f.result.output_ids for f in decoder.run()] == plain
 
 
 def test_ernies_layer_reads_out_unnormed(mtp_dirs):

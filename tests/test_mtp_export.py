@@ -124,15 +124,16 @@ def test_the_readmes_mtp_commands_run_as_written(tmp_path):
     assert (tmp_path / "runs" / "mine" / "mtp-checkpoint" / "model-mtp.safetensors").is_file()
 
 
-def test_a_deepseek_export_keeps_the_layers_copies_of_the_targets_tensors(tmp_path):
-    """DeepSeek-V3's checkpoints keep copies of the embeddings and lm_head inside the MTP layer
-    (model.layers.{N}.embed_tokens, .shared_head.head): the export replaces the layer's own tensors and keeps those
-    bit for bit (the engines read the target's own, but a copy is a copy)."""
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v32"])
+def test_a_deepseek_export_keeps_the_layers_copies_of_the_targets_tensors(tmp_path, family):
+    """DeepSeek-V3's and V3.2's checkpoints keep copies of the embeddings and lm_head inside the MTP layer
+    (model.layers.{N}.embed_tokens, .shared_head.head): the export replaces the layer's own tensors (V3.2's lightning
+    indexer's among them) and keeps those bit for bit (the engines read the target's own, but a copy is a copy)."""
     from safetensors.torch import load_file, save_file
 
-    from draftsmith.serve.methods.mtp.shipped import checkpoint_files
+    from draftsmith.serve.methods.mtp.shipped import checkpoint_files, form_of
 
-    folder = save_mtp_target(tmp_path / "target", "deepseek_v3")
+    folder = save_mtp_target(tmp_path / "target", family)
     path = folder / "model.safetensors"
     weights = load_file(str(path))
     prefix = f"model.layers.{json.loads((folder / 'config.json').read_text())['num_hidden_layers']}."
@@ -142,7 +143,7 @@ def test_a_deepseek_export_keeps_the_layers_copies_of_the_targets_tensors(tmp_pa
     target = load_target(folder)
     torch.manual_seed(3)
     cfg = mtp_config(target, num_speculative_tokens=2, ttt_steps=2, norm_output=True,
-                     overrides={"first_k_dense_replace": 0})
+                     overrides=dict(form_of(target.config).overrides))
     drafter = save_drafter(MtpHead(cfg), cfg, tmp_path / "drafter")
     report = export_drafter(drafter, "vllm", tmp_path / "out", target=target, max_new_tokens=12)
     assert report.mu_native == report.mu_readback
@@ -151,6 +152,9 @@ def test_a_deepseek_export_keeps_the_layers_copies_of_the_targets_tensors(tmp_pa
         merged.update(load_file(str(shard)))
     assert all(torch.equal(merged[k], v) for k, v in copies.items())
     assert not torch.equal(merged[prefix + "eh_proj.weight"], weights[prefix + "eh_proj.weight"])
+    if family == "deepseek_v32":
+        assert not torch.equal(merged[prefix + "self_attn.indexer.wk.weight"],
+                               weights[prefix + "self_attn.indexer.wk.weight"])
 
 
 def test_a_mimo_export_replaces_layer_0_and_keeps_the_others(tmp_path):

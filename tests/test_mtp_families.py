@@ -1,8 +1,9 @@
-"""Targets that ship multi-token-prediction layers (DeepSeek-V3, GLM-4.5 MoE, ERNIE-4.5 MoE, MiMo-V2-Flash), as base
-models: they load, speculative decoding gives plain greedy decoding's tokens at batch 1 and in the batched decoder's
-slot cache (latent attention's cached latent and RoPE key, MiMo's keys wider than its values, its sliding layers past
-their window), and the cache each token takes is what the batched decoder's memory check counts. EAGLE heads train,
-decode and export on them in tests/test_families.py."""
+"""Targets that ship multi-token-prediction layers (DeepSeek-V3, DeepSeek-V3.2, GLM-4.5 MoE, ERNIE-4.5 MoE,
+MiMo-V2-Flash), as base models: they load, speculative decoding gives plain greedy decoding's tokens at batch 1 and in
+the batched decoder's slot cache (latent attention's cached latent and RoPE key, V3.2's lightning-indexer keys past
+its top-k, MiMo's keys wider than its values, its sliding layers past their window), and the cache each token takes
+is what the batched decoder's memory check counts. EAGLE heads train, decode and export on them in
+tests/test_families.py."""
 from __future__ import annotations
 
 import pytest
@@ -92,11 +93,13 @@ def test_the_cache_a_token_takes_is_what_the_memory_check_counts(family):
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         model(torch.arange(tokens)[None], **cache_kwargs(model, cache))
-    stored = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    held = [[layer.keys, layer.values, *([layer.indexer_keys[:, None]] if hasattr(layer, "indexer_keys") else [])]
+            for layer in cache.layers]  # DeepSeek-V3.2's lightning indexer keeps a key of its own per token
+    stored = sum(t.numel() * t.element_size() for tensors in held for t in tensors)
     counted = kv_bytes_per_token(model.config, torch.float32)
     # every layer's own width is at most the widest one's, which the check counts for each
-    assert stored <= counted * tokens and max(layer.keys.shape[1] * (layer.keys.shape[3] + layer.values.shape[3])
-                                              for layer in cache.layers) * 4 * 2 == counted
+    assert stored <= counted * tokens and max(sum(t.shape[1] * t.shape[3] for t in tensors)
+                                              for tensors in held) * 4 * 2 == counted
 
 
 @pytest.mark.parametrize("family", MTP_FAMILIES)
@@ -109,17 +112,44 @@ def test_the_memory_plan_refuses_them_in_one_line(family):
 
 
 def test_hosting_is_what_the_engines_classes_have():
-    """Read from vLLM 0.33.0/0.34.0 and SGLang 0.5.23 (serve/core/families.py): vLLM's DeepSeek-V3 and MiMo-V2-Flash
-    classes capture aux hidden states, its GLM-4.5 and ERNIE-4.5 MoE classes do not; SGLang's ERNIE-4.5 and MiMo
-    classes share embeddings but capture none."""
+    """Read from vLLM 0.33.0/0.34.0 and SGLang 0.5.23 (serve/core/families.py): vLLM's DeepSeek-V3, V3.2 and
+    MiMo-V2-Flash classes capture aux hidden states, its GLM-4.5 and ERNIE-4.5 MoE classes do not; SGLang's ERNIE-4.5
+    and MiMo classes share embeddings but capture none."""
     from draftsmith.serve.export.hosts import HOSTS
 
     vllm, sglang = HOSTS["vllm"], HOSTS["sglang"]
-    assert [vllm.refusal("EAGLE-3", f, None) is None for f in ("deepseek_v3", "glm4_moe", "ernie4_5_moe",
-                                                                "mimo_v2_flash")] == [True, False, False, True]
-    assert [sglang.refusal("EAGLE-3", f, None) is None for f in ("deepseek_v3", "glm4_moe", "ernie4_5_moe",
-                                                                  "mimo_v2_flash")] == [True, True, False, False]
+    families = ("deepseek_v3", "deepseek_v32", "glm4_moe", "ernie4_5_moe", "mimo_v2_flash")
+    assert [vllm.refusal("EAGLE-3", f, None) is None for f in families] == [True, True, False, False, True]
+    assert [sglang.refusal("EAGLE-3", f, None) is None for f in families] == [True, True, True, False, False]
     assert all(sglang.refusal("EAGLE-1", f, None) is None and vllm.refusal("EAGLE-1", f, None) is None
-               for f in ("deepseek_v3", "glm4_moe", "ernie4_5_moe", "mimo_v2_flash"))
+               for f in families)
     assert "set_eagle3_layers_to_capture" in sglang.refusal("EAGLE-3", "ernie4_5_moe", None)
     assert "SupportsEagle3" in vllm.refusal("EAGLE-3", "glm4_moe", None)
+
+
+def test_deepseek_v4_is_refused_in_one_line(tmp_path, capsys):
+    """DeepSeek-V4 (its checkpoints ship an MTP layer too) is a row draftsmith does not load (serve/core/families.py
+    says why): loading it, from the library or the command line, stops in one line naming why and how to serve its
+    own MTP layer instead, before its weights are read."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from draftsmith.serve.core.target_arch import arch_of
+    from tests.cli_fixtures import cli_error
+    from tests.tiny_models import tiny_tokenizer
+
+    config = AutoConfig.for_model(
+        "deepseek_v4", vocab_size=259, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, head_dim=16,
+        q_lora_rank=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, hc_mult=2,
+        sliding_window=8, o_groups=2, o_lora_rank=8, index_n_heads=2, index_head_dim=8, index_topk=2,
+        num_nextn_predict_layers=1, eos_token_id=258, pad_token_id=256, bos_token_id=None)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "v4")
+    tiny_tokenizer().save_pretrained(tmp_path / "v4")
+    assert family_of("deepseek_v4") is not None and not family_of("deepseek_v4").loads
+    with pytest.raises(TargetError) as refused:
+        load_target(tmp_path / "v4")
+    line = str(refused.value)
+    assert "does not load" in line and "cannot be rolled back" in line and '"method": "mtp"' in line
+    assert "\n" not in line
+    assert cli_error(capsys, "generate", "--target", tmp_path / "v4", "--prompt", "ab") == f"error: {line}"
+    with pytest.raises(TargetError, match="does not load"):  # nor is a memory plan made for it (`train --plan`)
+        arch_of(config)

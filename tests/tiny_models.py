@@ -43,6 +43,13 @@ FAMILIES = {
                         num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=16, n_group=1, topk_group=1,
                         first_k_dense_replace=1, num_nextn_predict_layers=1,
                         topk_method="noaux_tc", scoring_func="sigmoid"),  # as its config.json names its routing
+    # DeepSeek-V3.2: V3 plus the lightning indexer (DSA), whose own key cache scores every cached token per query and
+    # keeps the top index_topk of them for the latent attention; 8 keys, so that the prompts and answers run past it
+    "deepseek_v32": dict(model_type="deepseek_v32", num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                         qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, n_routed_experts=4,
+                         num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=16, n_group=1, topk_group=1,
+                         first_k_dense_replace=1, num_nextn_predict_layers=1, index_topk=8, index_head_dim=8,
+                         index_n_heads=8, topk_method="noaux_tc", scoring_func="sigmoid"),
     # GLM-4.5: its real configs name head_dim (128: 96 heads of a 4096/5120 hidden), which vLLM's Glm4MoE layers read
     "glm4_moe": dict(model_type="glm4_moe", head_dim=8, use_qk_norm=True, n_routed_experts=4, num_experts_per_tok=2,
                      n_shared_experts=1, moe_intermediate_size=16, first_k_dense_replace=1,
@@ -53,7 +60,8 @@ FAMILIES = {
     "mimo_v2_flash": dict(model_type="mimo_v2_flash", head_dim=12, v_head_dim=8, sliding_window=16,
                           n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16),
 }
-MTP_FAMILIES = ("deepseek_v3", "glm4_moe", "ernie4_5_moe", "mimo_v2_flash")  # their real checkpoints ship MTP layers
+# their real checkpoints ship MTP layers
+MTP_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm4_moe", "ernie4_5_moe", "mimo_v2_flash")
 
 # Hybrid targets: linear-attention (Gated DeltaNet), Mamba-2 or short-convolution layers beside attention, whose cache
 # holds a recurrent state (serve/core/kv.py), and Gemma 4. Four layers, so that EAGLE-3 has three aux layers and the

@@ -28,6 +28,7 @@ class Family:
     tiny: Optional[str] = None         # its name among tests/tiny_models.py's targets; None: no tiny target
     recurrent: bool = False            # layers that carry a recurrent / convolution state (hybrid targets)
     planned: bool = True               # the memory plan models its decoder (serve/core/target_arch.py)
+    refused: Optional[str] = None      # a family draftsmith does not load: why, and what to do instead (one line)
     # engine -> the draft it is asked to host (`EAGLE-3`, `EAGLE-1`: a method form's `hosted_as`) -> HOSTED, or what
     # the engine's class for this family lacks
     hosts: Mapping[str, Mapping[str, Optional[str]]] = field(default_factory=dict)
@@ -60,6 +61,23 @@ FAMILIES: tuple[Family, ...] = (
     # to the EAGLE-3 layer ids only when the first is 1 (draftsmith's default set), and takes any other set as is
     Family("deepseek_v3", "DeepseekV3ForCausalLM", tiny="deepseek_v3", planned=False,
            hosts=_EVERYWHERE),
+    # DeepSeek-V3.2: V3 plus the lightning indexer and its key cache (DSA); vLLM 0.32.0/0.34.0's DeepseekV32ForCausalLM
+    # (vllm/models/deepseek_v32/) and SGLang 0.5.23's (deepseek_v2.py) subclass their DeepseekV2ForCausalLM
+    Family("deepseek_v32", "DeepseekV32ForCausalLM", tiny="deepseek_v32", planned=False,
+           hosts=_EVERYWHERE),
+    # DeepSeek-V4 (transformers 5.25 modeling_deepseek_v4.py): its compressed-attention layers' caches
+    # (DeepseekV4CSACache / HCACache, `is_croppable = False`) hold a compressor's buffered tokens, emitted entries and
+    # overlap state, and a sliding window kept without past recording: a rejected draft cannot be taken back out of
+    # them, and the batched decoder's rows, each at its own position, cannot share transformers' compressor, which
+    # windows every row alike. Its MTP layer (mtp.{i}.*: e_proj and h_proj over the hc_mult residual streams, an
+    # hc_head of its own) is none of the forms the MTP head reads; vLLM 0.34.0 serves it (DeepSeekV4MTP, CUDA / ROCm /
+    # XPU; its CPU class raises NotImplementedError) and SGLang 0.5.23 (DeepseekV4ForCausalLMNextN)
+    Family("deepseek_v4", "DeepseekV4ForCausalLM", loads=False, planned=False,
+           refused="its compressed-attention caches (transformers' DeepseekV4CSACache / HCACache) cannot be rolled "
+                   "back, so no draft can be verified on it, and its MTP layer (mtp.*) drafts from the hyper-connection "
+                   "streams no draftsmith head reads; serve it with its own MTP layer: vLLM >= 0.34 on a GPU (`vllm "
+                   "serve MODEL --speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 1}'`) or "
+                   "SGLang (`--speculative-algorithm NEXTN`)"),
     Family("glm4_moe", "Glm4MoeForCausalLM", tiny="glm4_moe", planned=False,
            hosts={"vLLM": {"EAGLE-3": f"{_NO_AUX}; SGLang's does"}, "SGLang": _BOTH}),
     Family("ernie4_5_moe", "Ernie4_5_MoeForCausalLM", tiny="ernie4_5_moe", planned=False,

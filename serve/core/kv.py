@@ -76,6 +76,13 @@ def new_cache(model, *, rolls_back: bool = True) -> DynamicCache:
     return cache
 
 
+def head_cache(head) -> DynamicCache:
+    """An empty cache for a draft head's own forwards: the head's kind where it makes its own (`new_cache`: an MTP
+    layer of DeepSeek-V3.2 keeps its lightning indexer's keys), else transformers' default."""
+    make = getattr(head, "new_cache", None)
+    return make() if make is not None else DynamicCache()
+
+
 def recurrent_layer_kinds(model) -> list[str]:
     """The kinds of `model`'s layers whose cache holds a recurrent state (its config's layer_types where it has
     them), in layer order without repeats; empty for an attention-only target."""
@@ -158,6 +165,10 @@ def keep_positions(cache: DynamicCache, start: int, offsets: list[int]) -> None:
         layer.values[:, :, base: base + len(offsets)] = layer.values.index_select(2, kept)
         layer.keys = layer.keys[:, :, : base + len(offsets)]
         layer.values = layer.values[:, :, : base + len(offsets)]
+        indexer = getattr(layer, "indexer_keys", None)  # DeepSeek-V3.2's lightning-indexer keys: (B, S_layer, dim)
+        if indexer is not None and indexer.numel():
+            indexer[:, base: base + len(offsets)] = indexer.index_select(1, kept)
+            layer.indexer_keys = indexer[:, : base + len(offsets)]
         if getattr(layer, "is_sliding", False):
             layer.cumulative_length = start + len(offsets)
             layer.crop(0)  # restrict to the window again

@@ -45,7 +45,8 @@ def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
         kv_heads = getattr(layer, "num_key_value_heads", None) or heads
         head_dim = getattr(layer, "head_dim", None) or layer.hidden_size // heads
         if getattr(layer, "kv_lora_rank", None):  # DeepSeek's latent attention caches one latent and one RoPE key
-            width = max(width, layer.kv_lora_rank + layer.qk_rope_head_dim)
+            # (and V3.2's lightning indexer one key of its own)
+            width = max(width, layer.kv_lora_rank + layer.qk_rope_head_dim + (getattr(layer, "index_head_dim", 0) or 0))
             continue
         if getattr(layer, "model_type", None) == "mimo_v2_flash":
             kv_heads *= 2  # its sliding layers hold twice the key/value heads (transformers' MiMoV2FlashAttention)

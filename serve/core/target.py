@@ -15,7 +15,7 @@ from draftsmith.serve.core.invariant import apply_invariance
 from draftsmith.serve.core.head_input import standard_head_input
 from draftsmith.serve.core.packed import pack_linears, packing_wanted, tune_small_rows
 from draftsmith.serve.core.target_config import DTYPE_NAMES, TargetConfig, text_config
-from draftsmith.serve.core.families import loadable_model_types
+from draftsmith.serve.core.families import family_of, loadable_model_types
 
 __all__ = ["DTYPES", "SUPPORTED_MODEL_TYPES", "Target", "TargetError", "eos_token_ids", "load_configured", "load_target",
            "text_config"]
@@ -204,6 +204,9 @@ def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", devic
     check_text_model(config, Path(path) if Path(path).is_dir() else None, spec)
     model_type = getattr(text_config(config), "model_type", None) or config.model_type
     if model_type not in SUPPORTED_MODEL_TYPES:
+        refused = getattr(family_of(model_type), "refused", None)
+        if refused:
+            raise TargetError(f"{spec!r} is a {model_type!r} model, which draftsmith does not load: {refused}")
         raise TargetError(f"{spec!r} is a {model_type!r} model; draftsmith supports "
                           f"{', '.join(SUPPORTED_MODEL_TYPES)}")
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)

@@ -81,6 +81,8 @@ def arch_of(config: Any) -> TargetArch:
         data = {**data["text_config"], "model_type": data["text_config"].get("model_type", data.get("model_type"))}
     model_type = str(data.get("model_type", "llama"))
     family = family_of(model_type)  # serve/core/families.py: what its decoder has beyond Llama's
+    if family is not None and family.refused:
+        raise TargetError(f"a {model_type!r} target is one draftsmith does not load: {family.refused}")
     if family is not None and not family.planned:
         raise TargetError(f"the memory plan does not model a {model_type!r} target's decoder yet (recurrent layers, "
                           f"per-layer embeddings, latent attention, shared experts or head sizes), and splitting one "

@@ -15,6 +15,9 @@ Masks = torch.Tensor | dict[str, torch.Tensor | None]  # one mask, or one per la
 # layer types whose layers take no attention mask: a recurrent / convolution state instead of attention, or an MLP
 # alone (hybrid targets; Falcon-H1's `hybrid` layers read theirs under full_attention)
 UNMASKED_LAYER_TYPES = frozenset({"linear_attention", "mamba", "conv", "hybrid", "mlp", "moe"})
+# layer types that attend as full attention does, under a mask of their own name: DeepSeek-V3.2's layers (its lightning
+# indexer keeps the top keys among those the mask allows)
+FULL_LAYER_TYPES = frozenset({"indexed_attention"})
 
 
 def window_masks(allowed: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, *,
@@ -43,11 +46,15 @@ def config_masks(config: Any, allowed: torch.Tensor, query_positions: torch.Tens
     config = text_config(config)
     layer_types = getattr(config, "layer_types", None)
     unmasked = set(layer_types or ()) & UNMASKED_LAYER_TYPES
-    unknown = set(layer_types or ()) - {"full_attention", "sliding_attention"} - unmasked
+    full = set(layer_types or ()) & FULL_LAYER_TYPES
+    unknown = set(layer_types or ()) - {"full_attention", "sliding_attention"} - unmasked - full
     if unknown:
         raise NotImplementedError(f"attention layer types {sorted(unknown)} are not supported by batched decoding")
     masks = window_masks(allowed, query_positions, key_positions, window=getattr(config, "sliding_window", None),
                          all_sliding=layer_types is None)
+    if full:  # a model reads its mapping by layer type
+        masks = dict(masks) if isinstance(masks, dict) else {"full_attention": masks}
+        masks.update(dict.fromkeys(full, masks["full_attention"]))
     if not unmasked:
         return masks
     # a hybrid target: its recurrent layers take no mask (the slot cache keeps each row's state at its own last

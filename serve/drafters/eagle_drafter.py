@@ -18,7 +18,7 @@ from draftsmith.serve.drafters.identity import check_target_identity
 from draftsmith.serve.drafters.leaves import LEAF_RANKS, MAX_LEAVES, check_leaves, hang_leaves, runner_ups
 from draftsmith.serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
 from draftsmith.serve.drafters.masks import additive, causal_allowed
-from draftsmith.serve.core.kv import rollback
+from draftsmith.serve.core.kv import head_cache, rollback
 from draftsmith.serve.core.target import Target
 
 
@@ -44,7 +44,7 @@ class EagleDrafter(Drafter):
         param = next(head.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.d2t = getattr(head, "d2t", None)
-        self._cache = DynamicCache()
+        self._cache = head_cache(head)
         self.n = 0
         self._pending: list[tuple[torch.Tensor, dict[int, torch.Tensor]]] = []  # committed, not yet run
         self._last_out: torch.Tensor | None = None  # (h,)
@@ -114,7 +114,7 @@ class EagleDrafter(Drafter):
 
     # ------------------------------------------------------------------------------------ the interface
     def begin(self, prompt_ids, next_tokens, hidden_states) -> None:
-        self._cache = DynamicCache()
+        self._cache = head_cache(self.head)
         self.n = 0
         self.last = LastDraft()
         self.policy.new_context()

@@ -22,25 +22,41 @@ from transformers import DynamicCache
 
 from draftsmith.serve.drafters.base import Draft
 from draftsmith.serve.drafters.masks import additive, cache_key_positions
-from draftsmith.serve.core.kv import rollback
+from draftsmith.serve.core.kv import head_cache, rollback
 
 
-def _stacked_past(caches: list[DynamicCache], lengths: list[int], like: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The rows' head caches (layer 0: the head has one) -> keys, values (B, kv_heads, P, head_dim), zero-padded
-    (values as wide as their own head_dim: an MTP layer's latent attention keeps them narrower than the keys)."""
-    held = [c.layers[0] for c in caches if c.layers and c.layers[0].is_initialized]
+def _held(layer) -> list[torch.Tensor]:
+    """A head cache layer's tensors of one entry per token, each (B, heads, S, dim): keys, values, and DeepSeek-V3.2's
+    lightning-indexer keys where the layer keeps them ((B, S, dim) there)."""
+    held = [layer.keys, layer.values]
+    indexer = getattr(layer, "indexer_keys", None)
+    if indexer is not None and indexer.numel():
+        held.append(indexer[:, None])
+    return held
+
+
+def _filled(head, held: list[torch.Tensor]) -> DynamicCache:
+    """A cache of `head`'s kind whose layer 0 holds `held` (as _held gives them)."""
+    cache = head_cache(head)
+    cache.update(held[0], held[1], 0)
+    if len(held) > 2:
+        cache.update_indexer(held[2][:, 0], 0)
+    return cache
+
+
+def _stacked_past(caches: list[DynamicCache], lengths: list[int], like: torch.Tensor) -> list[torch.Tensor]:
+    """The rows' head caches (layer 0: the head has one) -> their tensors (_held), (B, heads, P, dim) each,
+    zero-padded (each as wide as its own dim: an MTP layer's latent attention keeps values narrower than keys)."""
+    held = [_held(c.layers[0]) for c in caches if c.layers and c.layers[0].is_initialized]
     if not held:
-        return ()
-    _, kv_heads, _, dim = held[0].keys.shape
+        return []
     width = max(lengths)
-    keys = like.new_zeros(len(caches), kv_heads, width, dim, dtype=held[0].keys.dtype)
-    values = like.new_zeros(len(caches), held[0].values.shape[1], width, held[0].values.shape[-1],
-                            dtype=held[0].values.dtype)
+    stacked = [like.new_zeros(len(caches), t.shape[1], width, t.shape[3], dtype=t.dtype) for t in held[0]]
     for r, (cache, n) in enumerate(zip(caches, lengths)):
         if n:
-            keys[r, :, :n] = cache.layers[0].keys[0, :, :n]
-            values[r, :, :n] = cache.layers[0].values[0, :, :n]
-    return keys, values
+            for out, t in zip(stacked, _held(cache.layers[0])):
+                out[r, :, :n] = t[0, :, :n]
+    return stacked
 
 
 def _catch_up(drafters: list) -> tuple[DynamicCache, torch.Tensor]:
@@ -76,10 +92,9 @@ def _catch_up(drafters: list) -> tuple[DynamicCache, torch.Tensor]:
         allowed[r, pad, past + pad] = True
         visible[r, :n] = True
         visible[r, past: past + count] = True
-    cache = DynamicCache()
     stacked = _stacked_past([d._cache for d in drafters], lengths, hidden)
+    cache = _filled(first.head, stacked) if stacked else head_cache(first.head)
     if stacked:
-        cache.update(*stacked, 0)
         records = [cache_key_positions(d._cache) for d in drafters]
         if any(record is not None for record in records):
             cache.key_positions = torch.zeros(rows, past, dtype=torch.long, device=device)  # padding: never seen
@@ -90,7 +105,7 @@ def _catch_up(drafters: list) -> tuple[DynamicCache, torch.Tensor]:
     with torch.no_grad():
         out = first.head(hidden, embeds, position_ids=positions.to(device),
                          attention_mask=additive(allowed.to(device), dtype), cache=cache)  # (B, W, h)
-    keys, values = cache.layers[0].keys, cache.layers[0].values  # (B, kv_heads, P + W, head_dim)
+    held = _held(cache.layers[0])  # each (B, heads, P + W, dim)
     record = cache_key_positions(cache)  # (B, P + W) where the head records its keys' positions
     ran = [r for r, count in enumerate(counts) if count]
     if ran:
@@ -99,9 +114,8 @@ def _catch_up(drafters: list) -> tuple[DynamicCache, torch.Tensor]:
             logits = first._logits_of(last)  # (m, Vd)
         for i, r in enumerate(ran):
             d, n, count = drafters[r], lengths[r], counts[r]
-            own = DynamicCache()
-            own.update(torch.cat([keys[r: r + 1, :, :n], keys[r: r + 1, :, past: past + count]], dim=2),
-                       torch.cat([values[r: r + 1, :, :n], values[r: r + 1, :, past: past + count]], dim=2), 0)
+            own = _filled(d.head, [torch.cat([t[r: r + 1, :, :n], t[r: r + 1, :, past: past + count]], dim=2)
+                                   for t in held])
             if record is not None:
                 own.key_positions = torch.cat([record[r: r + 1, :n], record[r: r + 1, past: past + count]], dim=1)
             d._cache, d.n = own, n + count

@@ -220,10 +220,10 @@ class UnrolledObjective(Objective):
 
     def _unroll(self, input_ids, hidden: torch.Tensor, steps: int):
         """Yield (step j, head output (B, T, h)) for j = 0..steps-1; row t of step j reads token x_{t+1+j}."""
-        from transformers import DynamicCache
+        from draftsmith.serve.core.kv import head_cache
 
         param = next(self.head.parameters())
-        cache = DynamicCache()
+        cache = head_cache(self.head)
         B, T = input_ids.shape
         for j in range(steps):
             tokens = losses.shift_left(input_ids, 1 + j, fill=0)  # (B, T)

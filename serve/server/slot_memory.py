@@ -20,10 +20,10 @@ DEFAULT_KEEP_MB = 256.0
 
 
 def cache_bytes(cache: Any) -> int:
-    """Bytes held by a SlotCache's key and value buffers (0 for None)."""
+    """Bytes held by a SlotCache's buffers (keys, values, indexer keys; 0 for None)."""
     if cache is None:
         return 0
-    return sum(t.numel() * t.element_size() for store in (cache.keys, cache.values) for t in store.values())
+    return sum(t.numel() * t.element_size() for store in cache.stores() for t in store.values())
 
 
 @functools.lru_cache(maxsize=1)

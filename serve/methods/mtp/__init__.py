@@ -1,4 +1,4 @@
-"""MTP: the target's own multi-token-prediction layer as a drafter (DeepSeek-V3, GLM-4.5, Qwen3-Next, Qwen3.5,
+"""MTP: the target's own multi-token-prediction layer as a drafter (DeepSeek-V3, V3.2, GLM-4.5, Qwen3-Next, Qwen3.5,
 ERNIE-4.5, Nemotron-H and MiMo-V2-Flash ship one), read from the target's checkpoint (`--drafter mtp`), fine-tuned
 here for a fine-tuned target (`train model.method=mtp`, starting from the shipped layer where the target has one, from
 a fresh layer of the target's own family where it has none), and loaded from the drafter folder that training writes

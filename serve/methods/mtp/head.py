@@ -28,6 +28,8 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from transformers import DynamicCache
+from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING
 
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.kv import cache_argument, seq_length
@@ -51,8 +53,10 @@ def layer_config_dict(text: Any, *, overrides: dict | None = None) -> dict:
     cfg["num_hidden_layers"] = len(blocks) or 1
     if blocks:  # Nemotron-H names its layer types layers_block_type
         cfg["layers_block_type" if "layers_block_type" in cfg else "layer_types"] = blocks
-    elif cfg.get("layer_types"):
-        cfg["layer_types"] = ["full_attention"]
+    elif cfg.get("layer_types"):  # full attention, or DeepSeek-V3.2's indexed attention (over the whole cache too)
+        cfg["layer_types"] = ["indexed_attention" if "indexed_attention" in cfg["layer_types"] else "full_attention"]
+    if cfg.get("mlp_layer_types"):  # one entry per layer: the one layer's (the target's first, as for V3's layer 0)
+        cfg["mlp_layer_types"] = cfg["mlp_layer_types"][:1]
     # MtpLayer's norms read rms_norm_eps; Nemotron-H's is layer_norm_epsilon (vLLM's enorm, hnorm, final_layernorm)
     if "rms_norm_eps" not in cfg and "layer_norm_epsilon" in cfg:
         cfg["rms_norm_eps"] = cfg["layer_norm_epsilon"]
@@ -150,6 +154,9 @@ class MtpHead(nn.Module):
                 initialize(module)
         self.rope = rope_cls(config=built) if rope_cls is not None else None
         self.hidden_first = bool(getattr(built, "mtp_hidden_states_first", False))
+        # a layer whose cache holds more than keys and values (DeepSeek-V3.2's: its lightning indexer's keys)
+        self.cache_layer = (DYNAMIC_LAYER_TYPE_MAPPING["indexed_attention"]
+                            if list(getattr(built, "layer_types", None) or ()) == ["indexed_attention"] else None)
         # a family whose RoPE differs per layer type (MiMo-V2) is asked for its layer's
         self.rope_kwargs = ({"layer_type": built.layer_types[0]} if rope_cls is not None and "layer_type" in
                             inspect.signature(rope_cls.forward).parameters else {})
@@ -172,6 +179,13 @@ class MtpHead(nn.Module):
             current = getattr(self.get_submodule(owner), leaf)
             current.data = value.to(current.device)
         return self
+
+    def new_cache(self) -> DynamicCache:
+        """An empty cache for the head's forwards (transformers' own, its layer of the head's kind)."""
+        cache = DynamicCache()
+        if self.cache_layer is not None:
+            cache.layer_class_to_replicate = self.cache_layer
+        return cache
 
     def input_hidden(self, hidden_states: dict[int, torch.Tensor]) -> torch.Tensor:
         """The target features the layer starts from: the final normed state."""

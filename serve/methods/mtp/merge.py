@@ -40,7 +40,7 @@ def check_merge(config, fmt: str) -> None:
         family = family_of(config.target_model_type)
         raise DraftsmithError(f"--format {fmt} cannot export this MTP drafter: its target's family "
                               f"{config.target_model_type!r} ({family.causal_lm if family else 'unknown'}) has no MTP "
-                              f"model in the engines (they serve MTP for DeepSeek-V3, GLM-4.5, Qwen3-Next, "
+                              f"model in the engines (they serve MTP for DeepSeek-V3, V3.2, GLM-4.5, Qwen3-Next, "
                               f"Qwen3.5, ERNIE-4.5, Nemotron-H and MiMo-V2-Flash checkpoints); serve it with "
                               f"`draftsmith serve --drafter DIR`")
 

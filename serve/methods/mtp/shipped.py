@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -64,6 +64,11 @@ DEEPSEEK = ShippedForm(
     # contract") and SGLang 0.5.23 (deepseek_nextn.py, glm4_moe_nextn.py) recycle it
     block="", shared=("embed_tokens.weight", "shared_head.head.weight"), norm_output=True,
     overrides={"first_k_dense_replace": 0})  # the MTP layer holds experts like the target's last layers
+# DeepSeek-V3.2 keeps its layer as V3 does (vLLM's DeepseekV32MTP, deepseek_v32/nvidia/mtp.py; SGLang maps it to
+# DeepseekV3ForCausalLMNextN), its decoder layer one of V3.2's, lightning indexer included (self_attn.indexer.*), and
+# with experts: a V3.2 config names each layer's MLP (mlp_layer_types)
+DEEPSEEK_V32 = replace(DEEPSEEK, title="DeepSeek-V3.2 (model.layers.{num_hidden_layers}.*)",
+                       overrides={**DEEPSEEK.overrides, "mlp_layer_types": ["sparse"]})
 
 # no norm before the lm_head: vLLM's ernie_mtp.py and SGLang's ernie4_eagle.py take the logits of the layer's output
 # as it is (transformers' MtpModel puts the target's final norm there; an engine check found vLLM's logits differing
@@ -102,7 +107,7 @@ MIMO = ShippedForm(
 
 FORMS: dict[str, ShippedForm] = {
     "qwen3_next": QWEN, "qwen3_5_text": QWEN, "qwen3_5_moe_text": QWEN,
-    "deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK,
+    "deepseek_v3": DEEPSEEK, "glm4_moe": DEEPSEEK, "deepseek_v32": DEEPSEEK_V32,
     "ernie4_5_moe": ERNIE,
     "nemotron_h": NEMOTRON,
     "mimo_v2_flash": MIMO,
