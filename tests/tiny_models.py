@@ -65,7 +65,8 @@ MTP_FAMILIES = ("deepseek_v3", "deepseek_v32", "glm4_moe", "ernie4_5_moe", "mimo
 
 # Hybrid targets: linear-attention (Gated DeltaNet), Mamba-2 or short-convolution layers beside attention, whose cache
 # holds a recurrent state (serve/core/kv.py), and Gemma 4. Four layers, so that EAGLE-3 has three aux layers and the
-# default layer_types hold both kinds. Decoded, drafted and trained at batch 1; the batched slot cache refuses them.
+# default layer_types hold both kinds. Decoded and drafted at batch 1 and in the batched decoder (their recurrent
+# states per row: serve/core/recurrent_slots.py), and trained.
 _GDN = dict(linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4)
 _EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16)
 HYBRID_FAMILIES = {
