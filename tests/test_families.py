@@ -42,14 +42,42 @@ def test_hosting_refusals_name_engine_version_and_what_is_missing():
 
     with pytest.raises(DraftsmithError, match=r"vLLM 0\.34\.0 cannot host an EAGLE-3 drafter for a 'gemma3_text' "
                                               r"target: its Gemma3ForCausalLM does not implement SupportsEagle3.*"
-                                              r"--format sglang"):
+                                              r"draftsmith serve"):
         check_hosted("EAGLE-3", "gemma3", "vllm", "0.34.0")
+    with pytest.raises(DraftsmithError, match=r"SGLang 0\.5\.23 cannot host an EAGLE-3 drafter for a 'gemma3_text' "
+                                              r"target: its Gemma3ForCausalLM captures the EAGLE-3 states before the "
+                                              r"residual add.*draftsmith serve"):
+        check_hosted("EAGLE-3", "gemma3_text", "sglang", "0.5.23")
     with pytest.raises(DraftsmithError, match="get_embed_and_head"):
         check_hosted("EAGLE-1", "qwen2_moe", "sglang")
     with pytest.raises(DraftsmithError, match="has not read"):
         check_hosted("EAGLE-3", "olmo2", "vllm")
     check_hosted("EAGLE-1", "gemma3_text", "vllm")  # vLLM's EAGLE-1 needs nothing of the target class
     check_hosted(None, "gemma2", "vllm")  # Medusa's form needs nothing of the target class (hosted_as None)
+
+
+def test_sglang_refuses_an_untied_gemma3_target(tmp_path):
+    """SGLang 0.5.23's Gemma3ForCausalLM never loads an untied lm_head (the EAGLE-1 draft would get an unloaded
+    one): the export stops in one line, writes nothing, and points at vLLM, whose class ties only as the config says;
+    a tied target (Google's checkpoints, the tiny one) exports."""
+    from draftsmith.serve.core.target import load_target
+    from draftsmith.serve.export import export_drafter
+    from draftsmith.serve.export.hosts import check_hosted
+    from tests.export_fixtures import make_native
+    from tests.tiny_models import save_tiny_target
+
+    check_hosted("EAGLE-1", "gemma3_text", "sglang", tied=True)
+    check_hosted("EAGLE-1", "gemma3_text", "sglang")  # not known before the target is loaded
+    check_hosted("EAGLE-1", "llama", "sglang", tied=False)
+    target = load_target(str(save_tiny_target(tmp_path / "target", "gemma", tie_word_embeddings=False)))
+    native = make_native(target, "eagle1", tmp_path / "native")
+    with pytest.raises(DraftsmithError) as err:
+        export_drafter(native, "sglang", tmp_path / "out", target=target)
+    assert str(err.value).startswith("--format sglang: SGLang (read in 0.5.23) cannot serve a 'gemma3_text' target "
+                                     "whose lm_head is untied: its Gemma3ForCausalLM never loads an untied "
+                                     "lm_head.weight")
+    assert str(err.value).endswith("Export --format vllm instead.") and "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_family_is_a_row():

@@ -25,7 +25,9 @@ FAMILIES = {
     "qwen2": dict(model_type="qwen2"),
     "qwen3": dict(model_type="qwen3", head_dim=8),
     "mistral": dict(model_type="mistral"),
-    "gemma": dict(model_type="gemma3_text", head_dim=8, query_pre_attn_scalar=8, sliding_window=64),
+    # tied, as Google's Gemma-3 checkpoints are (SGLang 0.5.23 serves no other: serve/core/families.py)
+    "gemma": dict(model_type="gemma3_text", head_dim=8, query_pre_attn_scalar=8, sliding_window=64,
+                  tie_word_embeddings=True),
     "phi3": dict(model_type="phi3"),
     "qwen3_moe": dict(model_type="qwen3_moe", head_dim=8, num_experts=4, num_experts_per_tok=2,
                       moe_intermediate_size=16),

@@ -7,7 +7,8 @@ scripts/check_engines.py and scripts/support_matrix.py read this table; a family
 Hosting: EAGLE-3 needs the target's class to capture the aux hidden states (vLLM: `SupportsEagle3`, else "Model does
 not support EAGLE3 interface" at load; SGLang: `set_eagle3_layers_to_capture`); SGLang's EAGLE-1 and EAGLE-3 also
 need `get_embed_and_head` to share the target's embeddings with the draft. vLLM's EAGLE-1 needs nothing of the target
-class. An engine a row does not name was not read for that family, and is refused rather than guessed.
+class. An engine a row does not name was not read for that family, and is refused rather than guessed. `untied`: an
+engine whose class for the family serves a checkpoint only with its lm_head tied to its embeddings.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ class Family:
     # engine -> the draft it is asked to host (`EAGLE-3`, `EAGLE-1`: a method form's `hosted_as`) -> HOSTED, or what
     # the engine's class for this family lacks
     hosts: Mapping[str, Mapping[str, Optional[str]]] = field(default_factory=dict)
+    # engine -> why its class for this family cannot serve a target whose lm_head is not its embedding matrix
+    untied: Mapping[str, str] = field(default_factory=dict)
 
 
 _BOTH = {"EAGLE-3": HOSTED, "EAGLE-1": HOSTED}
@@ -51,8 +54,21 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen2", "Qwen2ForCausalLM", attention_bias=True, tiny="qwen2", hosts=_EVERYWHERE),
     Family("qwen3", "Qwen3ForCausalLM", qk_norm=True, tiny="qwen3", hosts=_EVERYWHERE),
     Family("qwen3_moe", "Qwen3MoeForCausalLM", qk_norm=True, tiny="qwen3_moe", hosts=_EVERYWHERE),
+    # SGLang 0.5.23 gemma3_causal.py: its decoder layers hand the residual on apart from the layer's output (:410), and
+    # the model captures the EAGLE-3 state at a layer's input before adding it (:656), i.e. the previous layer's
+    # post_feedforward_layernorm output; the stream transformers' hidden_states hold (and draftsmith trains on) is
+    # their sum. load_weights skips lm_head.weight (:896) and forward computes the target's logits with embed_tokens
+    # (:790): an untied checkpoint's lm_head stays unloaded, and get_embed_and_head (:947) hands it to the EAGLE-1
+    # draft. Google's Gemma-3 checkpoints are tied. vLLM's Gemma3ForCausalLM ties only when the config does
     Family("gemma3_text", "Gemma3ForCausalLM", aliases=("gemma3",), qk_norm=True, tiny="gemma",
-           hosts={"vLLM": {"EAGLE-3": f"{_NO_AUX}; SGLang's does"}, "SGLang": _BOTH}),
+           hosts={"vLLM": {"EAGLE-3": _NO_AUX},
+                  "SGLang": {"EAGLE-3": "captures the EAGLE-3 states before the residual add (each layer's "
+                                        "post_feedforward_layernorm output, gemma3_causal.py:656), not the "
+                                        "residual stream draftsmith's heads are trained on",
+                             "EAGLE-1": HOSTED}},
+           untied={"SGLang": "never loads an untied lm_head.weight: it scores the target with the embedding matrix "
+                             "and hands the EAGLE-1 draft an unloaded lm_head (gemma3_causal.py:896, :790, :947), "
+                             "so it serves tied Gemma-3 checkpoints only"}),
     Family("gpt_oss", "GptOssForCausalLM", tiny="gpt_oss", hosts=_EVERYWHERE),
     # targets that ship multi-token-prediction layers, whose latent attention (DeepSeek-V3), values narrower than keys
     # (MiMo), shared experts and dense first layers the memory plan does not model (`--plan` refuses them); hosting

@@ -39,8 +39,16 @@ def check_export(native_dir: str | Path, fmt: str, *, target: Target | None=None
         merged(config, fmt)
         return
     module.check_exportable(config)
-    check_hosted(module.form(config).hosted_as, config.target_model_type, fmt, engine_version)
+    check_hosted(module.form(config).hosted_as, config.target_model_type, fmt, engine_version,
+                 tied=None if target is None else lm_head_tied(target))
     refuse_unless_supported(module.support(config), engine_version, what=f"a {config.method} drafter in --format {fmt}")
+
+
+def lm_head_tied(target: Target) -> bool:
+    """Whether the target's lm_head is its embedding matrix (one tensor), as an engine serving only tied checkpoints
+    of a family needs (serve/core/families.py `untied`)."""
+    output = target.model.get_output_embeddings()
+    return output is not None and output.weight is target.model.get_input_embeddings().weight
 
 
 def write_export(native_dir: str | Path, fmt: str, out_dir: str | Path, *, target: Target, verifier: str | None = None,
