@@ -116,3 +116,19 @@ def test_forwards_that_decide_no_token_take_it_in_bf16_and_give_the_attention_ba
     with suspended(off.model):
         assert off.model.config._attn_implementation == GROUPED
     assert off.model.config._attn_implementation == "sdpa"
+
+
+def test_an_indexers_selection_folds_into_the_mask_as_transformers_folds_it():
+    """DeepSeek-V3.2 hands any attention other than eager and SDPA its indexer's top-k key indices instead of a
+    folded mask: the grouped and invariant attentions fold them the way transformers does for SDPA."""
+    from draftsmith.serve.core.attention import with_indices
+
+    causal = torch.ones(2, 3, 5, dtype=torch.bool).tril(diagonal=2)[:, None]  # (B, 1, Q, L)
+    indices = torch.tensor([[[0, 1], [1, 3], [2, 4]], [[4, 0], [3, 2], [1, 0]]], dtype=torch.int32)  # (B, Q, topk)
+    unselected = torch.ones(2, 3, 5, dtype=torch.bool).scatter(-1, indices.long(), False)[:, None]
+    assert torch.equal(with_indices(causal, indices, 5), causal & ~unselected)
+    additive = torch.zeros(2, 1, 3, 5).masked_fill(~causal, torch.finfo(torch.float32).min)
+    expected = additive.masked_fill(unselected, torch.finfo(torch.float32).min)
+    assert torch.equal(with_indices(additive, indices, 5), expected)
+    assert torch.equal(with_indices(None, indices, 5), ~unselected)
+    assert with_indices(causal, None, 5) is causal

@@ -80,6 +80,7 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
     batch, heads, queries, dim = query.shape
     kv_heads, keys = key.shape[1], key.shape[2]
+    attention_mask = with_indices(attention_mask, kwargs.pop("indices", None), keys)
     if (queries > FEW_QUERIES or dropout or heads % kv_heads or kwargs.get("softcap") is not None
             or kwargs.get("position_bias") is not None or getattr(module, "sinks", None) is not None
             or (attention_mask is None and queries > 1)):
@@ -108,6 +109,23 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     out = torch.cat(parts) if len(parts) > 1 else parts[0]
     out = out.view(batch, heads, queries, value.shape[-1]).transpose(1, 2)  # (B, Q, H, Dv)
     return out.to(query.dtype).contiguous(), None
+
+
+def with_indices(attention_mask: torch.Tensor | None, indices: torch.Tensor | None, keys: int) -> torch.Tensor | None:
+    """DeepSeek-V3.2's sparse attention: the keys its indexer selected for each query, indices (B, Q, topk), folded
+    into the mask (B, 1, Q, L) as transformers folds them for its eager and SDPA attention (any other implementation
+    is handed the indices instead of the folded mask)."""
+    if indices is None:
+        return attention_mask
+    batch, queries = indices.shape[:2]
+    selected = torch.zeros(batch, queries, keys, dtype=torch.bool, device=indices.device)
+    selected = selected.scatter(-1, indices.long(), True)[:, None]  # (B, 1, Q, L)
+    if attention_mask is None:
+        return selected
+    attention_mask = attention_mask[..., :keys]
+    if attention_mask.dtype == torch.bool:
+        return attention_mask & selected
+    return attention_mask.masked_fill(~selected, torch.finfo(attention_mask.dtype).min)
 
 
 def register_grouped() -> None:

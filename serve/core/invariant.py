@@ -164,9 +164,12 @@ def invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
     if kwargs.get("softcap") is not None or getattr(module, "sinks", None) is not None:
         raise TargetError("batch-invariant attention has no soft-capping or attention sinks: load the target with "
                           "target.invariant=off")
+    from draftsmith.serve.core.attention import with_indices
+
     batch, heads, queries, _ = query.shape
     keys = key.shape[2]
     gqa = key.shape[1] != heads
+    attention_mask = with_indices(attention_mask, kwargs.pop("indices", None), keys)  # DeepSeek-V3.2's selection
     rows = []
     for b, row in enumerate(_plan(attention_mask, batch, queries, keys)):
         q_b, k_b, v_b = query[b: b + 1], key[b: b + 1], value[b: b + 1]
