@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from draftsmith.serve.core.attention import with_indices
 from draftsmith.serve.core.errors import TargetError
 from draftsmith.serve.core.target_config import INVARIANT_SETTINGS as SETTINGS
 
@@ -164,8 +165,6 @@ def invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tenso
     if kwargs.get("softcap") is not None or getattr(module, "sinks", None) is not None:
         raise TargetError("batch-invariant attention has no soft-capping or attention sinks: load the target with "
                           "target.invariant=off")
-    from draftsmith.serve.core.attention import with_indices
-
     batch, heads, queries, _ = query.shape
     keys = key.shape[2]
     gqa = key.shape[1] != heads
