@@ -210,6 +210,11 @@ def test_the_probe_measures_this_machine_and_a_target(tiny_target):
     assert rates.step_seconds > 0 and rates.generate_tokens_per_second > 0 and rates.prefill_tokens == 256
     lines = MachineReport(hardware, rates).lines()
     assert lines[0].startswith("machine: ") and lines[-1].startswith("target: one decode step")
+    # the batched step's linears against the matmul the probe measured (the share #65's goal reads)
+    linears = 2 * sum(m.weight.numel() for m in tiny_target.model.modules() if isinstance(m, torch.nn.Linear))
+    assert rates.batch_step_flops == 4 * linears
+    peak = hardware.gflops["float32"][rates.threads] if rates.threads in hardware.gflops["float32"] else None
+    assert (" GFLOP at " in lines[-1] and "% of the float32 matmul's" in lines[-1]) == bool(peak)
     assert json.dumps(MachineReport(hardware, rates).to_dict())
 
 

@@ -12,7 +12,8 @@ from draftsmith.serve.decoding import plain_generate, speculative_generate
 from draftsmith.serve.drafters import build_drafter
 from draftsmith.serve.core.errors import DraftsmithError, TargetError
 from draftsmith.serve.core.packed import (MIN_ROWS, PackedLinear, choose_kernels, pack_linears, packing_wanted,
-                                          set_small_kernels, tune_small_rows, unpack_linears)
+                                          packs_bf16, remember_setting, set_small_kernels, tune_small_rows,
+                                          unpack_linears)
 from draftsmith.serve.core.target import load_target
 from draftsmith.serve.core.target_config import TargetConfig
 
@@ -155,3 +156,47 @@ def test_a_copied_packed_target_packs_its_own_weights(tiny_target_dir):
         expected = target.model(ids).logits
         twin = copy.deepcopy(target.model)
         torch.testing.assert_close(twin(ids).logits, expected)
+
+
+def test_bf16_packs_where_the_setting_allows(monkeypatch):
+    """bfloat16 linears pack for invariant decoding and `suspended` forwards under the target's packed_weights
+    setting: auto where the copy fits a quarter of the memory, on always, off never; float32 is packing_wanted's."""
+    model = nn.Sequential(nn.Linear(8, 8)).to(torch.bfloat16)
+    assert packs_bf16(model)
+    remember_setting(model, "off")
+    assert not packs_bf16(model)
+    monkeypatch.setattr(packed, "machine_memory_bytes", lambda: 3 * packed.linear_weight_bytes(model))
+    remember_setting(model, "on")
+    assert packs_bf16(model)
+    remember_setting(model, "auto")
+    assert not packs_bf16(model)
+    assert not packs_bf16(nn.Sequential(nn.Linear(8, 8)))
+    with pytest.raises(DraftsmithError, match="auto, on, off"):
+        remember_setting(model, "yes")
+
+
+def test_bf16_packed_linear_matches_f_linear():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 96).to(torch.bfloat16)
+    twin = packed_twin(linear)
+    with torch.inference_mode():
+        for rows in (4, 8, 9, 64):
+            x = torch.randn(1, rows, 64, dtype=torch.bfloat16)
+            torch.testing.assert_close(twin(x), linear(x))  # bf16's tolerance (bit-equal on an AVX512-BF16 EPYC)
+    assert twin in packed._PACKED
+
+
+def test_suspended_packs_a_bf16_target_and_gives_its_linears_back(tiny_target_dir):
+    """A bf16 target decodes on packed invariant tiles; inside `suspended` its linears are PackedLinear, and after it
+    invariant again, the packed copies kept for the next block. packed_weights=off packs nothing."""
+    from draftsmith.serve.core.invariant import InvariantLinear, suspended
+
+    for setting, packs in (("auto", True), ("off", False)):
+        model = load_target(tiny_target_dir, dtype="bfloat16", packed_weights=setting).model
+        linears = [m for m in model.modules() if type(m) is InvariantLinear]
+        assert linears and all(m.packed == packs for m in linears)
+        with suspended(model), torch.inference_mode():
+            assert all(type(m) is (PackedLinear if packs else nn.Linear) for m in linears)
+            model(input_ids=torch.tensor([[1, 2, 3, 4, 5]]))
+        assert all(type(m) is InvariantLinear and m.packed == packs for m in linears)
+        assert (linears[0] in packed._PACKED) == packs

@@ -1,9 +1,11 @@
 """What drafting one cycle costs a batch of rows: the heads' forwards for all rows together, against row by row.
 
     .venv/bin/python scripts/bench/batched_drafting.py [--target demo] [--dtype float32] [--k 4] [--rows 1,4,16]
-        [--methods eagle3,eagle1,medusa] [--cycles 8] [--threads 1] [--json runs/bench_batched_drafting.json]
+        [--methods eagle3,eagle1,medusa] [--draft-vocab 4096] [--plain-heads] [--cycles 8] [--threads 1]
+        [--json runs/bench_batched_drafting.json]
 
-Per method, freshly initialised heads on the target (their cost does not depend on training), per batch size: B
+Per method, freshly initialised heads on the target (their cost does not depend on training) with the demo's draft
+vocabulary (--draft-vocab; 0 = the target's whole one; EAGLE-1 always drafts over the target's), per batch size: B
 rows forked from one drafter, each begun on its own random 96-token context; then --cycles cycles in which every
 row commits its whole last draft and a bonus token (as if all were accepted: a catch-up of K+1 pairs) and drafts a
 chain of K. The same cycles run with the rows drafting together (serve/drafters/base.py `propose_batch`, the
@@ -21,14 +23,20 @@ if TYPE_CHECKING:  # annotations only: the target's module imports torch
     from draftsmith.serve.core.target import Target
 
 
-def make_drafter(method: str, target: Target, k: int):
-    """A freshly initialised drafter of a trained method (serve/methods/ registry) drafting k tokens a cycle."""
+def make_drafter(method: str, target: Target, k: int, draft_vocab: int, packed: bool = True):
+    """A freshly initialised drafter of a trained method (serve/methods/ registry) drafting k tokens a cycle over a
+    draft vocabulary of `draft_vocab` tokens (0: the target's), its head packed as a loaded drafter's is (bf16 on a
+    CPU: serve/core/packed.py `pack_head`) unless `packed` is False."""
+    from draftsmith.serve.core.packed import pack_head
     from draftsmith.serve.methods import registry
     from draftsmith.train.config import ModelConfig
 
     kind = registry.method(method, trained=True)
-    config = kind.config(ModelConfig(method=method, num_speculative_tokens=k), target)
-    return kind.drafter(kind.head(config).to(target.model.dtype), target, check=False)
+    config = kind.config(ModelConfig(method=method, num_speculative_tokens=k, draft_vocab_size=draft_vocab), target)
+    head = kind.head(config).to(target.model.dtype)
+    if packed:
+        pack_head(head, target.model)
+    return kind.drafter(head, target, check=False)
 
 
 def features(drafter, target: Target, length: int, generator) -> dict:
@@ -76,6 +84,8 @@ def main() -> int:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--rows", default="1,4,16")
     parser.add_argument("--methods", default="eagle3,eagle1,medusa")
+    parser.add_argument("--draft-vocab", type=int, default=4096, help="the demo's; 0 = the target's vocabulary")
+    parser.add_argument("--plain-heads", action="store_true", help="heads on F.linear (before bf16 heads were packed)")
     parser.add_argument("--cycles", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None)
@@ -87,9 +97,10 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     target = load_target(args.target, dtype=args.dtype)
-    figures = {"target": target.name, "dtype": args.dtype, "k": args.k, "threads": args.threads, "methods": {}}
+    figures = {"target": target.name, "dtype": args.dtype, "k": args.k, "threads": args.threads,
+               "draft_vocab": args.draft_vocab, "packed_heads": not args.plain_heads, "methods": {}}
     for method in args.methods.split(","):
-        template = make_drafter(method, target, args.k)
+        template = make_drafter(method, target, args.k, args.draft_vocab, not args.plain_heads)
         per = {}
         for rows in [int(r) for r in args.rows.split(",")]:
             best = {"together": float("inf"), "row_by_row": float("inf")}

@@ -52,10 +52,16 @@ class TargetRates:
     batch_step_seconds: float  # one step of self-distillation's batched decoder, `batch` rows of 64 cached tokens
     prefill_tokens: int
     prefill_seconds: float  # one forward over `prefill_tokens` tokens (what capture runs), lm_head included
+    batch_step_flops: float = 0.0  # the batched step's linears: 2 x every linear weight x `batch` rows
 
     @property
     def generate_tokens_per_second(self) -> float:
         return self.batch / self.batch_step_seconds
+
+    @property
+    def batch_step_gflops(self) -> float:
+        """GFLOP/s the batched step's linears ran at (its attention, norms and overhead count as time)."""
+        return self.batch_step_flops / self.batch_step_seconds / 1e9
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -157,6 +163,14 @@ def probe_hardware(*, requested_threads: int | None = None, requested_dtype: str
                            threads=threads, dtype=dtype, why=why)
 
 
+def linear_flops_per_row(model) -> int:
+    """2 x the weights of every linear layer (the lm_head included): a decode step's FLOPs per row, attention
+    aside."""
+    import torch
+
+    return 2 * sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
 def _capability(torch) -> str:
     try:
         return str(torch.backends.cpu.get_cpu_capability())
@@ -216,7 +230,7 @@ def probe_target(target: Target, *, batch: int, prefill_tokens: int, repeats: in
             prefill = time.perf_counter() - start
     return TargetRates(dtype=str(model.dtype).replace("torch.", ""), threads=torch.get_num_threads(),
                        step_seconds=step, batch=batch, batch_step_seconds=batch_step, prefill_tokens=rows * length,
-                       prefill_seconds=prefill)
+                       prefill_seconds=prefill, batch_step_flops=float(linear_flops_per_row(model) * batch))
 
 
 @dataclass
@@ -237,9 +251,13 @@ class MachineReport:
                f"chosen: {hw.why}"]
         if self.target:
             t = self.target
+            peak = hw.gflops.get(t.dtype, {}).get(t.threads)
+            share = (f"; its linears {t.batch_step_flops / 1e9:.1f} GFLOP at {t.batch_step_gflops:.0f} GFLOP/s, "
+                     f"{t.batch_step_gflops / peak:.0%} of the {t.dtype} matmul's {peak:.0f}"
+                     if peak and t.batch_step_flops else "")
             out.append(f"target: one decode step {t.step_seconds * 1e3:.0f} ms, {t.batch} rows "
-                       f"{t.batch_step_seconds * 1e3:.0f} ms ({t.generate_tokens_per_second:.0f} tok/s), prefill "
-                       f"{t.prefill_tokens_per_second:.0f} tok/s")
+                       f"{t.batch_step_seconds * 1e3:.0f} ms ({t.generate_tokens_per_second:.0f} tok/s{share}), "
+                       f"prefill {t.prefill_tokens_per_second:.0f} tok/s")
         return out + self.notes
 
     def to_dict(self) -> dict:

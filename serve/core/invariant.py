@@ -38,6 +38,7 @@ from torch import nn
 
 from draftsmith.serve.core.attention import with_indices
 from draftsmith.serve.core.errors import TargetError
+from draftsmith.serve.core.packed import pack_linears, packed_linear, packs_bf16, unpack_linears
 from draftsmith.serve.core.target_config import INVARIANT_SETTINGS as SETTINGS
 
 NAME = "draftsmith_invariant"  # the attention implementation registered with transformers
@@ -67,19 +68,29 @@ def whole_prompt():
 
 class InvariantLinear(nn.Linear):
     """An nn.Linear (same parameters, same state dict) whose forward runs its rows in tiles of TILE_ROWS (all in one
-    call inside `whole_prompt`)."""
+    call inside `whole_prompt`), on oneDNN's packed weight where `packed` (serve/core/packed.py `packs_bf16`: the
+    same kernel for every tile, so the same invariance)."""
+
+    packed = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        linear = self._packed if self.packed else self._plain
         if _WHOLE_PROMPT.get():
-            return F.linear(x, self.weight, self.bias)
+            return linear(x)
         flat = x.reshape(-1, self.in_features)  # (rows, in)
         rows = flat.shape[0]
         flat = F.pad(flat, (0, 0, 0, -rows % TILE_ROWS))  # (tiles * TILE_ROWS, in), zero rows appended
         if flat.shape[0] == TILE_ROWS:
-            out = F.linear(flat, self.weight, self.bias)
+            out = linear(flat)
         else:
-            out = torch.cat([F.linear(tile, self.weight, self.bias) for tile in flat.split(TILE_ROWS)])
+            out = torch.cat([linear(tile) for tile in flat.split(TILE_ROWS)])
         return out[:rows].reshape(*x.shape[:-1], self.out_features)
+
+    def _plain(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def _packed(self, x: torch.Tensor) -> torch.Tensor:
+        return packed_linear(self, x)
 
 
 @dataclass(frozen=True)
@@ -231,9 +242,11 @@ def make_invariant(model: nn.Module) -> None:
     if reason:
         raise TargetError(f"batch-invariant forwards are not available for this target: {reason}")
     _register()
+    packed = packs_bf16(model)
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = InvariantLinear
+            module.packed = packed
     model.set_attn_implementation(NAME)
     if not hasattr(model, "_draftsmith_prompt_hooks"):
         model._draftsmith_prompt_hooks = (model.register_forward_pre_hook(_enter_forward, with_kwargs=True),
@@ -293,7 +306,8 @@ def suspended(model: nn.Module):
     """Run `model` on its ordinary kernels inside the block: for forwards whose outputs decide no token (the hidden
     states a drafter trains on, the answers of self-distillation), where invariance would only cost time. On a CPU
     in bf16 or fp16 their steps over a cache attend with grouped matmuls (serve/core/attention.py
-    `grouped_attention`, faster there than torch's SDPA kernel)."""
+    `grouped_attention`, faster there than torch's SDPA kernel) and their linears run oneDNN's packed kernel
+    (serve/core/packed.py `packs_bf16`)."""
     from draftsmith.serve.core.attention import GROUPED, grouped_wanted, register_grouped
 
     invariant = is_invariant(model)
@@ -306,9 +320,12 @@ def suspended(model: nn.Module):
         make_variant(model, attention)
     elif attention != before:
         model.set_attn_implementation(attention)
+    packs = packs_bf16(model) and pack_linears(model) > 0  # bf16 linears on oneDNN's packed weights
     try:
         yield model
     finally:
+        if packs:
+            unpack_linears(model, keep_copies=True)
         if invariant:
             make_invariant(model)
         elif attention != before:
@@ -319,6 +336,7 @@ def make_variant(model: nn.Module, attention: str = "sdpa") -> None:
     """Undo `make_invariant`."""
     for module in model.modules():
         if type(module) is InvariantLinear:
+            module.__dict__.pop("packed", None)
             module.__class__ = nn.Linear
     for hook in model.__dict__.pop("_draftsmith_prompt_hooks", ()):
         hook.remove()

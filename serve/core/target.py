@@ -13,7 +13,7 @@ from draftsmith.serve.core.errors import TargetError
 from draftsmith.serve.core.identity import config_hash, tokenizer_hash
 from draftsmith.serve.core.invariant import apply_invariance
 from draftsmith.serve.core.head_input import standard_head_input
-from draftsmith.serve.core.packed import pack_linears, packing_wanted, tune_small_rows
+from draftsmith.serve.core.packed import pack_linears, packing_wanted, remember_setting, tune_small_rows
 from draftsmith.serve.core.target_config import DTYPE_NAMES, TargetConfig, text_config
 from draftsmith.serve.core.families import family_of, loadable_model_types
 
@@ -225,6 +225,7 @@ def load_target(spec: str | Path, *, dtype: str | torch.dtype = "float32", devic
     model.to(device).eval().requires_grad_(False)
     use_cpu_gqa(model)  # forwards over several tokens attend grouped heads without copying the cache (serve/core/attention.py)
     standard_head_input(model)  # a prefill's last-token logits without a copy of the lm_head's weight per row
+    remember_setting(model, packed_weights)  # bf16 forwards inside `suspended` read it (serve/core/packed.py)
     if apply_invariance(model, invariant):
         return Target(model=model, tokenizer=tokenizer, name=display, path=path)
     if packing_wanted(model, packed_weights):

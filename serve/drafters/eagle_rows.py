@@ -72,18 +72,21 @@ def _catch_up(drafters: list) -> tuple[DynamicCache, torch.Tensor]:
     past = max(lengths)
     width = max(1, max(0 if run is None else int(run[0].numel()) for run in runs))
     rows = len(drafters)
-    hidden = torch.zeros(rows, width, first.head.config.hidden_size, device=device, dtype=dtype)
     token_ids = torch.zeros(rows, width, dtype=torch.long)
     positions = torch.zeros(rows, width, dtype=torch.long)
     allowed = torch.zeros(rows, width, past + width, dtype=torch.bool)
     visible = torch.zeros(rows, past + width, dtype=torch.bool)
     counts = []
+    features: dict = {}  # layer -> (B, W, h) the rows' target states, zero-padded: one input_hidden for all rows
     for r, (d, run, n) in enumerate(zip(drafters, runs, lengths)):
         count = 0 if run is None else int(run[0].numel())
         counts.append(count)
         if count:
             tokens, states = run
-            hidden[r, :count] = d.head.input_hidden({k: v.to(device, dtype) for k, v in states.items()})
+            for layer, state in states.items():
+                if layer not in features:
+                    features[layer] = torch.zeros(rows, width, state.shape[-1], device=device, dtype=dtype)
+                features[layer][r, :count] = state.to(device, dtype)
             token_ids[r, :count] = tokens
         positions[r] = n + torch.arange(width)
         allowed[r, :count, :n] = True
@@ -92,6 +95,8 @@ def _catch_up(drafters: list) -> tuple[DynamicCache, torch.Tensor]:
         allowed[r, pad, past + pad] = True
         visible[r, :n] = True
         visible[r, past: past + count] = True
+    hidden = first.head.input_hidden(features) if features else \
+        torch.zeros(rows, width, first.head.config.hidden_size, device=device, dtype=dtype)  # (B, W, h)
     stacked = _stacked_past([d._cache for d in drafters], lengths, hidden)
     cache = _filled(first.head, stacked) if stacked else head_cache(first.head)
     if stacked:

@@ -25,6 +25,7 @@ from draftsmith.serve.drafters.settings import tree_from_record
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.files import atomic_path, write_text_atomic
 from draftsmith.serve.core.identity import sha256_file
+from draftsmith.serve.core.packed import pack_head
 from draftsmith.serve.methods.registry import method
 from draftsmith.serve.core.target import Target
 
@@ -60,6 +61,7 @@ def make_drafter(head: nn.Module, target: Target, *, check: bool = True, min_con
     from draftsmith.serve.drafters.length import build_policy
 
     config = head.config
+    pack_head(head, target.model)  # bf16 on a CPU: oneDNN's packed linears (serve/core/packed.py)
     min_confidence = config.min_confidence if min_confidence is None else min_confidence
     policy = build_policy(length, costs=verify_costs_for(target.model) if length == "auto" and not min_confidence
                           else None, min_confidence=min_confidence)
