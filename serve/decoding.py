@@ -128,13 +128,14 @@ def next_token(logits: torch.Tensor, gen: torch.Generator | PositionNoise | None
 
 
 def verdict_of(draft: Draft, logits: torch.Tensor, gen: torch.Generator | PositionNoise | None, position: int,
-               **probs) -> Verdict:
+               greedy: torch.Tensor | None = None, **probs) -> Verdict:
     """logits: (n+1, V), the target's after the pending token and after each draft node -> what it keeps.
-    position: the output position row 0's token takes (the pending token's plus one)."""
+    position: the output position row 0's token takes (the pending token's plus one). greedy: (n+1,) the argmax of
+    each of those logits where the caller took them already (a batch's, in one call)."""
     tokens = draft.tokens.cpu()
     parents = draft.parents.cpu() if draft.is_tree else None
     if probs["temperature"] <= 0:  # the argmax per row, not a one-hot over the vocabulary: the same verdict
-        return verify_greedy(tokens, parents, greedy_tokens(logits).cpu())
+        return verify_greedy(tokens, parents, greedy_tokens(logits).cpu() if greedy is None else greedy)
     if isinstance(gen, PositionNoise):
         return verify_keyed(tokens, parents, lambda row, depth: gen.token(logits[row], position + depth, **probs))
     p = target_probs(logits, **probs).cpu()  # (n+1, V)

@@ -43,6 +43,7 @@ from draftsmith.serve.core.slots import SlotCache, check_fits
 from draftsmith.serve.core.target_config import text_config
 from draftsmith.serve.core.target_masks import config_masks, for_target
 from draftsmith.serve.core.noise import PositionNoise
+from draftsmith.serve.core.sampling import greedy_tokens
 from draftsmith.serve.decoding import (GenerationResult, SpecStats, draft_generator, new_generator, next_token,
                                        stopper_for, tree_on, verdict_of)
 from draftsmith.serve.drafters.base import Draft, Drafter, prepare_batch, propose_batch
@@ -320,16 +321,18 @@ class BatchDecoder:
         self.cycle_rows += len(rows)
         hidden = pick_hidden_states(out.hidden_states, self.layers) if self.layers else {}
         seconds = time.perf_counter() - t1
+        # every row's argmax in one call where a row decodes greedily or states are recorded: (A, W)
+        greedy = greedy_tokens(out.logits).cpu() if self.record is not None or any(
+            row.job.temperature <= 0 for row in rows) else None
         if self.record is not None:  # one token a row (no drafts): its states and the target's argmax after it
             states = stacked(hidden, self.record.layers, self.record.dtype).cpu()  # (A, 1, L, h)
-            top1 = out.logits[:, 0].argmax(-1).cpu()  # (A,)
             for r, row in enumerate(rows):
-                row.record.add(states[r].clone(), top1[r:r + 1])
+                row.record.add(states[r].clone(), greedy[r, :1])
         for r, row in enumerate(rows):
             if row.closing:  # it only read its last token: it leaves at this step's end
                 row.closed = True
             else:
-                self._settle(r, row, out.logits[r], hidden, seconds)
+                self._settle(r, row, out.logits[r], hidden, seconds, None if greedy is None else greedy[r])
         seconds = time.perf_counter() - started
         for row in rows:
             row.stats.share_seconds += seconds / len(rows)
@@ -356,10 +359,14 @@ class BatchDecoder:
             if chain is not None and len(row.draft) > width:
                 row.draft = cut(row.draft, len(chain), width)
 
-    def _settle(self, r: int, row: _Row, logits: torch.Tensor, hidden: dict, seconds: float) -> None:
-        """Row r's verdict on its own logits (W, V): keep its accepted drafts and the target's next token."""
+    def _settle(self, r: int, row: _Row, logits: torch.Tensor, hidden: dict, seconds: float,
+                greedy: torch.Tensor | None) -> None:
+        """Row r's verdict on its own logits (W, V) (greedy: their argmax (W,), taken for the batch): keep its
+        accepted drafts and the target's next token."""
         draft, job = row.draft, row.job
-        verdict = verdict_of(draft, logits[: len(draft) + 1], row.generator, len(row.output), **job.probs)
+        n = len(draft) + 1
+        verdict = verdict_of(draft, logits[:n], row.generator, len(row.output),
+                             greedy=None if greedy is None else greedy[:n], **job.probs)
         kept = [0] + [i + 1 for i in verdict.accepted]  # verify-input columns the target keeps
         self.cache.keep(r, row.length, kept)
         row.length += len(kept)

@@ -32,6 +32,10 @@ def verify_inputs(pending: Sequence[int], drafts: Sequence[Draft], lengths: torc
     width = 1 + max((len(d) for d in drafts), default=0)
     window = int(lengths.max()) + width
     columns = torch.arange(window)
+    if width == 1:  # no row drafts (self-distillation, plain batched decoding): each reads its pending token alone
+        input_ids = torch.tensor(list(pending), dtype=torch.long)[:, None]  # (A, 1)
+        allowed = columns[None, None, :] <= lengths[:, None, None]  # (A, 1, window): its cached columns and itself
+        return input_ids, lengths[:, None].clone(), columns[None, :].repeat(rows, 1), allowed[:, None]
     input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
     query_positions = lengths[:, None] + torch.arange(width)[None, :]  # padding: past the row's tokens
     key_positions = columns[None, :].repeat(rows, 1)  # (A, window): a cached column's position is its index
