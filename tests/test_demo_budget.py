@@ -201,15 +201,22 @@ def test_the_probe_measures_this_machine_and_a_target(tiny_target):
     import torch
 
     from draftsmith.demo.machine import MachineReport, probe_hardware, probe_target
+    from draftsmith.demo.pacer import rates_of
 
     threads = torch.get_num_threads()
     hardware = probe_hardware(dtypes=("float32",))
     assert torch.get_num_threads() == threads  # measuring does not change torch's threads
     assert hardware.gflops["float32"][1] > 0 and hardware.dtype == "float32" and hardware.threads >= 1
-    rates = probe_target(tiny_target, batch=4, prefill_tokens=256)
+    rates = probe_target(tiny_target, batch=4, prefill_tokens=256, window=80)
     assert rates.step_seconds > 0 and rates.generate_tokens_per_second > 0 and rates.prefill_tokens == 256
+    # the plan reads the step over the workload's window (rates_of), the goal's share the 64-token step
+    assert rates.window == 80 and rates.window_tokens_per_second == 4 / rates.window_step_seconds
+    assert rates_of(rates).generate_tokens_per_second == rates.window_tokens_per_second
+    short = probe_target(tiny_target, batch=2, prefill_tokens=64, window=64)  # no longer than the 64-token step
+    assert short.window == 0 and short.window_tokens_per_second == short.generate_tokens_per_second
     lines = MachineReport(hardware, rates).lines()
     assert lines[0].startswith("machine: ") and lines[-1].startswith("target: one decode step")
+    assert ", over 80 tokens " in lines[-1]
     # the batched step's linears against the matmul the probe measured (the share #65's goal reads)
     linears = 2 * sum(m.weight.numel() for m in tiny_target.model.modules() if isinstance(m, torch.nn.Linear))
     assert rates.batch_step_flops == 4 * linears
@@ -272,3 +279,16 @@ def test_a_resume_with_little_left_plans_what_is_left(tmp_path):
     assert slow.plan.total > budget and slow.plan.stage("train eagle3").seconds >= MIN_TRAIN_SECONDS
     assert any("ends about" in line and "past it" in line for line in lines)
     slow.ledger._stop.set()
+
+
+def test_every_prompt_fitting_gives_the_data_stage_its_slack():
+    """Where the room holds every prompt, the data stage is planned DATA_SLACK past its prediction (a build a little
+    slower than predicted still starts every row); where it does not, the prediction fills the room."""
+    from draftsmith.demo.budget import DATA_SLACK
+
+    rich = plan_demo(budget=3 * 3600, spent=0, rates=AVX2, work=DEMO)
+    rows = rich.stage("data").settings["rows"]
+    assert rows == sum(DEMO.prompts_per_domain)
+    assert rich.stage("data").seconds == pytest.approx(DATA_SLACK * data_seconds(rows, DEMO, AVX2))
+    tight = plan_demo(budget=1800, spent=20, rates=AVX2, work=DEMO)
+    assert tight.stage("data").seconds == pytest.approx(data_seconds(tight.stage("data").settings["rows"], DEMO, AVX2))

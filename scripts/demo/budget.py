@@ -20,9 +20,12 @@ from dataclasses import asdict, dataclass, field, replace
 from draftsmith.serve.core.errors import ConfigError, DraftsmithError
 
 # ---- the cost model's constants (measured on the demo target; docs/results.md "The demo on a budget")
-GENERATION_SLOWDOWN = 1.8  # continuous batching against the probe's step of the same decoder over 64 cached tokens:
-                           # contexts past 64 tokens, rows draining, newcomers' prefills beyond their prompt tokens'
-                           # cost (1.6 measured on the AVX512-BF16 EPYC at 128 new tokens; the demo writes 256)
+GENERATION_SLOWDOWN = 1.2  # continuous batching against the probe's step of the same decoder over the workload's
+                           # window (prompt + one answer): rows draining, newcomers' prefills stalling the others
+                           # beyond their prompt tokens' cost (1.20 measured on the AVX512-BF16 EPYC, 384 of the
+                           # demo's prompts recorded at 256 new tokens; against the 64-token step it was 1.8-2.4)
+DATA_SLACK = 1.1  # where every prompt fits, the data stage may run this much past its prediction (then no row is
+                  # left unstarted by a build a little slower than predicted; what it leaves goes to training)
 RECORDING_OVERHEAD = 1.08  # data build --capture: the states kept per step, the closing step of each row, the
                            # parts' states files and the cache assembled from them
 DRAIN_SHARE = 0.6  # of a full batch's steps over one answer, for the rows in flight to end after the deadline
@@ -64,7 +67,7 @@ def minutes(seconds: float) -> str:
 class Rates:
     """What the probe measured (draftsmith.demo.machine.TargetRates), in the units the plan needs."""
     step_seconds: float  # one plain decode step of one row
-    generate_tokens_per_second: float  # batched self-distillation, data.batch_size rows
+    generate_tokens_per_second: float  # batched self-distillation, data.batch_size rows over the workload's window
     prefill_tokens_per_second: float  # reading the prompts
 
 
@@ -205,15 +208,17 @@ def plan_demo(*, budget: float, spent: float, rates: Rates, work: Workload, per_
                           + (f", {minutes(spent)} already spent" if spent else "") + ")")
 
     most = max(work.prompts_per_domain)  # the recipe's own limit: never more
+    room = min(elastic * (1 - TRAIN_SHARE), elastic - MIN_TRAIN_SECONDS * len(work.methods))  # the data's most
     if per_domain is None:
-        room = min(elastic * (1 - TRAIN_SHARE), elastic - MIN_TRAIN_SECONDS * len(work.methods))
         fewest = min(MIN_PROMPTS_PER_DOMAIN, most)
         fits = [p for p in range(fewest, most + 1) if data_seconds(work.rows(p), work, rates) <= room]
         per_domain = max(fits, default=fewest)
     per_domain = min(per_domain, most)
     data_rows = work.rows(per_domain)
-    data = StagePlan("data", data_seconds(data_rows, work, rates), {"per_domain_limit": per_domain,
-                                                                     "rows": data_rows}, elastic=True)
+    predicted = data_seconds(data_rows, work, rates)
+    if per_domain == most:  # every prompt: the room to spare, up to DATA_SLACK of the prediction
+        predicted = max(predicted, min(DATA_SLACK * predicted, room))
+    data = StagePlan("data", predicted, {"per_domain_limit": per_domain, "rows": data_rows}, elastic=True)
     seconds = split_training(elastic - data.seconds, work.method_weights)
     trains = sorted((StagePlan(f"train {m}", t, {"max_seconds": round(t)}, elastic=True)
                      for m, t in zip(work.methods, seconds)), key=lambda s: s.seconds)  # least first: see Pacer

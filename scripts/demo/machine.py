@@ -53,10 +53,17 @@ class TargetRates:
     prefill_tokens: int
     prefill_seconds: float  # one forward over `prefill_tokens` tokens (what capture runs), lm_head included
     batch_step_flops: float = 0.0  # the batched step's linears: 2 x every linear weight x `batch` rows
+    window: int = 0  # cached tokens of the second batched step: the workload's typical window (0: not measured)
+    window_step_seconds: float = 0.0  # that step, `batch` rows of `window` cached tokens (what the plan reads)
 
     @property
     def generate_tokens_per_second(self) -> float:
         return self.batch / self.batch_step_seconds
+
+    @property
+    def window_tokens_per_second(self) -> float:
+        """Self-distillation's step rate over its typical window (the 64-token step's where none was measured)."""
+        return self.batch / self.window_step_seconds if self.window_step_seconds else self.generate_tokens_per_second
 
     @property
     def batch_step_gflops(self) -> float:
@@ -178,10 +185,12 @@ def _capability(torch) -> str:
         return "unknown"
 
 
-def probe_target(target: Target, *, batch: int, prefill_tokens: int, repeats: int = 3) -> TargetRates:
+def probe_target(target: Target, *, batch: int, prefill_tokens: int, window: int = 0,
+                 repeats: int = 3) -> TargetRates:
     """Time the target's forwards at the current dtype and threads: a one-row decode step and a `batch`-row step of
-    self-distillation's own decoder (the fastest of `repeats`), and one prefill over `prefill_tokens` tokens in
-    rows of 512."""
+    self-distillation's own decoder over 64 cached tokens (the fastest of `repeats`), the same over `window` cached
+    tokens where window > 64 (a step's attention grows with its window: on the default target in bf16, 64 rows over
+    200 tokens cost 1.3x those over 64), and one prefill over `prefill_tokens` tokens in rows of 512."""
     import torch
 
     from draftsmith.serve.batch.decoder import BatchDecoder, Job
@@ -223,6 +232,7 @@ def probe_target(target: Target, *, batch: int, prefill_tokens: int, repeats: in
         step = decode_step(1, 64)  # decoding's kernels: batch-invariant where the target is (evaluation, serving)
         with suspended(model):  # self-distillation and capture run the ordinary ones (serve/core/invariant.py)
             batch_step = build_step(batch, 64)
+            window_step = build_step(batch, window) if window > 64 else 0.0
             length = min(512, prefill_tokens)
             rows = max(1, prefill_tokens // length)
             start = time.perf_counter()
@@ -230,7 +240,8 @@ def probe_target(target: Target, *, batch: int, prefill_tokens: int, repeats: in
             prefill = time.perf_counter() - start
     return TargetRates(dtype=str(model.dtype).replace("torch.", ""), threads=torch.get_num_threads(),
                        step_seconds=step, batch=batch, batch_step_seconds=batch_step, prefill_tokens=rows * length,
-                       prefill_seconds=prefill, batch_step_flops=float(linear_flops_per_row(model) * batch))
+                       prefill_seconds=prefill, batch_step_flops=float(linear_flops_per_row(model) * batch),
+                       window=window if window_step else 0, window_step_seconds=window_step)
 
 
 @dataclass
@@ -255,8 +266,10 @@ class MachineReport:
             share = (f"; its linears {t.batch_step_flops / 1e9:.1f} GFLOP at {t.batch_step_gflops:.0f} GFLOP/s, "
                      f"{t.batch_step_gflops / peak:.0%} of the {t.dtype} matmul's {peak:.0f}"
                      if peak and t.batch_step_flops else "")
+            over = (f", over {t.window} tokens {t.window_step_seconds * 1e3:.0f} ms "
+                    f"({t.window_tokens_per_second:.0f} tok/s)" if t.window_step_seconds else "")
             out.append(f"target: one decode step {t.step_seconds * 1e3:.0f} ms, {t.batch} rows "
-                       f"{t.batch_step_seconds * 1e3:.0f} ms ({t.generate_tokens_per_second:.0f} tok/s{share}), "
+                       f"{t.batch_step_seconds * 1e3:.0f} ms ({t.generate_tokens_per_second:.0f} tok/s{share}){over}, "
                        f"prefill {t.prefill_tokens_per_second:.0f} tok/s")
         return out + self.notes
 

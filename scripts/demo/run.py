@@ -273,11 +273,13 @@ def run_demo(config: DemoConfig, *, log: Callable[[str], None] = print) -> dict:
     target = load_configured(config.target)
     train_prompts, eval_prompts = split_builtin(config.domains, config.eval_prompts_per_domain, out)
     if budget is not None:
-        machine.target = probe_target(target, batch=config.data.batch_size, prefill_tokens=1024)
+        work = workload_of(config, target, train_prompts)
+        # the batched step over the window a row reaches on average: its prompt and one answer
+        machine.target = probe_target(target, batch=config.data.batch_size, prefill_tokens=1024,
+                                      window=round(work.prompt_tokens + work.turn_tokens))
         log(f"[demo] {machine.lines()[-1]}")
         machine.seconds = time.perf_counter() - t0
-        pacer = Pacer.start(out, budget, rates_of(machine.target), workload_of(config, target, train_prompts),
-                            began=began, log=log)
+        pacer = Pacer.start(out, budget, rates_of(machine.target), work, began=began, log=log)
         config.data.per_domain_limit = pacer.decisions["per_domain_limit"]
         config.eval.max_new_tokens, config.eval.repeats = pacer.decisions["eval"]
         save_config(config, out, "demo_config.resolved.yaml")
