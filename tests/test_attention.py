@@ -84,6 +84,30 @@ def test_grouped_attention_equals_sdpa(monkeypatch, queries, mask):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_a_chunk_of_rows_reads_its_own_columns_only(monkeypatch):
+    """A slot cache's rows attend over the longest row's columns; a chunk of short rows reads only as far as they
+    see (the columns past them hold NaN here: read, they would reach the output through 0 x NaN)."""
+    from types import SimpleNamespace
+
+    from draftsmith.serve.core import attention
+
+    g = torch.Generator().manual_seed(1)
+    batch, heads, kv_heads, keys, dim = 4, 4, 2, 30, 8
+    query = torch.randn(batch, heads, 1, dim, generator=g)
+    key, value = (torch.randn(batch, kv_heads, keys, dim, generator=g) for _ in range(2))
+    reach = torch.tensor([5, 8, keys, 12])
+    allowed = torch.arange(keys)[None, None, None, :] < reach[:, None, None, None]  # (B, 1, 1, L)
+    assert attention.seen_columns(allowed).tolist() == reach.tolist()
+    additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo().min)
+    assert attention.seen_columns(additive).tolist() == reach.tolist()
+    module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
+    expected, _ = sdpa_attention.sdpa_attention_forward(module, query, key, value, allowed, scaling=0.3)
+    key[:2, :, 8:], value[:2, :, 8:] = float("nan"), float("nan")  # past what rows 0 and 1 see
+    monkeypatch.setattr(attention, "CHUNK_BYTES", 2 * kv_heads * keys * dim * 2 * 4)  # rows two at a time
+    got, _ = attention.grouped_attention(module, query, key, value, allowed, scaling=0.3)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_what_grouped_attention_leaves_to_sdpa(monkeypatch):
     from types import SimpleNamespace
 

@@ -74,7 +74,9 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     A decoding step of a batch over a long cache (Q of 1 to FEW_QUERIES) as two batched matmuls per key/value head,
     its G query heads and Q queries stacked into one (G*Q, D) block, in float32 as SDPA's CPU kernel accumulates:
     no copy of the cache per query head, and on a 2-core AVX512-BF16 EPYC 3-4x faster than torch's bf16 SDPA kernel
-    over 64 rows of 150-600 keys, with the same error against a float32 reference. Anything else (a prefill,
+    over 64 rows of 150-600 keys, with the same error against a float32 reference. Rows go in chunks, each reading
+    only the columns its own rows see (`seen_columns`: a slot cache's short rows beside a long one otherwise attend
+    over the long row's). Anything else (a prefill,
     soft-capping, sinks, dropout, an implicit causal mask over several queries) goes to transformers' SDPA."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -89,26 +91,38 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     groups = heads // kv_heads
     scale = dim ** -0.5 if scaling is None else scaling
     mask = None if attention_mask is None else attention_mask[..., :keys].expand(batch, 1, queries, keys)
+    seen = None if mask is None else seen_columns(mask)  # (B,): a chunk reads its own rows' columns only
     per_row = kv_heads * keys * (key.shape[-1] + value.shape[-1]) * 4
     step = max(1, CHUNK_BYTES // max(1, per_row))
     parts = []
     for start in range(0, batch, step):
         rows = slice(start, start + step)
         n = query[rows].shape[0]
+        width = keys if seen is None else max(1, int(seen[rows].max()))  # the chunk's longest row's columns
         q = query[rows].float().reshape(n, kv_heads, groups * queries, dim)  # (n, KVH, G*Q, D): head = kv*G + g
-        scores = torch.matmul(q, key[rows].float().transpose(-1, -2)).mul_(scale)  # (n, KVH, G*Q, L)
-        scores = scores.view(n, kv_heads, groups, queries, keys)
+        k, v = key[rows, :, :width], value[rows, :, :width]
+        scores = torch.matmul(q, k.float().transpose(-1, -2)).mul_(scale)  # (n, KVH, G*Q, width)
+        scores = scores.view(n, kv_heads, groups, queries, width)
         if mask is not None:
-            m = mask[rows][:, :, None]  # (n, 1, 1, Q, L)
+            m = mask[rows, ..., :width][:, :, None]  # (n, 1, 1, Q, width)
             if m.dtype == torch.bool:
                 scores.masked_fill_(~m, torch.finfo(torch.float32).min)
             else:
                 scores.add_(m.float())
-        probs = torch.softmax(scores, dim=-1).view(n, kv_heads, groups * queries, keys)
-        parts.append(torch.matmul(probs, value[rows].float()))  # (n, KVH, G*Q, Dv)
+        probs = torch.softmax(scores, dim=-1).view(n, kv_heads, groups * queries, width)
+        parts.append(torch.matmul(probs, v.float()))  # (n, KVH, G*Q, Dv)
     out = torch.cat(parts) if len(parts) > 1 else parts[0]
     out = out.view(batch, heads, queries, value.shape[-1]).transpose(1, 2)  # (B, Q, H, Dv)
     return out.to(query.dtype).contiguous(), None
+
+
+def seen_columns(mask: torch.Tensor) -> torch.Tensor:
+    """(B, 1, Q, L) bool or additive mask -> (B,) long: 1 + the last column any query of the row sees (0: none).
+    A slot cache's rows attend over the longest row's columns; a row's own end is where its keys stop."""
+    visible = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    visible = visible.any(dim=2)[:, 0]  # (B, L)
+    last = visible.shape[-1] - visible.flip(-1).to(torch.uint8).argmax(-1)  # (B,) 1 + the last True column
+    return torch.where(visible.any(-1), last, 0)
 
 
 def with_indices(attention_mask: torch.Tensor | None, indices: torch.Tensor | None, keys: int) -> torch.Tensor | None:
