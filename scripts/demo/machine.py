@@ -24,6 +24,7 @@ ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_f
 BF16_GAIN = 1.1  # bf16 compute is chosen only where its matmul is this much faster than fp32
 _MATMUL = (256, 576, 1536)  # (rows, in, out): a small decoder's MLP at a batch of tokens
 _SAMPLE_SECONDS = 0.25
+BUILD_REPEATS = 5  # batched steps timed per context (interleaved), the fastest kept
 
 
 @dataclass(frozen=True)
@@ -187,10 +188,11 @@ def _capability(torch) -> str:
 
 def probe_target(target: Target, *, batch: int, prefill_tokens: int, window: int = 0,
                  repeats: int = 3) -> TargetRates:
-    """Time the target's forwards at the current dtype and threads: a one-row decode step and a `batch`-row step of
-    self-distillation's own decoder over 64 cached tokens (the fastest of `repeats`), the same over `window` cached
-    tokens where window > 64 (a step's attention grows with its window: on the default target in bf16, 64 rows over
-    200 tokens cost 1.3x those over 64), and one prefill over `prefill_tokens` tokens in rows of 512."""
+    """Time the target's forwards at the current dtype and threads: a one-row decode step (the fastest of
+    `repeats`), a `batch`-row step of self-distillation's own decoder over 64 cached tokens and the same over
+    `window` cached tokens where window > 64 (a step's attention grows with its window: on the default target in
+    bf16, 64 rows over 252 tokens cost 1.5x those over 64; the fastest of BUILD_REPEATS, interleaved), and one
+    prefill over `prefill_tokens` tokens in rows of 512."""
     import torch
 
     from draftsmith.serve.batch.decoder import BatchDecoder, Job
@@ -214,25 +216,32 @@ def probe_target(target: Target, *, batch: int, prefill_tokens: int, window: int
             best = min(best, time.perf_counter() - start)
         return best
 
-    def build_step(rows: int, context: int) -> float:
-        """A step of what `data build` runs: the batched decoder over its slot cache (serve/batch/decoder.py), not
-        transformers' DynamicCache, whose concatenation took 11% of a 64-row step."""
-        decoder = BatchDecoder(target, None, slots=rows)
-        for row in range(rows):  # no end of answer: every row decodes every step
-            decoder.add(Job(row, ids(1, context)[0].tolist(), max_new_tokens=repeats + 2, eos_token_ids=()))
-        decoder.step()  # the prefill
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            decoder.step()
-            best = min(best, time.perf_counter() - start)
+    def build_steps(rows: int, contexts: list[int]) -> list[float]:
+        """Steps of what `data build` runs: the batched decoder over its slot cache (serve/batch/decoder.py), not
+        transformers' DynamicCache, whose concatenation took 11% of a 64-row step; one decoder per context, their
+        steps interleaved and the fastest of BUILD_REPEATS each kept (a busy moment of the machine then slows one
+        step of each, not a whole sample: three steps in a row once read 1.3x a window step's time)."""
+        decoders = []
+        for context in contexts:
+            decoder = BatchDecoder(target, None, slots=rows)
+            for row in range(rows):  # no end of answer: every row decodes every step
+                decoder.add(Job(row, ids(1, context)[0].tolist(), max_new_tokens=BUILD_REPEATS + 2,
+                                eos_token_ids=()))
+            decoder.step()  # the prefill
+            decoders.append(decoder)
+        best = [float("inf")] * len(decoders)
+        for _ in range(BUILD_REPEATS):
+            for i, decoder in enumerate(decoders):
+                start = time.perf_counter()
+                decoder.step()
+                best[i] = min(best[i], time.perf_counter() - start)
         return best
 
     with torch.inference_mode():
         step = decode_step(1, 64)  # decoding's kernels: batch-invariant where the target is (evaluation, serving)
         with suspended(model):  # self-distillation and capture run the ordinary ones (serve/core/invariant.py)
-            batch_step = build_step(batch, 64)
-            window_step = build_step(batch, window) if window > 64 else 0.0
+            batch_step, *longer = build_steps(batch, [64] + ([window] if window > 64 else []))
+            window_step = longer[0] if longer else 0.0
             length = min(512, prefill_tokens)
             rows = max(1, prefill_tokens // length)
             start = time.perf_counter()
