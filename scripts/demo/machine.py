@@ -220,7 +220,7 @@ def probe_target(target: Target, *, batch: int, prefill_tokens: int, window: int
         """Steps of what `data build` runs: the batched decoder over its slot cache (serve/batch/decoder.py), not
         transformers' DynamicCache, whose concatenation took 11% of a 64-row step; one decoder per context, their
         steps interleaved and the fastest of BUILD_REPEATS each kept (a busy moment of the machine then slows one
-        step of each, not a whole sample: three steps in a row once read 1.3x a window step's time)."""
+        step of each, not every step one context had)."""
         decoders = []
         for context in contexts:
             decoder = BatchDecoder(target, None, slots=rows)
