@@ -127,14 +127,15 @@ def machine_memory_bytes() -> int | None:
         return None
 
 
-def packing_wanted(model: nn.Module, setting: str = "auto") -> bool:
-    """Whether `setting` (auto | on | off) packs `model`'s linear layers (see the module docstring)."""
+def packing_wanted(model: nn.Module, setting: str = "auto", dtype: torch.dtype = torch.float32) -> bool:
+    """Whether `setting` (auto | on | off) packs the linear layers of `model`, a CPU model in `dtype` (see the
+    module docstring)."""
     if setting not in SETTINGS:
         raise DraftsmithError(f"packed weights: choose one of {', '.join(SETTINGS)}, got {setting!r}")
     if setting == "off" or not onednn_available():
         return False
     param = next(model.parameters(), None)
-    if param is None or param.device.type != "cpu" or param.dtype != torch.float32:
+    if param is None or param.device.type != "cpu" or param.dtype != dtype:
         return False
     if setting == "on":
         return True
@@ -234,13 +235,7 @@ def packs_bf16(model: nn.Module) -> bool:
     (1 to 300) in 0.5-0.8x its time: 1.3-1.5x faster over 16-64 rows at 2 threads, 1.8x over one row, 2.3x for the
     lm_head over 4. The target's `packed_weights` setting decides as `packing_wanted` does for float32 (auto: the
     copy, kept for the model's life, fits in a quarter of the machine's memory)."""
-    setting = model.__dict__.get("_draftsmith_packed_weights", "auto")
-    param = next(model.parameters(), None)
-    if setting == "off" or param is None or param.dtype != torch.bfloat16 or param.device.type != "cpu" \
-            or not onednn_available():
-        return False
-    memory = machine_memory_bytes()
-    return setting == "on" or (memory is not None and 4 * linear_weight_bytes(model) <= memory)
+    return packing_wanted(model, model.__dict__.get("_draftsmith_packed_weights", "auto"), torch.bfloat16)
 
 
 def pack_head(head: nn.Module, target_model: nn.Module) -> bool:
