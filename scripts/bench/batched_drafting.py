@@ -1,7 +1,7 @@
 """What drafting one cycle costs a batch of rows: the heads' forwards for all rows together, against row by row.
 
     .venv/bin/python scripts/bench/batched_drafting.py [--target demo] [--dtype float32] [--k 4] [--rows 1,4,16]
-        [--methods eagle3,eagle1,medusa] [--draft-vocab 4096] [--plain-heads] [--cycles 8] [--threads 1]
+        [--methods eagle3,eagle1,medusa] [--draft-vocab 4096] [--plain-heads] [--sdpa] [--cycles 8] [--threads 1]
         [--json runs/bench_batched_drafting.json]
 
 Per method, freshly initialised heads on the target (their cost does not depend on training) with the demo's draft
@@ -23,11 +23,13 @@ if TYPE_CHECKING:  # annotations only: the target's module imports torch
     from draftsmith.serve.core.target import Target
 
 
-def make_drafter(method: str, target: Target, k: int, draft_vocab: int, packed: bool = True):
+def make_drafter(method: str, target: Target, k: int, draft_vocab: int, packed: bool = True, sdpa: bool = False):
     """A freshly initialised drafter of a trained method (serve/methods/ registry) drafting k tokens a cycle over a
     draft vocabulary of `draft_vocab` tokens (0: the target's), its head packed as a loaded drafter's is (bf16 on a
-    CPU: serve/core/packed.py `pack_head`) unless `packed` is False."""
+    CPU: serve/core/packed.py `pack_head`) unless `packed` is False, and attending as a loaded drafter does
+    (serve/drafters/attention.py) unless `sdpa`."""
     from draftsmith.serve.core.packed import pack_head
+    from draftsmith.serve.drafters.attention import use_draft_attention
     from draftsmith.serve.methods import registry
     from draftsmith.train.config import ModelConfig
 
@@ -36,6 +38,8 @@ def make_drafter(method: str, target: Target, k: int, draft_vocab: int, packed: 
     head = kind.head(config).to(target.model.dtype)
     if packed:
         pack_head(head, target.model)
+    if not sdpa:
+        use_draft_attention(head)
     return kind.drafter(head, target, check=False)
 
 
@@ -86,6 +90,7 @@ def main() -> int:
     parser.add_argument("--methods", default="eagle3,eagle1,medusa")
     parser.add_argument("--draft-vocab", type=int, default=4096, help="the demo's; 0 = the target's vocabulary")
     parser.add_argument("--plain-heads", action="store_true", help="heads on F.linear (before bf16 heads were packed)")
+    parser.add_argument("--sdpa", action="store_true", help="heads on transformers' SDPA attention (as trained)")
     parser.add_argument("--cycles", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None)
@@ -98,9 +103,10 @@ def main() -> int:
     torch.manual_seed(0)
     target = load_target(args.target, dtype=args.dtype)
     figures = {"target": target.name, "dtype": args.dtype, "k": args.k, "threads": args.threads,
-               "draft_vocab": args.draft_vocab, "packed_heads": not args.plain_heads, "methods": {}}
+               "draft_vocab": args.draft_vocab, "packed_heads": not args.plain_heads,
+               "attention": "sdpa" if args.sdpa else "draft", "methods": {}}
     for method in args.methods.split(","):
-        template = make_drafter(method, target, args.k, args.draft_vocab, not args.plain_heads)
+        template = make_drafter(method, target, args.k, args.draft_vocab, not args.plain_heads, args.sdpa)
         per = {}
         for rows in [int(r) for r in args.rows.split(",")]:
             best = {"together": float("inf"), "row_by_row": float("inf")}

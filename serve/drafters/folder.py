@@ -20,6 +20,7 @@ from torch import nn
 from draftsmith.serve.drafters.head_config import FORMAT_KEY, FORMAT_VERSION, HeadConfig
 from draftsmith.serve.drafters.identity import check_target_identity
 from draftsmith.serve.drafters.leaves import MAX_LEAVES
+from draftsmith.serve.drafters.attention import use_draft_attention
 from draftsmith.serve.drafters.legacy import upgrade_v1
 from draftsmith.serve.drafters.settings import tree_from_record
 from draftsmith.serve.core.errors import DraftsmithError
@@ -62,6 +63,7 @@ def make_drafter(head: nn.Module, target: Target, *, check: bool = True, min_con
 
     config = head.config
     pack_head(head, target.model)  # bf16 on a CPU: oneDNN's packed linears (serve/core/packed.py)
+    use_draft_attention(head)  # on a CPU: few queries as grouped matmuls (serve/drafters/attention.py)
     min_confidence = config.min_confidence if min_confidence is None else min_confidence
     policy = build_policy(length, costs=verify_costs_for(target.model) if length == "auto" and not min_confidence
                           else None, min_confidence=min_confidence)

@@ -1,0 +1,78 @@
+"""A drafter head's attention on a CPU: a few queries over its own short cache as grouped matmuls.
+
+A head drafts one token per row at a time (a catch-up: a few), over a cache of a few hundred keys. torch's SDPA
+kernel on a CPU is slow for that shape: in bfloat16 with grouped key/value heads (`enable_gqa`, which draftsmith
+turns on for the target: serve/core/attention.py) one query over 110 keys costs 11 us per row and head, and 16
+rows of a batch 1.6 ms a forward, against 0.2 ms as two matmuls (the default target's head, 9 query and 3
+key/value heads, 1 thread, an AVX512-BF16 EPYC: scripts/bench/batched_drafting.py). `draft_attention` computes
+those forwards as transformers' eager attention does (the scores and the weighted values in the head's dtype, the
+softmax in float32), without copying the keys to every query head; anything else goes to transformers' SDPA.
+
+A drafter proposes and the target verifies, so this changes which tokens are drafted, at the last bit, never the
+output. Training keeps SDPA: `use_draft_attention` switches a head that serves (serve/drafters/folder.py).
+"""
+from __future__ import annotations
+
+import torch
+
+DRAFT_ATTENTION = "draftsmith_draft"  # the attention implementation registered with transformers
+FEW_QUERIES = 32  # at most this many queries per row take the matmuls; longer forwards (a prefill, training) SDPA
+
+
+def draft_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                    **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface. query: (B, H, Q, D); key, value: (B, KVH, L, D|Dv); attention_mask: None
+    or (B|1, 1, Q, L') bool / additive -> (B, Q, H, Dv).
+
+    Per key/value head, its G query heads and Q queries stacked into one (G*Q, D) block: two batched matmuls for
+    the whole batch. Soft-capping, sinks, position biases, dropout, a sparse index and an implicit causal mask over
+    several queries go to transformers' SDPA."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    batch, heads, queries, dim = query.shape
+    kv_heads, keys = key.shape[1], key.shape[2]
+    if (queries > FEW_QUERIES or dropout or heads % kv_heads or kwargs.get("softcap") is not None
+            or kwargs.get("position_bias") is not None or kwargs.get("indices") is not None
+            or getattr(module, "sinks", None) is not None or (attention_mask is None and queries > 1)):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    groups = heads // kv_heads
+    scale = dim ** -0.5 if scaling is None else scaling
+    q = query.reshape(batch, kv_heads, groups * queries, dim)  # (B, KVH, G*Q, D): head = kv*G + g
+    scores = torch.matmul(q, key.transpose(-1, -2)).float().mul_(scale)  # (B, KVH, G*Q, L)
+    scores = scores.view(batch, kv_heads, groups, queries, keys)
+    if attention_mask is not None:
+        mask = attention_mask[..., :keys][:, :, None]  # (B|1, 1, 1, Q, L)
+        if mask.dtype == torch.bool:
+            scores.masked_fill_(~mask, torch.finfo(torch.float32).min)
+        else:
+            scores.add_(mask.float())
+    probs = torch.softmax(scores, dim=-1).to(value.dtype).view(batch, kv_heads, groups * queries, keys)
+    out = torch.matmul(probs, value)  # (B, KVH, G*Q, Dv)
+    return out.view(batch, heads, queries, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+def register_draft_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(DRAFT_ATTENTION, draft_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(DRAFT_ATTENTION, sdpa_mask)  # the same boolean masks SDPA gets
+
+
+def use_draft_attention(head: torch.nn.Module) -> bool:
+    """On a CPU, every layer of `head` configured for SDPA attends with `draft_attention` (the layers' own
+    transformers configs; the drafter's saved config is untouched). Returns whether any layer switched."""
+    from transformers import PretrainedConfig
+
+    param = next(head.parameters(), None)
+    if param is None or param.device.type != "cpu":
+        return False
+    configs = {id(c): c for m in head.modules() if isinstance(c := getattr(m, "config", None), PretrainedConfig)}
+    switched = [c for c in configs.values() if getattr(c, "_attn_implementation", None) == "sdpa"]
+    if switched:
+        register_draft_attention()
+    for config in switched:
+        config._attn_implementation = DRAFT_ATTENTION
+    return bool(switched)
