@@ -122,8 +122,14 @@ def context_length(target: Target) -> int | None:
 
 def _plan_rows(target: Target, rows: list[PromptRow], config: DataBuildConfig, max_length: int,
                counts: _Counts, done: set[str]) -> list[_Planned]:
-    """The rows not in `done`, longest prompt first; long prompts skipped or truncated (and counted, done or not)."""
-    planned: list[tuple[int, int, Conversation, list[int] | None]] = []
+    """The rows not in `done`, the most answers to write first, then the longest prompt; long prompts skipped or
+    truncated (and counted, done or not).
+
+    A conversation's turns run one after the other, so one started late holds the last slots while the rest wait;
+    past a deadline (`demo --budget`) its later turns would never start and the whole conversation is lost. Started
+    first, conversations end while single-turn rows still fill the other slots, and the rows in flight at a
+    deadline are single turns, which end and are kept."""
+    planned: list[tuple[int, int, int, Conversation, list[int] | None]] = []
     max_prompt = max_length - config.max_new_tokens
     for order, row in enumerate(rows):
         conversation = plan_conversation(row, regenerate=config.regenerate and
@@ -131,7 +137,7 @@ def _plan_rows(target: Target, rows: list[PromptRow], config: DataBuildConfig, m
         slot = conversation.next_slot()
         if slot is None:  # every answer given and kept (regenerate=false): nothing to write
             if row.id not in done:
-                planned.append((0, order, conversation, None))
+                planned.append((0, 0, order, conversation, None))
             continue
         prompt = render_prompt(target.tokenizer, conversation.messages[:slot], chat=config.chat)
         if len(prompt) > max_prompt:
@@ -145,9 +151,9 @@ def _plan_rows(target: Target, rows: list[PromptRow], config: DataBuildConfig, m
                 continue
             counts.truncated_prompts += 1
         if row.id not in done:
-            planned.append((len(prompt), order, conversation, prompt))
-    planned.sort(key=lambda item: (-item[0], item[1]))  # longest first: memory trouble shows up at once
-    return [_Planned(conversation=p[2], first_prompt=p[3]) for p in planned]
+            planned.append((conversation.turns_left(), len(prompt), order, conversation, prompt))
+    planned.sort(key=lambda item: (-item[0], -item[1], item[2]))  # then longest first: memory trouble shows at once
+    return [_Planned(conversation=p[3], first_prompt=p[4]) for p in planned]
 
 
 def _fingerprint(target: Target, config: DataBuildConfig, rows: list[PromptRow], max_length: int) -> dict:

@@ -27,6 +27,10 @@ class Conversation:
     def next_slot(self) -> int | None:
         return next((i for i, m in enumerate(self.messages) if m["content"] is None), None)
 
+    def turns_left(self) -> int:
+        """The answers still to write."""
+        return sum(m["content"] is None for m in self.messages)
+
     def drop_from(self, index: int) -> int:
         """Drop message `index` and everything after it (a turn that no longer fits); returns slots dropped."""
         dropped = sum(m["content"] is None for m in self.messages[index:])

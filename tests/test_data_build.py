@@ -226,20 +226,26 @@ def test_a_deadline_keeps_the_rows_answered_and_a_rerun_answers_the_rest(tmp_pat
                                                                          monkeypatch):
     """`demo --budget`: past the deadline no new row starts; the rows in flight end their turn (a conversation
     with turns left is not saved); a rerun without a deadline answers the others, equal to a build never cut, and a
-    rerun past its deadline from the start answers none."""
+    rerun past its deadline from the start answers none. The rows with the most answers to write start first:
+    conversations d and e (two each) fill the two slots while a, b, c wait, so the deadline cuts single turns and
+    no conversation is lost half-written."""
     import draftsmith.data.build as build
 
-    config = config_for(prompts)
+    config = config_for(prompts, max_new_tokens=4)
     full = tmp_path / "full"
     build_dataset(tiny_target, config, out_dir=full, progress=False, log=quiet)
-    clock = iter([0.0] + [10.0] * 10_000)  # the first step starts before the deadline, every later one after it
-    monkeypatch.setattr(build.time, "monotonic", lambda: next(clock))
+    steps = []  # the deadline passes after 12 steps of the batcher
+    monkeypatch.setattr(build.time, "monotonic", lambda: 0.0 if len(steps) < 12 else 10.0)
+    step = build.ContinuousBatcher.step
+    monkeypatch.setattr(build.ContinuousBatcher, "step", lambda self: steps.append(1) or step(self))
     out, lines = tmp_path / "cut", []
     cut = build_dataset(tiny_target, config, out_dir=out, progress=False, log=lines.append, deadline=5.0)
     monkeypatch.undo()
     assert 1 <= cut.rows < 5 and any("rows not started" in line for line in lines)
+    assert {"d", "e"} <= set(read(out)["id"])
     assert set(read(out)["id"]) < set(read(full)["id"])
     kept = build_dataset(tiny_target, config, out_dir=out, progress=False, log=quiet, deadline=0.0)
     assert (kept.reused_rows, kept.generated_batches) == (cut.rows, 0) and read(out)["id"] == read(tmp_path / "cut")["id"]
     again = build_dataset(tiny_target, config, out_dir=out, progress=False, log=quiet)
     assert again.reused_rows == cut.rows and read(out) == read(full)
+
