@@ -292,3 +292,11 @@ def test_every_prompt_fitting_gives_the_data_stage_its_slack():
     assert rich.stage("data").seconds == pytest.approx(DATA_SLACK * data_seconds(rows, DEMO, AVX2))
     tight = plan_demo(budget=1800, spent=20, rates=AVX2, work=DEMO)
     assert tight.stage("data").seconds == pytest.approx(data_seconds(tight.stage("data").settings["rows"], DEMO, AVX2))
+
+
+def test_heads_train_in_bf16_where_the_probe_chose_a_bf16_target():
+    from draftsmith.demo.run import training_precision
+
+    assert training_precision("auto", "bfloat16") == "bf16"
+    assert training_precision("auto", "float32") == "auto"  # fp32 on a CPU, bf16 on a GPU (train/config.py)
+    assert training_precision("fp32", "bfloat16") == "fp32"  # the recipe's own choice stands
