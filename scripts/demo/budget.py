@@ -20,10 +20,12 @@ from dataclasses import asdict, dataclass, field, replace
 from draftsmith.serve.core.errors import ConfigError, DraftsmithError
 
 # ---- the cost model's constants (measured on the demo target; docs/results.md "The demo on a budget")
-GENERATION_SLOWDOWN = 1.2  # continuous batching against the probe's step of the same decoder over the workload's
-                           # window (prompt + one answer): rows draining, newcomers' prefills stalling the others
-                           # beyond their prompt tokens' cost (1.20 measured on the AVX512-BF16 EPYC, 384 of the
-                           # demo's prompts recorded at 256 new tokens; against the 64-token step it was 1.8-2.4)
+GENERATION_SLOWDOWN = 1.5  # continuous batching against the probe's step of the same decoder over the workload's
+                           # window (prompt + one answer): rows draining, newcomers' prefills stalling the others,
+                           # conversations' later turns over longer windows, the parts written. Measured in two full
+                           # demos on the AVX512-BF16 EPYC: 1.51 and 1.48 (a build of first turns alone: 1.20). Set
+                           # high rather than low: a data stage that ends early gives its time to training, one
+                           # predicted short leaves rows unanswered at its deadline.
 DATA_SLACK = 1.1  # where every prompt fits, the data stage may run this much past its prediction (then no row is
                   # left unstarted by a build a little slower than predicted; what it leaves goes to training)
 RECORDING_OVERHEAD = 1.08  # data build --capture: the states kept per step, the closing step of each row, the
