@@ -300,3 +300,15 @@ def test_heads_train_in_bf16_where_the_probe_chose_a_bf16_target():
     assert training_precision("auto", "bfloat16") == "bf16"
     assert training_precision("auto", "float32") == "auto"  # fp32 on a CPU, bf16 on a GPU (train/config.py)
     assert training_precision("fp32", "bfloat16") == "fp32"  # the recipe's own choice stands
+
+
+def test_a_data_stage_done_early_moves_no_prediction():
+    """Every row answered before the data stage's planned end (its plan is a ceiling): the evaluation keeps its
+    prediction and training gets the time left, where a faster stage would have scaled the rest down."""
+    plan = plan_demo(budget=1800, spent=20, rates=AVX2, work=DEMO)
+    data = plan.stage("data")
+    early, slowdown, _ = replan(plan, done={"data": 0.8 * data.seconds}, spent=20 + 0.8 * data.seconds, rates=AVX2,
+                                work=DEMO)
+    assert slowdown == 1.0 and early.stage("eval").seconds == pytest.approx(plan.stage("eval").seconds)
+    assert early.stage("train eagle3").seconds > plan.stage("train eagle3").seconds
+    assert early.total == pytest.approx(1800, abs=1)
