@@ -3,10 +3,12 @@
 A head drafts one token per row at a time (a catch-up: a few), over a cache of a few hundred keys. torch's SDPA
 kernel on a CPU is slow for that shape: in bfloat16 with grouped key/value heads (`enable_gqa`, which draftsmith
 turns on for the target: serve/core/attention.py) one query over 110 keys costs 11 us per row and head, and 16
-rows of a batch 1.6 ms a forward, against 0.2 ms as two matmuls (the default target's head, 9 query and 3
-key/value heads, 1 thread, an AVX512-BF16 EPYC: scripts/bench/batched_drafting.py). `draft_attention` computes
-those forwards as transformers' eager attention does (the scores and the weighted values in the head's dtype, the
-softmax in float32), without copying the keys to every query head; anything else goes to transformers' SDPA.
+rows of a batch 1.6 ms a forward, against 0.3 ms as two float32 matmuls (the default target's head, 9 query and 3
+key/value heads, 1 thread, an AVX512-BF16 EPYC: docs/results.md). `draft_attention` computes those forwards in
+float32 as two batched matmuls, without copying the keys to every query head (a head's cache is small: its float32
+copy costs little); anything else goes to transformers' SDPA. In bf16 the scores and the weighted values stay in
+float32, as SDPA's CPU kernel keeps the scores (a version that kept them in bf16, as transformers' eager attention
+does, was 1.4x faster at 16 rows and drafted a held-out μ 0.03 lower at batch 1).
 
 A drafter proposes and the target verifies, so this changes which tokens are drafted, at the last bit, never the
 output. Training keeps SDPA: `use_draft_attention` switches a head that serves (serve/drafters/folder.py).
@@ -25,8 +27,8 @@ def draft_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     """transformers' attention interface. query: (B, H, Q, D); key, value: (B, KVH, L, D|Dv); attention_mask: None
     or (B|1, 1, Q, L') bool / additive -> (B, Q, H, Dv).
 
-    Per key/value head, its G query heads and Q queries stacked into one (G*Q, D) block: two batched matmuls for
-    the whole batch. Soft-capping, sinks, position biases, dropout, a sparse index and an implicit causal mask over
+    Per key/value head, its G query heads and Q queries stacked into one (G*Q, D) block: two batched float32
+    matmuls for the whole batch. Soft-capping, sinks, position biases, dropout, a sparse index and an implicit causal mask over
     several queries go to transformers' SDPA."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -39,8 +41,8 @@ def draft_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
                                       **kwargs)
     groups = heads // kv_heads
     scale = dim ** -0.5 if scaling is None else scaling
-    q = query.reshape(batch, kv_heads, groups * queries, dim)  # (B, KVH, G*Q, D): head = kv*G + g
-    scores = torch.matmul(q, key.transpose(-1, -2)).float().mul_(scale)  # (B, KVH, G*Q, L)
+    q = query.float().reshape(batch, kv_heads, groups * queries, dim)  # (B, KVH, G*Q, D): head = kv*G + g
+    scores = torch.matmul(q, key.float().transpose(-1, -2)).mul_(scale)  # (B, KVH, G*Q, L)
     scores = scores.view(batch, kv_heads, groups, queries, keys)
     if attention_mask is not None:
         mask = attention_mask[..., :keys][:, :, None]  # (B|1, 1, 1, Q, L)
@@ -48,9 +50,9 @@ def draft_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
             scores.masked_fill_(~mask, torch.finfo(torch.float32).min)
         else:
             scores.add_(mask.float())
-    probs = torch.softmax(scores, dim=-1).to(value.dtype).view(batch, kv_heads, groups * queries, keys)
-    out = torch.matmul(probs, value)  # (B, KVH, G*Q, Dv)
-    return out.view(batch, heads, queries, value.shape[-1]).transpose(1, 2).contiguous(), None
+    probs = torch.softmax(scores, dim=-1).view(batch, kv_heads, groups * queries, keys)
+    out = torch.matmul(probs, value.float())  # (B, KVH, G*Q, Dv)
+    return out.view(batch, heads, queries, value.shape[-1]).transpose(1, 2).to(query.dtype).contiguous(), None
 
 
 def register_draft_attention() -> None:
