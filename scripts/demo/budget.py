@@ -22,8 +22,8 @@ from draftsmith.serve.core.errors import ConfigError, DraftsmithError
 # ---- the cost model's constants (measured on the demo target; docs/results.md "The demo on a budget")
 GENERATION_SLOWDOWN = 1.5  # continuous batching against the probe's step of the same decoder over the workload's
                            # window (prompt + one answer): rows draining, newcomers' prefills stalling the others,
-                           # conversations' later turns over longer windows, the parts written. Measured in two full
-                           # demos on the AVX512-BF16 EPYC: 1.51 and 1.48 (a build of first turns alone: 1.20). Set
+                           # conversations' later turns over longer windows, the parts written. Measured in four full
+                           # demos on the AVX512-BF16 EPYC: 1.44-1.53 (a build of first turns alone: 1.20). Set
                            # high rather than low: a data stage that ends early gives its time to training, one
                            # predicted short leaves rows unanswered at its deadline.
 DATA_SLACK = 1.1  # where every prompt fits, the data stage may run this much past its prediction (then no row is

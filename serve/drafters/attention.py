@@ -2,7 +2,7 @@
 
 A head drafts one token per row at a time (a catch-up: a few), over a cache of a few hundred keys. torch's SDPA
 kernel on a CPU is slow for that shape: in bfloat16 with grouped key/value heads (`enable_gqa`, which draftsmith
-turns on for the target: serve/core/attention.py) one query over 110 keys costs 11 us per row and head, and 16
+turns on for the target: serve/core/attention.py) one query over 110 keys costs 11 µs per row and head, and 16
 rows of a batch 1.6 ms a forward, against 0.3 ms as two float32 matmuls (the default target's head, 9 query and 3
 key/value heads, 1 thread, an AVX512-BF16 EPYC: docs/results.md). `draft_attention` computes those forwards in
 float32 as two batched matmuls, without copying the keys to every query head (a head's cache is small: its float32
@@ -28,8 +28,8 @@ def draft_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     or (B|1, 1, Q, L') bool / additive -> (B, Q, H, Dv).
 
     Per key/value head, its G query heads and Q queries stacked into one (G*Q, D) block: two batched float32
-    matmuls for the whole batch. Soft-capping, sinks, position biases, dropout, a sparse index and an implicit causal mask over
-    several queries go to transformers' SDPA."""
+    matmuls for the whole batch. Soft-capping, sinks, position biases, dropout, a sparse index and an implicit
+    causal mask over several queries go to transformers' SDPA."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     batch, heads, queries, dim = query.shape
