@@ -88,7 +88,6 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             or (attention_mask is None and queries > 1)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    groups = heads // kv_heads
     scale = dim ** -0.5 if scaling is None else scaling
     mask = None if attention_mask is None else attention_mask[..., :keys].expand(batch, 1, queries, keys)
     seen = None if mask is None else seen_columns(mask)  # (B,): a chunk reads its own rows' columns only
@@ -97,23 +96,33 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     parts = []
     for start in range(0, batch, step):
         rows = slice(start, start + step)
-        n = query[rows].shape[0]
         width = keys if seen is None else max(1, int(seen[rows].max()))  # the chunk's longest row's columns
-        q = query[rows].float().reshape(n, kv_heads, groups * queries, dim)  # (n, KVH, G*Q, D): head = kv*G + g
-        k, v = key[rows, :, :width], value[rows, :, :width]
-        scores = torch.matmul(q, k.float().transpose(-1, -2)).mul_(scale)  # (n, KVH, G*Q, width)
-        scores = scores.view(n, kv_heads, groups, queries, width)
-        if mask is not None:
-            m = mask[rows, ..., :width][:, :, None]  # (n, 1, 1, Q, width)
-            if m.dtype == torch.bool:
-                scores.masked_fill_(~m, torch.finfo(torch.float32).min)
-            else:
-                scores.add_(m.float())
-        probs = torch.softmax(scores, dim=-1).view(n, kv_heads, groups * queries, width)
-        parts.append(torch.matmul(probs, v.float()))  # (n, KVH, G*Q, Dv)
-    out = torch.cat(parts) if len(parts) > 1 else parts[0]
+        parts.append(grouped_block(query[rows], key[rows, :, :width], value[rows, :, :width],
+                                   None if mask is None else mask[rows, ..., :width], scale))
+    out = torch.cat(parts) if len(parts) > 1 else parts[0]  # (B, KVH, G*Q, Dv)
     out = out.view(batch, heads, queries, value.shape[-1]).transpose(1, 2)  # (B, Q, H, Dv)
     return out.to(query.dtype).contiguous(), None
+
+
+def grouped_block(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                  scale: float) -> torch.Tensor:
+    """Attention in float32 as two batched matmuls per key/value head, its G query heads and Q queries stacked into
+    one (G*Q, D) block. query (n, H, Q, D); key, value (n, KVH, L, D|Dv); mask None or (n|1, 1, Q, L) bool /
+    additive -> (n, KVH, G*Q, Dv) float32, head = kv*G + g."""
+    n, heads, queries, dim = query.shape
+    kv_heads, keys = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    q = query.float().reshape(n, kv_heads, groups * queries, dim)  # (n, KVH, G*Q, D)
+    scores = torch.matmul(q, key.float().transpose(-1, -2)).mul_(scale)  # (n, KVH, G*Q, L)
+    scores = scores.view(n, kv_heads, groups, queries, keys)
+    if mask is not None:
+        m = mask[:, :, None]  # (n|1, 1, 1, Q, L)
+        if m.dtype == torch.bool:
+            scores.masked_fill_(~m, torch.finfo(torch.float32).min)
+        else:
+            scores.add_(m.float())
+    probs = torch.softmax(scores, dim=-1).view(n, kv_heads, groups * queries, keys)
+    return torch.matmul(probs, value.float())  # (n, KVH, G*Q, Dv)
 
 
 def seen_columns(mask: torch.Tensor) -> torch.Tensor:

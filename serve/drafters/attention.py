@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith.serve.core.attention import grouped_block
+
 DRAFT_ATTENTION = "draftsmith_draft"  # the attention implementation registered with transformers
 FEW_QUERIES = 32  # at most this many queries per row take the matmuls; longer forwards (a prefill, training) SDPA
 
@@ -39,19 +41,9 @@ def draft_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
             or getattr(module, "sinks", None) is not None or (attention_mask is None and queries > 1)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    groups = heads // kv_heads
     scale = dim ** -0.5 if scaling is None else scaling
-    q = query.float().reshape(batch, kv_heads, groups * queries, dim)  # (B, KVH, G*Q, D): head = kv*G + g
-    scores = torch.matmul(q, key.float().transpose(-1, -2)).mul_(scale)  # (B, KVH, G*Q, L)
-    scores = scores.view(batch, kv_heads, groups, queries, keys)
-    if attention_mask is not None:
-        mask = attention_mask[..., :keys][:, :, None]  # (B|1, 1, 1, Q, L)
-        if mask.dtype == torch.bool:
-            scores.masked_fill_(~mask, torch.finfo(torch.float32).min)
-        else:
-            scores.add_(mask.float())
-    probs = torch.softmax(scores, dim=-1).view(batch, kv_heads, groups * queries, keys)
-    out = torch.matmul(probs, value.float())  # (B, KVH, G*Q, Dv)
+    mask = None if attention_mask is None else attention_mask[..., :keys]
+    out = grouped_block(query, key, value, mask, scale)  # (B, KVH, G*Q, Dv): the target's forwards' own block
     return out.view(batch, heads, queries, value.shape[-1]).transpose(1, 2).to(query.dtype).contiguous(), None
 
 
