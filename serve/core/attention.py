@@ -83,9 +83,7 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     batch, heads, queries, dim = query.shape
     kv_heads, keys = key.shape[1], key.shape[2]
     attention_mask = with_indices(attention_mask, kwargs.pop("indices", None), keys)
-    if (queries > FEW_QUERIES or dropout or heads % kv_heads or kwargs.get("softcap") is not None
-            or kwargs.get("position_bias") is not None or getattr(module, "sinks", None) is not None
-            or (attention_mask is None and queries > 1)):
+    if leaves_to_sdpa(module, query, key, attention_mask, dropout, kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     scale = dim ** -0.5 if scaling is None else scaling
@@ -102,6 +100,17 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     out = torch.cat(parts) if len(parts) > 1 else parts[0]  # (B, KVH, G*Q, Dv)
     out = out.view(batch, heads, queries, value.shape[-1]).transpose(1, 2)  # (B, Q, H, Dv)
     return out.to(query.dtype).contiguous(), None
+
+
+def leaves_to_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                   attention_mask: torch.Tensor | None, dropout: float, kwargs: dict) -> bool:
+    """Whether a forward is one the grouped float32 block does not compute: more than FEW_QUERIES queries (a
+    prefill), dropout, heads that do not group evenly, soft-capping, position biases, sinks, a sparse index left
+    unfolded, or an implicit causal mask over several queries."""
+    queries, heads, kv_heads = query.shape[2], query.shape[1], key.shape[1]
+    return (queries > FEW_QUERIES or bool(dropout) or heads % kv_heads != 0 or kwargs.get("softcap") is not None
+            or kwargs.get("position_bias") is not None or kwargs.get("indices") is not None
+            or getattr(module, "sinks", None) is not None or (attention_mask is None and queries > 1))
 
 
 def grouped_block(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,

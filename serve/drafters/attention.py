@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.serve.core.attention import grouped_block
+from draftsmith.serve.core.attention import grouped_block, leaves_to_sdpa
 
 DRAFT_ATTENTION = "draftsmith_draft"  # the attention implementation registered with transformers
-FEW_QUERIES = 32  # at most this many queries per row take the matmuls; longer forwards (a prefill, training) SDPA
 
 
 def draft_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -35,10 +34,8 @@ def draft_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     batch, heads, queries, dim = query.shape
-    kv_heads, keys = key.shape[1], key.shape[2]
-    if (queries > FEW_QUERIES or dropout or heads % kv_heads or kwargs.get("softcap") is not None
-            or kwargs.get("position_bias") is not None or kwargs.get("indices") is not None
-            or getattr(module, "sinks", None) is not None or (attention_mask is None and queries > 1)):
+    keys = key.shape[2]
+    if leaves_to_sdpa(module, query, key, attention_mask, dropout, kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     scale = dim ** -0.5 if scaling is None else scaling
