@@ -17,6 +17,7 @@ import torch
 from draftsmith.eval.drafters import BASELINE, DrafterEntry
 from draftsmith.eval.prompts import EvalPrompt, group_by_domain
 from draftsmith.eval.runner import WARMUP_TOKENS, Decoding, _from_result, _progress
+from draftsmith.serve.batch.costs import warm_sizes
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.core.target import Target
 
@@ -113,7 +114,9 @@ def run_batched(target: Target, entries: Sequence[DrafterEntry], prompts: Sequen
     for e in entries:
         decoders[e.name] = BatchDecoder(target, e.drafter, slots=batch_size, k=decoding.k, tree=e.tree)
         if decoders[e.name].costs is not None:
-            decoders[e.name].costs.warm([batch_size])  # measured once, before any timing
+            # measured once, before any timing, at every size the batch passes through as its rows end (unwarmed,
+            # a batch of 4 whose rows ended apart measured sizes 2 and 1 inside its timed run: 1-2 s of it)
+            decoders[e.name].costs.warm(warm_sizes(batch_size))
     methods: dict[str, Callable[[Sequence[int], Decoding], list[dict[str, Any]]]] = {
         name: (lambda group, d, dec=dec: _decoder_run(dec, prompts, group, d)) for name, dec in decoders.items()}
     methods = {BASELINE: methods[BASELINE], HF_BATCHED: lambda group, d: _hf_run(target, prompts, group, d),

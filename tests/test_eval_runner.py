@@ -384,3 +384,26 @@ def test_a_drafter_for_another_target_is_refused_before_the_target_loads(target,
         assert err.value.code == 2, command
         line = capsys.readouterr().err.strip().splitlines()[-1]
         assert "trained for target" in line and str(other) in line, line
+
+
+def test_a_batch_sweep_measures_every_size_its_batches_pass_through_before_timing(target, monkeypatch):
+    """A batch of 4 whose rows end apart reads the verify costs of 2 and 1 rows too: they are measured before the
+    first timed batch, not inside a drafter's timed run (where they cost it 1-2 s of a few seconds)."""
+    from draftsmith.eval import batch_runner
+    from draftsmith.eval.drafters import build_entries
+    from draftsmith.eval.prompts import EvalPrompt
+
+    seen = []
+    real = batch_runner._decoder_run
+
+    def run(decoder, prompts, group, d):
+        if decoder.costs is not None:
+            seen.append(sorted(decoder.costs.measured))
+        return real(decoder, prompts, group, d)
+
+    monkeypatch.setattr(batch_runner, "_decoder_run", run)
+    prompts = [EvalPrompt(str(i), "x", [5 + i, 6, 7, 8]) for i in range(5)]
+    decoding = batch_runner.Decoding(k=2, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=6, seed=0)
+    entries = build_entries(target, {"ngram": "ngram"}, max_new_tokens=6)
+    batch_runner.run_batched(target, entries, prompts, decoding, batch_size=3, warmup=False, progress=False)
+    assert seen and all(buckets == [1, 2, 4] for buckets in seen)

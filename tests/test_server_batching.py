@@ -15,7 +15,8 @@ import torch
 from draftsmith.serve.core.target import load_target
 from draftsmith.serve.decoding import plain_generate
 from draftsmith.serve.server.app import create_app
-from draftsmith.serve.server.engine import Engine, warm_sizes
+from draftsmith.serve.batch.costs import warm_sizes
+from draftsmith.serve.server.engine import Engine
 from tests.server_fixtures import POISON, SlowNgram, eventually, run_threads, running_server, stream_completion
 
 MODEL = "tiny"

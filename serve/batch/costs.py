@@ -22,6 +22,12 @@ def batch_bucket(rows: int) -> int:
     return bucket
 
 
+def warm_sizes(max_batch: int) -> list[int]:
+    """The power-of-two batch sizes whose verify costs a batch of up to `max_batch` rows reads: a batch shrinks as
+    its rows end, down to one."""
+    return [1 << i for i in range(batch_bucket(max_batch).bit_length())]
+
+
 class BatchCosts:
     """costs(rows) -> VerifyCosts; `measure(bucket)` is called once per bucket (default: measured on the model)."""
 
@@ -38,7 +44,8 @@ class BatchCosts:
         return self.measured[bucket]
 
     def warm(self, rows: Iterable[int]) -> None:
-        """Measure now the buckets of these batch sizes (before a timed run)."""
+        """Measure now the buckets of these batch sizes (before a timed run; every size a batch passes through as its
+        rows end: `warm_sizes`)."""
         for n in rows:
             self(n)
 

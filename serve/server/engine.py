@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from draftsmith.serve.batch import decoder as batch
-from draftsmith.serve.batch.costs import batch_bucket
+from draftsmith.serve.batch.costs import warm_sizes
 from draftsmith.serve.core.errors import DraftsmithError
 from draftsmith.serve.server.slot_memory import DEFAULT_KEEP_MB, release_slot_cache
 from draftsmith.serve.server.waiting import QueueFull, ShuttingDown, Unavailable, WaitingQueue, retry_after_seconds
@@ -116,12 +116,6 @@ class BatchStats:
     def mean_batch(self) -> float:
         """Mean rows per verify forward (0 before the first)."""
         return self.cycle_rows / self.cycles if self.cycles else 0.0
-
-
-def warm_sizes(max_batch: int) -> list[int]:
-    """The power-of-two batch sizes whose verify costs a batch of up to `max_batch` rows reads
-    (serve/batch/costs.py)."""
-    return [1 << i for i in range(batch_bucket(max_batch).bit_length())]
 
 
 class Engine:
