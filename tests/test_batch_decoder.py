@@ -337,6 +337,17 @@ def test_medusa_heads_run_once_per_cycle_for_the_whole_batch(target, tiny_target
     assert max(calls) == 4 and len(calls) <= decoder.cycles < decoder.cycle_rows
 
 
+def test_a_batched_catch_up_lets_each_row_see_its_own_columns_only():
+    """The rows' catch-up masks (serve/drafters/eagle_rows.py): row 0 has 2 pairs in its cache and 1 to run, row 1
+    none and 2; past 2 columns, then 2 of this catch-up."""
+    from draftsmith.serve.drafters.eagle_rows import catch_up_masks
+
+    allowed, visible = catch_up_masks(torch.tensor([2, 0]), torch.tensor([1, 2]), past=2, width=2)
+    assert allowed.int().tolist() == [[[1, 1, 1, 0], [0, 0, 0, 1]],  # a padding query sees itself
+                                      [[0, 0, 1, 0], [0, 0, 1, 1]]]  # no past: its own run, causal
+    assert visible.int().tolist() == [[1, 1, 1, 0], [0, 0, 1, 1]]
+
+
 @pytest.mark.parametrize("method", ["eagle1", "eagle3"])
 def test_eagle_rows_draft_together_what_they_draft_alone(target, method, monkeypatch):
     """Batched drafting: the rows' catch-ups in one head forward and each draft position in one, with the chains

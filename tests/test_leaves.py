@@ -9,7 +9,8 @@ from draftsmith.serve.core.costs import VerifyCosts
 from draftsmith.serve.decoding import plain_generate, speculative_generate
 from draftsmith.serve.drafters import DrafterSpecError, build_drafter
 from draftsmith.serve.drafters.length import ExpectedGain, FixedLength, LastDraft
-from draftsmith.serve.drafters.leaves import Leaf, choose_leaves, leaf_gains, leaf_tree, runner_ups
+from draftsmith.serve.drafters.heads_common import confidence_signal, read_positions
+from draftsmith.serve.drafters.leaves import Leaf, choose_leaves, leaf_gains, leaf_tree, leaves_of, runner_ups
 from draftsmith.serve.core.target import load_target
 from draftsmith.serve.tree import ancestor_mask
 
@@ -25,6 +26,21 @@ def test_runner_ups_skip_the_top_token_and_carry_the_conditional_prior():
     assert leaves[0].prior == pytest.approx(0.6) and leaves[1].prior == pytest.approx(0.3)  # q / (1 - q(top))
     assert leaves[0].key != leaves[1].key and all(leaf.depth == 2 for leaf in leaves)
     assert runner_ups(logits, depth=1, count=0) == []
+
+
+def test_positions_read_together_read_what_each_reads_alone():
+    """A batch's chains read their positions in one softmax, top-k and argmax (heads_common.read_positions): each
+    row's signal, greedy token and runner-ups equal what its own logits give, bf16 near-ties included."""
+    logits = torch.randn(16, 4096, generator=torch.Generator().manual_seed(0)).mul(3).bfloat16().float()
+    logits[3, [5, 9, 700]] = logits[3].max() + 1  # a three-way tie for the top: the first index is greedy's
+    readings = read_positions(logits, 3)
+    for row, reading in zip(logits, readings):
+        assert reading == read_positions(row[None], 3)[0]
+        for group in (0, 1):
+            assert reading.confidence(group) == confidence_signal(row, group)
+        assert reading.argmax == int(torch.argmax(row))
+        assert leaves_of(reading.top_probs, reading.top_ids, 2) == runner_ups(row, 2, 3)
+    assert readings[3].argmax == 5 and sorted(readings[3].top_ids[:3]) == [5, 9, 700]
 
 
 def test_leaf_gains_weigh_reach_and_rejection_and_keep_one_depth_exclusive():

@@ -13,9 +13,9 @@ from transformers import DynamicCache
 
 from draftsmith.serve.drafters.base import Draft, Drafter
 from draftsmith.serve.drafters.draft_layer import shared_embedding
-from draftsmith.serve.drafters.heads_common import confidence_signal, grow_tree, sample_chain_token
+from draftsmith.serve.drafters.heads_common import Reading, grow_tree, read_positions, sample_chain_token
 from draftsmith.serve.drafters.identity import check_target_identity
-from draftsmith.serve.drafters.leaves import LEAF_RANKS, MAX_LEAVES, check_leaves, hang_leaves, runner_ups
+from draftsmith.serve.drafters.leaves import LEAF_RANKS, MAX_LEAVES, check_leaves, hang_leaves, leaves_of
 from draftsmith.serve.drafters.length import FixedLength, LastDraft, LengthPolicy, Stopwatch
 from draftsmith.serve.drafters.masks import additive, causal_allowed
 from draftsmith.serve.core.kv import head_cache, rollback
@@ -152,7 +152,7 @@ class EagleDrafter(Drafter):
                 with Stopwatch(self.policy.record_step):
                     out = self._step(*request)
                     logits = self._logits_of(out[None])[0]
-                request = steps.send((out, logits))
+                request = steps.send((out, logits, None))
         except StopIteration as done:
             return done.value
 
@@ -161,10 +161,11 @@ class EagleDrafter(Drafter):
         return self._run(out[None], target_id, torch.tensor([position]),
                          causal_allowed(1, self._cache.get_seq_length()))[0]
 
-    def _chain(self, k: int, temperature: float, generator: torch.Generator | None):
+    def _chain(self, k: int, temperature: float, generator: torch.Generator | None, reading: Reading | None = None):
         """A chain proposal as steps: yields (out (h,), token (1,) in the target's vocabulary, position) for the head
-        to run next and is sent back (out (h,), logits (Vd,)); returns the Draft. One row drives it with `_step`,
-        a batch of rows with one forward per step (serve/drafters/eagle_rows.py)."""
+        to run next and is sent back (out (h,), logits (Vd,), their Reading or None); returns the Draft. One row
+        drives it with `_step`, a batch of rows with one forward per step, their logits read together
+        (serve/drafters/eagle_rows.py); `reading` is that of the head's last logits, where already read."""
         vocab = self.config.vocab_size
         tokens, qs = [], []
         out, logits = self._last_out, self._last_logits
@@ -173,21 +174,25 @@ class EagleDrafter(Drafter):
         greedy = temperature <= 0
         candidates = []  # runner-ups of the drafted positions (greedy), the chain's possible leaves
         for i in range(k):
+            reading = reading or read_positions(logits[None], LEAF_RANKS)[0]
             # decided from the draft distribution before sampling from it: a sampled chain stays exact
-            if not self.policy.offer(confidence_signal(logits, min(i, 1))):
-                declined = [int(torch.argmax(logits))] if greedy else []
+            if not self.policy.offer(reading.confidence(min(i, 1))):
+                declined = [reading.argmax] if greedy else []
                 break
-            token, q = sample_chain_token(logits, temperature=temperature, generator=generator, d2t=self.d2t,
-                                          vocab_size=vocab)
+            if greedy:
+                token, q = reading.argmax, None
+            else:
+                token, q = sample_chain_token(logits, temperature=temperature, generator=generator, d2t=self.d2t,
+                                              vocab_size=vocab)
             tokens.append(token)
             if q is not None:
                 qs.append(q.cpu())
             if greedy and self.max_leaves:
-                candidates += runner_ups(logits, i + 1, LEAF_RANKS)
+                candidates += leaves_of(reading.top_probs, reading.top_ids, i + 1)
             if not self.policy.wants_more():
                 break
             # the head's own output stands in for the target's feature of the drafted position
-            out, logits = yield out, self._to_target(torch.tensor([token])), self.n + i
+            out, logits, reading = yield out, self._to_target(torch.tensor([token])), self.n + i
         ids = self._to_target(torch.tensor(tokens, dtype=torch.long))
         self.last.tokens = self._to_target(torch.tensor(tokens + declined, dtype=torch.long)).tolist()
         if greedy:

@@ -9,9 +9,10 @@ after them, padded to the widest (W); a row attends to its own columns only:
 
 A padding query sees itself only. A head that records its keys' positions in its cache (a sliding-window layer:
 serve/drafters/masks.py) gets the rows' records stacked the same way, and each row's own back. The chains then step
-together, each row's `_chain` deciding its own tokens (length policy, sampling, leaves) from its own logits; a row
-that stops drafting idles in the batch (a query that sees itself) until the longest chain ends. Each row's cache gets
-back its real pairs; its drafts are dropped, as a row's own next catch-up would drop them.
+together, each row's `_chain` deciding its own tokens (length policy, sampling, leaves) from its own logits, read
+for all rows at once (heads_common.read_positions); a row that stops drafting idles in the batch (a query that sees
+itself) until the longest chain ends. Each row's cache gets back its real pairs; its drafts are dropped, as a row's
+own next catch-up would drop them.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import torch
 from transformers import DynamicCache
 
 from draftsmith.serve.drafters.base import Draft
+from draftsmith.serve.drafters.heads_common import read_positions
+from draftsmith.serve.drafters.leaves import LEAF_RANKS
 from draftsmith.serve.drafters.masks import additive, cache_key_positions
 from draftsmith.serve.core.kv import head_cache, rollback
 
@@ -59,6 +62,20 @@ def _stacked_past(caches: list[DynamicCache], lengths: list[int], like: torch.Te
     return stacked
 
 
+def catch_up_masks(lengths: torch.Tensor, counts: torch.Tensor, past: int, width: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """lengths n_r, counts L_r: (B,) long -> (allowed (B, W, P + W), visible (B, P + W)) bool, for the layout above:
+    a row's real query i sees its own pairs and its catch-up up to itself, a padding query itself only."""
+    n, c = lengths[:, None, None], counts[:, None, None]
+    query = torch.arange(width)[None, :, None]  # (1, W, 1)
+    column = torch.arange(past + width)[None, None, :]  # (1, 1, P + W)
+    caught = (column >= past) & (column - past <= query)  # (1, W, P + W): this catch-up, causal
+    real = query < c  # (B, W, 1)
+    allowed = (real & ((column < n) | caught)) | (~real & (column == past + query))
+    visible = (column[:, 0] < n[:, 0]) | ((column[:, 0] >= past) & (column[:, 0] < past + c[:, 0]))  # (B, P + W)
+    return allowed, visible
+
+
 def _catch_up(drafters: list) -> tuple[DynamicCache, torch.Tensor]:
     """Run every row's committed pairs in one head forward. Returns the batch's cache (B, .., P + W, ..) and which of
     its columns each row may see (B, P + W) bool; each drafter's own cache, n, last output and logits are updated."""
@@ -69,18 +86,12 @@ def _catch_up(drafters: list) -> tuple[DynamicCache, torch.Tensor]:
         rollback(d._cache, d.n)
         lengths.append(d.n)
         runs.append(d._take_pending())
-    past = max(lengths)
-    width = max(1, max(0 if run is None else int(run[0].numel()) for run in runs))
+    counts = [0 if run is None else int(run[0].numel()) for run in runs]
+    past, width = max(lengths), max(1, max(counts))
     rows = len(drafters)
     token_ids = torch.zeros(rows, width, dtype=torch.long)
-    positions = torch.zeros(rows, width, dtype=torch.long)
-    allowed = torch.zeros(rows, width, past + width, dtype=torch.bool)
-    visible = torch.zeros(rows, past + width, dtype=torch.bool)
-    counts = []
     features: dict = {}  # layer -> (B, W, h) the rows' target states, zero-padded: one input_hidden for all rows
-    for r, (d, run, n) in enumerate(zip(drafters, runs, lengths)):
-        count = 0 if run is None else int(run[0].numel())
-        counts.append(count)
+    for r, (run, count) in enumerate(zip(runs, counts)):
         if count:
             tokens, states = run
             for layer, state in states.items():
@@ -88,13 +99,8 @@ def _catch_up(drafters: list) -> tuple[DynamicCache, torch.Tensor]:
                     features[layer] = torch.zeros(rows, width, state.shape[-1], device=device, dtype=dtype)
                 features[layer][r, :count] = state.to(device, dtype)
             token_ids[r, :count] = tokens
-        positions[r] = n + torch.arange(width)
-        allowed[r, :count, :n] = True
-        allowed[r, :count, past: past + count] = torch.ones(count, count, dtype=torch.bool).tril_()
-        pad = torch.arange(count, width)
-        allowed[r, pad, past + pad] = True
-        visible[r, :n] = True
-        visible[r, past: past + count] = True
+    allowed, visible = catch_up_masks(torch.tensor(lengths), torch.tensor(counts), past, width)
+    positions = torch.tensor(lengths)[:, None] + torch.arange(width)  # (B, W)
     hidden = first.head.input_hidden(features) if features else \
         torch.zeros(rows, width, first.head.config.hidden_size, device=device, dtype=dtype)  # (B, W, h)
     stacked = _stacked_past([d._cache for d in drafters], lengths, hidden)
@@ -146,10 +152,12 @@ def propose_chains(drafters: list, calls: list[dict]) -> list[Draft]:
     share = (time.perf_counter() - start) / len(group)
     for d in group:
         d.policy.record_overhead(share)
+    # every row's first position read in one go (heads_common.read_positions), each later one with its step's
+    readings = read_positions(torch.stack([d._last_logits for d in group]), LEAF_RANKS)
     chains, requests = {}, {}
     for r, i in enumerate(open_rows):
         call = calls[i]
-        chains[r] = group[r]._chain(call["k"], call.get("temperature", 0.0), call.get("generator"))
+        chains[r] = group[r]._chain(call["k"], call.get("temperature", 0.0), call.get("generator"), readings[r])
         try:
             requests[r] = next(chains[r])
         except StopIteration as done:
@@ -160,28 +168,30 @@ def propose_chains(drafters: list, calls: list[dict]) -> list[Draft]:
         start = time.perf_counter()
         rows = len(group)
         columns = visible.shape[1]
+        stepped = list(requests)
         hidden = torch.zeros(rows, 1, first.head.config.hidden_size, device=device, dtype=dtype)
         token_ids = torch.zeros(rows, 1, dtype=torch.long)
         positions = torch.zeros(rows, 1, dtype=torch.long)
-        for r, (out, target_id, position) in requests.items():
-            hidden[r, 0], token_ids[r, 0], positions[r, 0] = out, target_id[0], position
+        hidden[stepped, 0] = torch.stack([requests[r][0] for r in stepped]).to(device, dtype)
+        token_ids[stepped, 0] = torch.cat([requests[r][1] for r in stepped])
+        positions[stepped, 0] = torch.tensor([requests[r][2] for r in stepped])
         # a stepping row sees its columns and its own earlier drafts, an idle one itself
         stepping = torch.zeros(rows, 1, dtype=torch.bool)
-        stepping[list(requests)] = True
+        stepping[stepped] = True
         visible = torch.cat([visible, torch.ones(rows, 1, dtype=torch.bool)], dim=1)  # (B, columns + 1)
         allowed = (visible & stepping) | (torch.arange(columns + 1) == columns)[None]  # (B, columns + 1)
         embeds = first.embed(token_ids.to(first.embed.weight.device)).to(device, dtype)
         with torch.no_grad():
             out = first.head(hidden, embeds, position_ids=positions.to(device),
                              attention_mask=additive(allowed[:, None].to(device), dtype), cache=cache)[:, 0]
-            stepped = list(requests)
             logits = first._logits_of(out[stepped])  # (m, Vd)
+        readings = read_positions(logits, LEAF_RANKS)
         visible[:, -1] = stepping[:, 0]  # a drafted column is seen by its own row's later steps only
         share = (time.perf_counter() - start) / len(stepped)
         for m, r in enumerate(stepped):
             group[r].policy.record_step(share)
             try:
-                requests[r] = chains[r].send((out[r], logits[m]))
+                requests[r] = chains[r].send((out[r], logits[m], readings[m]))
             except StopIteration as done:
                 drafts[open_rows[r]] = done.value
                 del requests[r]

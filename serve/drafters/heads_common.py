@@ -2,6 +2,8 @@
 chain keeps going), how a chain token is sampled, and how a draft tree grows."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from draftsmith.serve.drafters.length import Signal
@@ -20,6 +22,32 @@ def confidence_signal(logits: torch.Tensor, group: int) -> Signal:
     cost of drafts that would likely be rejected."""
     top = float(torch.softmax(logits.float(), dim=-1).max())
     return ("confidence", group, min(int(top * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)), top
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a chain reads of one position's draft distribution (its logits (Vd,)) before it decides: the greedy
+    token, and the most likely tokens at temperature 1 with their probabilities, best first (the top-1 probability
+    is the length policy's signal, the others the runner-ups a greedy chain may hang as leaves)."""
+    argmax: int  # draft id
+    top_probs: list[float]
+    top_ids: list[int]  # draft ids
+
+    def confidence(self, group: int) -> Signal:
+        """`confidence_signal` of these logits."""
+        top = self.top_probs[0]
+        return ("confidence", group, min(int(top * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)), top
+
+
+def read_positions(logits: torch.Tensor, ranks: int) -> list[Reading]:
+    """logits (m, Vd) -> a Reading per row with its `ranks` + 1 most likely tokens, from one softmax, one top-k and
+    one argmax for all rows: a batch's chains read their positions together (row by row a chain's softmaxes,
+    argmax and top-k were a dozen small ops a row and step, a third of a 16-row drafting cycle). A row's values
+    are the ones its own (Vd,) logits give."""
+    logits = logits.float()
+    top = torch.topk(torch.softmax(logits, dim=-1), min(ranks + 1, logits.shape[-1]), dim=-1)
+    best = torch.argmax(logits, dim=-1).tolist()
+    return [Reading(b, p, i) for b, p, i in zip(best, top.values.tolist(), top.indices.tolist())]
 
 
 def sample_chain_token(logits: torch.Tensor, *, temperature: float, generator: torch.Generator | None,

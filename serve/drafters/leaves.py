@@ -21,7 +21,7 @@ hang them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
 
 import torch
@@ -51,18 +51,23 @@ class Leaf:
 
 def runner_ups(logits: torch.Tensor, depth: int, count: int) -> list[Leaf]:
     """logits: (Vd,) the head's distribution at chain position `depth` -> its `count` best tokens after the top-1,
-    as candidate leaves. Calibrated per rank and probability bin (the first position apart from later ones)."""
+    as candidate leaves (`leaves_of`)."""
     if count <= 0:
         return []
-    probs = torch.softmax(logits.float(), dim=-1)
-    top = torch.topk(probs, min(count + 1, probs.numel()))
-    rest = max(1e-6, 1.0 - float(top.values[0]))
+    top = torch.topk(torch.softmax(logits.float(), dim=-1), min(count + 1, logits.numel()))
+    return leaves_of(top.values.tolist(), top.indices.tolist(), depth)
+
+
+def leaves_of(top_probs: Sequence[float], top_ids: Sequence[int], depth: int) -> list[Leaf]:
+    """A chain position's most likely tokens (probabilities at temperature 1, draft ids), best first -> the ones
+    after the top-1 as candidate leaves. Calibrated per rank and probability bin (the first position apart from
+    later ones)."""
+    rest = max(1e-6, 1.0 - top_probs[0])
     out = []
-    for rank in range(1, top.values.numel()):
-        p = float(top.values[rank])
-        prior = min(1.0, p / rest)
+    for rank in range(1, len(top_probs)):
+        prior = min(1.0, top_probs[rank] / rest)
         key = ("leaf", min(depth - 1, 1), min(rank, 2), min(int(prior * LEAF_BINS), LEAF_BINS - 1))
-        out.append(Leaf(depth=depth, rank=rank, token=int(top.indices[rank]), key=key, prior=prior))
+        out.append(Leaf(depth=depth, rank=rank, token=top_ids[rank], key=key, prior=prior))
     return out
 
 
@@ -122,7 +127,7 @@ def hang_leaves(chain: torch.Tensor, candidates: Sequence[Leaf], policy, last, *
     if not candidates:
         return Draft(tokens=chain)
     ids = to_target(torch.tensor([c.token for c in candidates], dtype=torch.long)).tolist()
-    candidates = [replace(c, token=int(t)) for c, t in zip(candidates, ids)]
+    candidates = [Leaf(c.depth, c.rank, t, c.key, c.prior) for c, t in zip(candidates, ids)]
     last.leaves = candidates
     chosen = policy.leaves(candidates, limit=limit)
     if not chosen:
