@@ -20,7 +20,11 @@ def confidence_signal(logits: torch.Tensor, group: int) -> Signal:
     which read the head's own drafts; Medusa: per head); the raw probability is the prior. Stopping a chain
     early never changes the output distribution (each position is still verified exactly); it saves the verify
     cost of drafts that would likely be rejected."""
-    top = float(torch.softmax(logits.float(), dim=-1).max())
+    return confidence_of(float(torch.softmax(logits.float(), dim=-1).max()), group)
+
+
+def confidence_of(top: float, group: int) -> Signal:
+    """A draft's top-1 probability -> its `confidence_signal`."""
     return ("confidence", group, min(int(top * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)), top
 
 
@@ -35,15 +39,14 @@ class Reading:
 
     def confidence(self, group: int) -> Signal:
         """`confidence_signal` of these logits."""
-        top = self.top_probs[0]
-        return ("confidence", group, min(int(top * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)), top
+        return confidence_of(self.top_probs[0], group)
 
 
 def read_positions(logits: torch.Tensor, ranks: int) -> list[Reading]:
     """logits (m, Vd) -> a Reading per row with its `ranks` + 1 most likely tokens, from one softmax, one top-k and
-    one argmax for all rows: a batch's chains read their positions together (row by row a chain's softmaxes,
-    argmax and top-k were a dozen small ops a row and step, a third of a 16-row drafting cycle). A row's values
-    are the ones its own (Vd,) logits give."""
+    one argmax for all rows: a batch's chains read their positions together, where each chain's own softmaxes,
+    argmax and top-k were a dozen small ops a row and step. A row's values are the ones its own (Vd,) logits
+    give."""
     logits = logits.float()
     top = torch.topk(torch.softmax(logits, dim=-1), min(ranks + 1, logits.shape[-1]), dim=-1)
     best = torch.argmax(logits, dim=-1).tolist()
