@@ -10,7 +10,7 @@ from draftsmith.serve.decoding import plain_generate, speculative_generate
 from draftsmith.serve.drafters import DrafterSpecError, build_drafter
 from draftsmith.serve.drafters.length import ExpectedGain, FixedLength, LastDraft
 from draftsmith.serve.drafters.heads_common import confidence_signal, read_positions
-from draftsmith.serve.drafters.leaves import Leaf, choose_leaves, leaf_gains, leaf_tree, leaves_of, runner_ups
+from draftsmith.serve.drafters.leaves import Leaf, choose_leaves, leaf_gains, leaf_tree, leaves_of
 from draftsmith.serve.core.target import load_target
 from draftsmith.serve.tree import ancestor_mask
 
@@ -21,11 +21,13 @@ PROMPTS = ["hello hello hello world", "abcabcabcabc", "def f(x):\n    return x",
 
 def test_runner_ups_skip_the_top_token_and_carry_the_conditional_prior():
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
-    leaves = runner_ups(logits, depth=2, count=2)
+    reading = read_positions(logits[None], 2)[0]
+    leaves = leaves_of(reading.top_probs, reading.top_ids, depth=2)
     assert [leaf.token for leaf in leaves] == [1, 2] and [leaf.rank for leaf in leaves] == [1, 2]
     assert leaves[0].prior == pytest.approx(0.6) and leaves[1].prior == pytest.approx(0.3)  # q / (1 - q(top))
     assert leaves[0].key != leaves[1].key and all(leaf.depth == 2 for leaf in leaves)
-    assert runner_ups(logits, depth=1, count=0) == []
+    alone = read_positions(logits[None], 0)[0]  # no runner-up read
+    assert leaves_of(alone.top_probs, alone.top_ids, depth=1) == []
 
 
 def test_positions_read_together_read_what_each_reads_alone():
@@ -39,7 +41,8 @@ def test_positions_read_together_read_what_each_reads_alone():
         for group in (0, 1):
             assert reading.confidence(group) == confidence_signal(row, group)
         assert reading.argmax == int(torch.argmax(row))
-        assert leaves_of(reading.top_probs, reading.top_ids, 2) == runner_ups(row, 2, 3)
+        top = torch.topk(torch.softmax(row, dim=-1), 4)
+        assert reading.top_probs == top.values.tolist() and reading.top_ids == top.indices.tolist()
     assert readings[3].argmax == 5 and sorted(readings[3].top_ids[:3]) == [5, 9, 700]
 
 

@@ -49,15 +49,6 @@ class Leaf:
     prior: float  # b before any evidence
 
 
-def runner_ups(logits: torch.Tensor, depth: int, count: int) -> list[Leaf]:
-    """logits: (Vd,) the head's distribution at chain position `depth` -> its `count` best tokens after the top-1,
-    as candidate leaves (`leaves_of`)."""
-    if count <= 0:
-        return []
-    top = torch.topk(torch.softmax(logits.float(), dim=-1), min(count + 1, logits.numel()))
-    return leaves_of(top.values.tolist(), top.indices.tolist(), depth)
-
-
 def leaves_of(top_probs: Sequence[float], top_ids: Sequence[int], depth: int) -> list[Leaf]:
     """A chain position's most likely tokens (probabilities at temperature 1, draft ids), best first -> the ones
     after the top-1 as candidate leaves. Calibrated per rank and probability bin (the first position apart from

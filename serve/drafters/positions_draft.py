@@ -11,8 +11,8 @@ from typing import Callable
 import torch
 
 from draftsmith.serve.drafters.base import Draft
-from draftsmith.serve.drafters.heads_common import confidence_signal, grow_tree, sample_chain_token
-from draftsmith.serve.drafters.leaves import LEAF_RANKS, hang_leaves, runner_ups
+from draftsmith.serve.drafters.heads_common import grow_tree, read_positions, sample_chain_token
+from draftsmith.serve.drafters.leaves import LEAF_RANKS, hang_leaves, leaves_of
 from draftsmith.serve.drafters.length import LastDraft, LengthPolicy
 
 
@@ -28,11 +28,15 @@ def propose_positions(logits: torch.Tensor, k: int, *, policy: LengthPolicy, las
                                     tree, max_depth=n_positions)
         return Draft(tokens=to_target(tokens), parents=parents)
     policy.start(min(k, n_positions), sampled=temperature > 0)
-    n = policy.choose([confidence_signal(logits[i], i) for i in range(n_positions)])
+    readings = read_positions(logits, LEAF_RANKS)  # every position's signal, greedy token and runner-ups at once
+    n = policy.choose([reading.confidence(i) for i, reading in enumerate(readings)])
     tokens, qs = [], []
     for i in range(n):
-        token, q = sample_chain_token(logits[i], temperature=temperature, generator=generator, d2t=d2t,
-                                      vocab_size=vocab_size)
+        if temperature <= 0:
+            token, q = readings[i].argmax, None
+        else:
+            token, q = sample_chain_token(logits[i], temperature=temperature, generator=generator, d2t=d2t,
+                                          vocab_size=vocab_size)
         tokens.append(token)
         if q is not None:
             qs.append(q)
@@ -41,7 +45,7 @@ def propose_positions(logits: torch.Tensor, k: int, *, policy: LengthPolicy, las
     seen = to_target(logits[: policy.cap].argmax(-1).cpu()) if temperature <= 0 else ids
     last.tokens = seen.tolist()
     if temperature <= 0:
-        ranks = LEAF_RANKS if max_leaves else 0
-        candidates = [leaf for i in range(n) for leaf in runner_ups(logits[i], i + 1, ranks)]
+        candidates = [leaf for i in range(n) for leaf in leaves_of(readings[i].top_probs, readings[i].top_ids, i + 1)
+                      ] if max_leaves else []
         return hang_leaves(ids, candidates, policy, last, limit=max_leaves, to_target=to_target)
     return Draft(tokens=ids, q=torch.stack(qs).cpu() if qs else None)
