@@ -42,7 +42,7 @@ def propose_positions(logits: torch.Tensor, k: int, *, policy: LengthPolicy, las
             qs.append(q)
     ids = to_target(torch.tensor(tokens, dtype=torch.long))
     # greedy: every position's draft is known, drafted or not, and is learned from
-    seen = to_target(logits[: policy.cap].argmax(-1).cpu()) if temperature <= 0 else ids
+    seen = ids if temperature > 0 else to_target(torch.tensor([r.argmax for r in readings[: policy.cap]]))
     last.tokens = seen.tolist()
     if temperature <= 0:
         candidates = [leaf for i in range(n) for leaf in leaves_of(readings[i].top_probs, readings[i].top_ids, i + 1)
