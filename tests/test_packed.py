@@ -171,6 +171,9 @@ def test_bf16_packs_where_the_setting_allows(monkeypatch):
     remember_setting(model, "auto")
     assert not packs_bf16(model)
     assert not packs_bf16(nn.Sequential(nn.Linear(8, 8)))
+    remember_setting(model, "on")
+    assert packs_bf16(model)
+    assert not packs_bf16(model.float())  # decided again for the model's new dtype, not read from the last answer
     with pytest.raises(DraftsmithError, match="auto, on, off"):
         remember_setting(model, "yes")
 

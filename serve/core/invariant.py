@@ -241,12 +241,26 @@ def make_invariant(model: nn.Module) -> None:
     reason = unsupported_reason(model)
     if reason:
         raise TargetError(f"batch-invariant forwards are not available for this target: {reason}")
+    _switch_to_invariant(model)
+
+
+def _linears(model: nn.Module) -> list[nn.Linear]:
+    """`model`'s linear layers, listed once per model: `suspended` switches them twice a decoding step (a walk over
+    the default target's modules costs 0.2 ms, against 0.01 ms for the list)."""
+    listed = model.__dict__.get("_draftsmith_linears")
+    if listed is None:
+        listed = model.__dict__["_draftsmith_linears"] = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    return listed
+
+
+def _switch_to_invariant(model: nn.Module) -> None:
+    """make_invariant without the check: for a model known to be supported (it was invariant before)."""
     _register()
     packed = packs_bf16(model)
-    for module in model.modules():
+    for module in _linears(model):
         if type(module) is nn.Linear:
             module.__class__ = InvariantLinear
-            module.packed = packed
+            module.__dict__["packed"] = packed  # not through nn.Module.__setattr__'s checks: twice a step
     model.set_attn_implementation(NAME)
     if not hasattr(model, "_draftsmith_prompt_hooks"):
         model._draftsmith_prompt_hooks = (model.register_forward_pre_hook(_enter_forward, with_kwargs=True),
@@ -327,14 +341,14 @@ def suspended(model: nn.Module):
         if packs:
             unpack_linears(model, keep_copies=True)
         if invariant:
-            make_invariant(model)
+            _switch_to_invariant(model)  # it was invariant on entry: supported, no need to check again
         elif attention != before:
             model.set_attn_implementation(before)
 
 
 def make_variant(model: nn.Module, attention: str = "sdpa") -> None:
     """Undo `make_invariant`."""
-    for module in model.modules():
+    for module in _linears(model):
         if type(module) is InvariantLinear:
             module.__dict__.pop("packed", None)
             module.__class__ = nn.Linear

@@ -234,8 +234,15 @@ def packs_bf16(model: nn.Module) -> bool:
     On the default target (an AVX512-BF16 EPYC) the packed kernel gives F.linear's bits at every row count tried
     (1 to 300) in 0.5-0.8x its time: 1.3-1.5x faster over 16-64 rows at 2 threads, 1.8x over one row, 2.3x for the
     lm_head over 4. The target's `packed_weights` setting decides as `packing_wanted` does for float32 (auto: the
-    copy, kept for the model's life, fits in a quarter of the machine's memory)."""
-    return packing_wanted(model, model.__dict__.get("_draftsmith_packed_weights", "auto"), torch.bfloat16)
+    copy, kept for the model's life, fits in a quarter of the machine's memory). Decided once per setting, dtype
+    and device of the model: `suspended` asks twice a decoding step, and the memory check walks every module."""
+    setting = model.__dict__.get("_draftsmith_packed_weights", "auto")
+    param = next(model.parameters(), None)
+    key = (setting, None if param is None else (param.dtype, param.device))
+    held = model.__dict__.get("_draftsmith_packs_bf16")
+    if held is None or held[0] != key:
+        held = model.__dict__["_draftsmith_packs_bf16"] = (key, packing_wanted(model, setting, torch.bfloat16))
+    return held[1]
 
 
 def pack_head(head: nn.Module, target_model: nn.Module) -> bool:
