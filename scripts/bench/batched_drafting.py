@@ -7,8 +7,8 @@
 Per method, freshly initialised heads on the target (their cost does not depend on training) with the demo's draft
 vocabulary (--draft-vocab; 0 = the target's whole one; EAGLE-1 always drafts over the target's), per batch size: B
 rows forked from one drafter, each begun on its own random 96-token context; then --cycles cycles in which every
-row commits its whole last draft and a bonus token (as if all were accepted: a catch-up of K+1 pairs) and drafts a
-chain of K. The same cycles run with the rows drafting together (serve/drafters/base.py `propose_batch`, the
+row commits its whole last draft and a bonus token (as if all were accepted: a catch-up of K+1 pairs, their target
+states drawn before the clock starts) and drafts a chain of K. The same cycles run with the rows drafting together (serve/drafters/base.py `propose_batch`, the
 batched decoder's path) and row by row (`Drafter.propose_rows` of the base class), alternating, best of 3 each.
 Prints ms per cycle and each against the one-row cycle.
 """
@@ -63,6 +63,8 @@ def cycle_seconds(template, target: Target, rows: int, *, k: int, cycles: int, t
         prompt = torch.randint(10, 1000, (96,), generator=generator)
         d.begin(prompt, torch.cat([prompt[1:], prompt[:1]]), features(d, target, 96, generator))
     calls = [dict(k=k, temperature=0.0, generator=None, tree=None) for _ in drafters]
+    # the committed pairs' target states, drawn before the clock starts: a cycle times the drafting, not randn
+    drawn = {n: [features(drafters[0], target, n, generator) for _ in range(4)] for n in range(1, k + 2)}
 
     def one_cycle() -> None:
         if together:  # as the batched decoder drafts
@@ -70,9 +72,9 @@ def cycle_seconds(template, target: Target, rows: int, *, k: int, cycles: int, t
             drafts = propose_batch(drafters, calls)
         else:
             drafts = Drafter.propose_rows(drafters, calls)
-        for d, draft in zip(drafters, drafts):
+        for r, (d, draft) in enumerate(zip(drafters, drafts)):
             accepted = draft.tokens[:k].tolist() + [11]
-            d.commit(torch.tensor(accepted), features(d, target, len(accepted), generator))
+            d.commit(torch.tensor(accepted), drawn[len(accepted)][r % 4])
 
     with torch.inference_mode():  # as the batched decoder's step runs
         one_cycle()
