@@ -8,9 +8,9 @@ Per method, freshly initialised heads on the target (their cost does not depend 
 vocabulary (--draft-vocab; 0 = the target's whole one; EAGLE-1 always drafts over the target's), per batch size: B
 rows forked from one drafter, each begun on its own random 96-token context; then --cycles cycles in which every
 row commits its whole last draft and a bonus token (as if all were accepted: a catch-up of K+1 pairs, their target
-states drawn before the clock starts) and drafts a chain of K. The same cycles run with the rows drafting together (serve/drafters/base.py `propose_batch`, the
-batched decoder's path) and row by row (`Drafter.propose_rows` of the base class), alternating, best of 3 each.
-Prints ms per cycle and each against the one-row cycle.
+states drawn before the clock starts) and drafts a chain of K. The same cycles run with the rows drafting together
+(serve/drafters/base.py `propose_batch`, the batched decoder's path) and row by row (`Drafter.propose_rows` of the
+base class), alternating, best of 3 each. Prints ms per cycle and each against the one-row cycle.
 """
 from __future__ import annotations
 
