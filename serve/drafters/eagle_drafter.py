@@ -179,11 +179,8 @@ class EagleDrafter(Drafter):
             if not self.policy.offer(reading.confidence(min(i, 1))):
                 declined = [reading.argmax] if greedy else []
                 break
-            if greedy:
-                token, q = reading.argmax, None
-            else:
-                token, q = sample_chain_token(logits, temperature=temperature, generator=generator, d2t=self.d2t,
-                                              vocab_size=vocab)
+            token, q = sample_chain_token(logits, temperature=temperature, generator=generator, d2t=self.d2t,
+                                          vocab_size=vocab, reading=reading)
             tokens.append(token)
             if q is not None:
                 qs.append(q.cpu())

@@ -54,10 +54,12 @@ def read_positions(logits: torch.Tensor, ranks: int) -> list[Reading]:
 
 
 def sample_chain_token(logits: torch.Tensor, *, temperature: float, generator: torch.Generator | None,
-                       d2t: torch.Tensor | None, vocab_size: int) -> tuple[int, torch.Tensor | None]:
-    """logits: (Vd,) -> (draft id, q over the full target vocabulary or None when greedy)."""
+                       d2t: torch.Tensor | None, vocab_size: int, reading: Reading | None = None
+                       ) -> tuple[int, torch.Tensor | None]:
+    """logits: (Vd,) -> (draft id, q over the full target vocabulary or None when greedy). Greedy takes the argmax
+    `reading` already holds (read_positions), where the caller read the logits."""
     if temperature <= 0:
-        return int(torch.argmax(logits)), None
+        return (reading.argmax if reading is not None else int(torch.argmax(logits))), None
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if hasattr(generator, "draw"):  # a seeded request: the noise of the target's own token (serve/core/noise.py)
         token = generator.draw(probs.cpu(), vocab_size, draft_token_ids(d2t) if d2t is not None else None)

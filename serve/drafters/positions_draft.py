@@ -32,11 +32,8 @@ def propose_positions(logits: torch.Tensor, k: int, *, policy: LengthPolicy, las
     n = policy.choose([reading.confidence(i) for i, reading in enumerate(readings)])
     tokens, qs = [], []
     for i in range(n):
-        if temperature <= 0:
-            token, q = readings[i].argmax, None
-        else:
-            token, q = sample_chain_token(logits[i], temperature=temperature, generator=generator, d2t=d2t,
-                                          vocab_size=vocab_size)
+        token, q = sample_chain_token(logits[i], temperature=temperature, generator=generator, d2t=d2t,
+                                      vocab_size=vocab_size, reading=readings[i])
         tokens.append(token)
         if q is not None:
             qs.append(q)
